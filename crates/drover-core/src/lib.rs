@@ -1,0 +1,29 @@
+//! drover's scheduling core: a pure, deterministic state machine.
+//!
+//! Events and the current time go in ([`Scheduler::handle`]); decisions come
+//! out ([`Scheduler::take_decisions`]): assign a job to a worker, drop or stop
+//! a run, deliver a job's completion to its waiters. The next timer deadline is
+//! [`Scheduler::poll_timeout`]. The core does no I/O, reads no clock, draws
+//! randomness only from a seed in its [`Config`], and keeps its state in
+//! ordered containers, so the same events at the same times always give the
+//! same decisions, and replaying a recorded event log ([`Scheduler::replay`])
+//! rebuilds an equal state.
+//!
+//! The rules it implements (dedup, artifact locations, distbuild's
+//! cache-aware placement, least-recently-served tenants, resources with
+//! exclusive tokens, labels, cancellation and worker loss) are described in
+//! the repository's `ARCHITECTURE.md`.
+
+#![warn(missing_docs)]
+
+mod queue;
+mod resources;
+mod rng;
+mod scheduler;
+mod types;
+
+pub use scheduler::{JobStatus, JobView, QueueName, Scheduler};
+pub use types::{
+    CancelStage, Capacity, Completion, Config, Decision, Event, FailReason, JobId, JobResult,
+    JobSpec, Millis, Rejected, Request, RunId, Timer, TimerKind, WaiterId, WorkerId,
+};

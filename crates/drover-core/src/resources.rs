@@ -1,0 +1,139 @@
+//! Resource accounting on a worker: capacity, use, exclusive holds and
+//! reservations.
+//!
+//! A job's resource shape is interned as a [`ClassKey`]. A worker can run a
+//! class *statically* if its labels match and its capacity covers the request
+//! (checked once per worker and class), and *now* if its free resources cover
+//! the request, no exclusive hold or pending exclusive interest blocks a token
+//! it needs, and, if the worker holds a reservation for another job, enough is
+//! left over for that job ([`WorkerResources::fits`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Index of an interned token name.
+pub(crate) type TokenIdx = u32;
+
+/// A job's resource shape: what it takes, what it takes exclusively, and the
+/// labels it needs. Jobs of one class are interchangeable for placement.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct ClassKey {
+    pub(crate) slots: u32,
+    pub(crate) cpu: u64,
+    pub(crate) memory: u64,
+    /// Sorted by token; amounts are at least 1.
+    pub(crate) tokens: Vec<(TokenIdx, u64)>,
+    /// Sorted; each also appears in `tokens`.
+    pub(crate) exclusive: Vec<TokenIdx>,
+    /// Sorted required labels.
+    pub(crate) labels: Vec<(String, String)>,
+}
+
+impl ClassKey {
+    fn amount(&self, token: TokenIdx) -> u64 {
+        self.tokens
+            .binary_search_by_key(&token, |(t, _)| *t)
+            .map(|i| self.tokens[i].1)
+            .unwrap_or(0)
+    }
+}
+
+/// Capacity and use of one worker.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct WorkerResources {
+    pub(crate) slots: u32,
+    pub(crate) cpu: u64,
+    pub(crate) memory: u64,
+    pub(crate) tokens: BTreeMap<TokenIdx, u64>,
+    pub(crate) labels: BTreeMap<String, String>,
+    pub(crate) used_slots: u32,
+    pub(crate) used_cpu: u64,
+    pub(crate) used_memory: u64,
+    pub(crate) used_tokens: BTreeMap<TokenIdx, u64>,
+    /// Tokens held exclusively by a running job.
+    pub(crate) exclusive_held: BTreeSet<TokenIdx>,
+}
+
+impl WorkerResources {
+    /// Could this worker ever run the class (labels and capacity)?
+    pub(crate) fn capable(&self, key: &ClassKey) -> bool {
+        key.labels.iter().all(|(k, v)| self.labels.get(k) == Some(v))
+            && key.slots <= self.slots
+            && key.cpu <= self.cpu
+            && key.memory <= self.memory
+            && key.tokens.iter().all(|(t, n)| self.tokens.get(t).is_some_and(|cap| n <= cap))
+    }
+
+    /// Can the class start here now? `reserved` is the class of a job this
+    /// worker holds a reservation for, when the asker is someone else: the
+    /// asker must leave room for it and keep off the tokens it wants
+    /// exclusively.
+    pub(crate) fn fits(&self, key: &ClassKey, reserved: Option<&ClassKey>) -> bool {
+        let (r_slots, r_cpu, r_mem) = reserved.map_or((0, 0, 0), |r| (r.slots, r.cpu, r.memory));
+        if self.used_slots + key.slots + r_slots > self.slots
+            || self.used_cpu + key.cpu + r_cpu > self.cpu
+            || self.used_memory + key.memory + r_mem > self.memory
+        {
+            return false;
+        }
+        for &(token, amount) in &key.tokens {
+            if self.exclusive_held.contains(&token) {
+                return false;
+            }
+            let used = self.used_tokens.get(&token).copied().unwrap_or(0);
+            let reserved_amount = match reserved {
+                Some(r) if r.exclusive.binary_search(&token).is_ok() => return false,
+                Some(r) => r.amount(token),
+                None => 0,
+            };
+            let cap = self.tokens.get(&token).copied().unwrap_or(0);
+            if used + amount + reserved_amount > cap {
+                return false;
+            }
+        }
+        key.exclusive.iter().all(|t| self.used_tokens.get(t).copied().unwrap_or(0) == 0)
+    }
+
+    /// Takes the class's resources. The caller checked [`Self::fits`].
+    pub(crate) fn take(&mut self, key: &ClassKey) {
+        self.used_slots += key.slots;
+        self.used_cpu += key.cpu;
+        self.used_memory += key.memory;
+        for &(token, amount) in &key.tokens {
+            *self.used_tokens.entry(token).or_insert(0) += amount;
+        }
+        self.exclusive_held.extend(key.exclusive.iter().copied());
+    }
+
+    /// Gives back what [`Self::take`] took.
+    pub(crate) fn release(&mut self, key: &ClassKey) {
+        self.used_slots -= key.slots;
+        self.used_cpu -= key.cpu;
+        self.used_memory -= key.memory;
+        for &(token, amount) in &key.tokens {
+            if let Some(used) = self.used_tokens.get_mut(&token) {
+                *used -= amount;
+                if *used == 0 {
+                    self.used_tokens.remove(&token);
+                }
+            }
+        }
+        for token in &key.exclusive {
+            self.exclusive_held.remove(token);
+        }
+    }
+
+    /// Is anything in use beyond capacity? (Checked by the invariants.)
+    pub(crate) fn over_committed(&self) -> bool {
+        self.used_slots > self.slots
+            || self.used_cpu > self.cpu
+            || self.used_memory > self.memory
+            || self
+                .used_tokens
+                .iter()
+                .any(|(t, used)| *used > self.tokens.get(t).copied().unwrap_or(0))
+    }
+
+    pub(crate) fn free_slot(&self) -> bool {
+        self.used_slots < self.slots
+    }
+}

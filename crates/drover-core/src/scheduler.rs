@@ -1,0 +1,1320 @@
+//! The scheduler: the whole cluster state and every rule that changes it.
+//!
+//! Each call to [`Scheduler::handle`] first fires the timers that are due at
+//! `now`, then applies the event, then lets every worker with a free slot draw
+//! work (`dispatch`). Decisions accumulate until the shell takes them with
+//! [`Scheduler::take_decisions`].
+//!
+//! Where a job can go (locality, distbuild's rules) is expressed by the queues
+//! it sits in; whose job goes next (fairness) by the tenant order inside every
+//! queue; whether it fits (resources, labels, exclusive tokens) by the job's
+//! class. ARCHITECTURE.md walks through how a draw combines the three.
+
+mod invariants;
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::queue::{ClassIdx, JobIdx, JobKey, Queue, TenantIdx};
+use crate::resources::{ClassKey, TokenIdx, WorkerResources};
+use crate::rng::SplitMix64;
+use crate::types::{
+    CancelStage, Capacity, Completion, Config, Decision, Event, FailReason, JobId, JobResult,
+    JobSpec, Millis, Rejected, RunId, Timer, TimerKind, WaiterId, WorkerId,
+};
+
+/// Index of a worker in `Scheduler::workers` (stable: a worker that comes back
+/// after being lost gets its old index).
+type WorkerIdx = u32;
+
+/// Where a queued job is visible.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Place {
+    /// A worker's first local queue: it holds the job's result.
+    First(WorkerIdx),
+    /// A worker's second local queue: it holds one of the job's dependencies.
+    Second(WorkerIdx),
+    /// The global queue: any worker may take it.
+    Global,
+}
+
+/// The locality stage of a queued job (distbuild's life of a pending job).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    /// Waiting CacheTimeout for the holders of its result.
+    Cache,
+    /// Waiting DepsTimeout for the holders of its dependencies.
+    Deps,
+    /// In the global queue.
+    Global,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum JobState {
+    Queued(Stage),
+    /// No live worker could ever run it; waiting for one to register.
+    Unplaceable,
+    Assigned(RunId),
+    Running(RunId),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum TimerSlot {
+    Cache(JobIdx),
+    Deps(JobIdx),
+    Unplaceable(JobIdx),
+    Lease(WorkerIdx),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Job {
+    id: JobId,
+    tenant: TenantIdx,
+    class: ClassIdx,
+    key: JobKey,
+    deps: Box<[JobId]>,
+    waiters: Vec<WaiterId>,
+    attempts: u32,
+    max_attempts: u32,
+    state: JobState,
+    places: Vec<Place>,
+    timer: Option<(Millis, TimerSlot)>,
+    /// Registered in `dependents` under each dependency.
+    indexed: bool,
+    /// The worker holding a reservation for this job.
+    reserved_on: Option<WorkerIdx>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Run {
+    worker: WorkerIdx,
+    class: ClassIdx,
+    job_id: JobId,
+    /// `None` once the job was cancelled: the run is being dropped or stopped
+    /// and only holds its resources until the worker reports its exit.
+    job: Option<JobIdx>,
+    started: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Worker {
+    id: WorkerId,
+    name: String,
+    alive: bool,
+    res: WorkerResources,
+    /// `capable[class]`: could this worker ever run the class?
+    capable: Vec<bool>,
+    lease: Millis,
+    first: Queue,
+    second: Queue,
+    held: BTreeSet<JobId>,
+    runs: BTreeSet<RunId>,
+    /// A job this worker is draining resources for.
+    reserved: Option<JobIdx>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Tenant {
+    name: String,
+    /// Value of the serve clock when this tenant last had a job assigned
+    /// (0: never).
+    served: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Class {
+    key: ClassKey,
+    /// Live workers that could ever run this class.
+    capable: u32,
+}
+
+/// A queue as named in views: where a queued job is visible.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum QueueName {
+    /// The worker's first local queue (it holds the job's result).
+    First(WorkerId),
+    /// The worker's second local queue (it holds a dependency).
+    Second(WorkerId),
+    /// The global queue.
+    Global,
+}
+
+/// Where a job stands, as seen from outside.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum JobStatus {
+    /// Queued, visible in these queues.
+    Queued {
+        /// The queues it sits in.
+        queues: Vec<QueueName>,
+        /// A worker draining resources so it can start there.
+        reserved_on: Option<WorkerId>,
+    },
+    /// No live worker could run it; waiting for one to register.
+    WaitingForWorker(String),
+    /// Sent to a worker that has not reported it started.
+    Assigned {
+        /// Where.
+        worker: WorkerId,
+        /// The run.
+        run: RunId,
+    },
+    /// Running on a worker.
+    Running {
+        /// Where.
+        worker: WorkerId,
+        /// The run.
+        run: RunId,
+    },
+}
+
+/// A job's state as seen from outside.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobView {
+    /// Where it stands.
+    pub status: JobStatus,
+    /// Who waits for it.
+    pub waiters: Vec<WaiterId>,
+    /// Attempts started so far.
+    pub attempts: u32,
+}
+
+/// The scheduling core. See the crate documentation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Scheduler {
+    config: Config,
+    now: Millis,
+    rng: SplitMix64,
+    serve_clock: u64,
+    next_seq: u64,
+    next_run: u64,
+
+    tenants: Vec<Tenant>,
+    tenant_index: BTreeMap<String, TenantIdx>,
+    tokens: Vec<String>,
+    token_index: BTreeMap<String, TokenIdx>,
+    classes: Vec<Class>,
+    class_index: BTreeMap<ClassKey, ClassIdx>,
+
+    workers: Vec<Worker>,
+    worker_index: BTreeMap<WorkerId, WorkerIdx>,
+
+    jobs: Vec<Option<Job>>,
+    free_jobs: Vec<JobIdx>,
+    job_index: BTreeMap<JobId, JobIdx>,
+    runs: BTreeMap<RunId, Run>,
+
+    global: Queue,
+    /// Artifact → live workers holding it.
+    holders: BTreeMap<JobId, BTreeSet<WorkerIdx>>,
+    /// Artifact → queued jobs in their dependency stage (or later) that read it.
+    dependents: BTreeMap<JobId, BTreeSet<JobIdx>>,
+    /// Jobs waiting for a capable worker.
+    unplaceable: BTreeSet<JobIdx>,
+
+    timers: BTreeSet<(Millis, TimerSlot)>,
+    /// Live workers with a free slot.
+    hungry: BTreeSet<WorkerIdx>,
+    /// Workers that should draw before this step ends.
+    dirty: BTreeSet<WorkerIdx>,
+    /// The global queue gained jobs: every hungry worker should draw.
+    global_dirty: bool,
+
+    decisions: Vec<Decision>,
+}
+
+/// What a worker's draw came up with.
+enum Pick {
+    Run(JobIdx),
+    Reserve(JobIdx),
+}
+
+/// One (queue, class) a worker may draw from, with its front tenant.
+#[derive(Clone, Copy, Debug)]
+struct Candidate {
+    served: u64,
+    tenant: TenantIdx,
+    place: Place,
+    class: ClassIdx,
+    fits: bool,
+}
+
+impl Scheduler {
+    /// An empty cluster.
+    pub fn new(config: Config) -> Scheduler {
+        Scheduler {
+            rng: SplitMix64::new(config.seed),
+            config,
+            now: Millis(0),
+            serve_clock: 0,
+            next_seq: 0,
+            next_run: 1,
+            tenants: Vec::new(),
+            tenant_index: BTreeMap::new(),
+            tokens: Vec::new(),
+            token_index: BTreeMap::new(),
+            classes: Vec::new(),
+            class_index: BTreeMap::new(),
+            workers: Vec::new(),
+            worker_index: BTreeMap::new(),
+            jobs: Vec::new(),
+            free_jobs: Vec::new(),
+            job_index: BTreeMap::new(),
+            runs: BTreeMap::new(),
+            global: Queue::default(),
+            holders: BTreeMap::new(),
+            dependents: BTreeMap::new(),
+            unplaceable: BTreeSet::new(),
+            timers: BTreeSet::new(),
+            hungry: BTreeSet::new(),
+            dirty: BTreeSet::new(),
+            global_dirty: false,
+            decisions: Vec::new(),
+        }
+    }
+
+    /// Rebuilds the state by replaying recorded `(now, event)` pairs. Refused
+    /// events are refused again, exactly as they were.
+    pub fn replay(config: Config, log: impl IntoIterator<Item = (Millis, Event)>) -> Scheduler {
+        let mut s = Scheduler::new(config);
+        for (now, event) in log {
+            // A refusal during replay repeats the original refusal.
+            let _refused = s.handle(now, event);
+        }
+        s.decisions.clear();
+        s
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The latest `now` seen.
+    pub fn now(&self) -> Millis {
+        self.now
+    }
+
+    /// Handles one event at time `now` (earlier times than already seen count
+    /// as the latest). Due timers fire first, even when the event is refused,
+    /// so the shell must record every event it hands in, refused or not.
+    pub fn handle(&mut self, now: Millis, event: Event) -> Result<(), Rejected> {
+        self.advance(now);
+        let result = self.apply(event);
+        self.dispatch();
+        result
+    }
+
+    /// The next time a timer is due, if any: call `handle(at, Event::Tick)`
+    /// then.
+    pub fn poll_timeout(&self) -> Option<Millis> {
+        self.timers.first().map(|(at, _)| *at)
+    }
+
+    /// Takes the decisions made since the last call, in the order they were
+    /// made.
+    pub fn take_decisions(&mut self) -> Vec<Decision> {
+        std::mem::take(&mut self.decisions)
+    }
+
+    /// Every pending timer, soonest first.
+    pub fn timers(&self) -> Vec<Timer> {
+        self.timers
+            .iter()
+            .map(|&(at, slot)| {
+                let kind = match slot {
+                    TimerSlot::Cache(j) => TimerKind::Cache(self.job(j).id),
+                    TimerSlot::Deps(j) => TimerKind::Deps(self.job(j).id),
+                    TimerSlot::Unplaceable(j) => TimerKind::Unplaceable(self.job(j).id),
+                    TimerSlot::Lease(w) => TimerKind::Lease(self.workers[w as usize].id),
+                };
+                Timer { at, kind }
+            })
+            .collect()
+    }
+
+    /// A live worker holding the artifact, if any (the lowest-numbered one).
+    pub fn locate_artifact(&self, artifact: &JobId) -> Option<WorkerId> {
+        self.artifact_holders(artifact).into_iter().next()
+    }
+
+    /// Every live worker holding the artifact, for fallback on failure.
+    pub fn artifact_holders(&self, artifact: &JobId) -> Vec<WorkerId> {
+        self.holders
+            .get(artifact)
+            .map(|ws| ws.iter().map(|&w| self.workers[w as usize].id).collect())
+            .unwrap_or_default()
+    }
+
+    /// A pending or running job's state.
+    pub fn job_view(&self, id: &JobId) -> Option<JobView> {
+        let j = *self.job_index.get(id)?;
+        let job = self.job(j);
+        let wid = |w: WorkerIdx| self.workers[w as usize].id;
+        let status = match job.state {
+            JobState::Queued(_) => {
+                let mut queues: Vec<QueueName> = job
+                    .places
+                    .iter()
+                    .map(|p| match *p {
+                        Place::First(w) => QueueName::First(wid(w)),
+                        Place::Second(w) => QueueName::Second(wid(w)),
+                        Place::Global => QueueName::Global,
+                    })
+                    .collect();
+                queues.sort();
+                JobStatus::Queued { queues, reserved_on: job.reserved_on.map(wid) }
+            }
+            JobState::Unplaceable => JobStatus::WaitingForWorker(self.unplaceable_reason(job.class)),
+            JobState::Assigned(run) => JobStatus::Assigned { worker: wid(self.runs[&run].worker), run },
+            JobState::Running(run) => JobStatus::Running { worker: wid(self.runs[&run].worker), run },
+        };
+        Some(JobView { status, waiters: job.waiters.clone(), attempts: job.attempts })
+    }
+
+    /// Jobs pending or running (not counting cancelled runs still stopping).
+    pub fn job_count(&self) -> usize {
+        self.job_index.len()
+    }
+
+    /// Runs in flight on workers, including cancelled ones still stopping.
+    pub fn run_count(&self) -> usize {
+        self.runs.len()
+    }
+
+    /// Is the worker registered and not lost?
+    pub fn worker_alive(&self, worker: WorkerId) -> bool {
+        self.worker_index.get(&worker).is_some_and(|&w| self.workers[w as usize].alive)
+    }
+
+    /// The job and worker of a run in flight (the job is `None` once it was
+    /// cancelled and is only being stopped).
+    pub fn run_info(&self, run: RunId) -> Option<(WorkerId, JobId, bool)> {
+        let r = self.runs.get(&run)?;
+        Some((self.workers[r.worker as usize].id, r.job_id, r.job.is_some()))
+    }
+
+    // ------------------------------------------------------------------
+    // Time
+    // ------------------------------------------------------------------
+
+    fn advance(&mut self, now: Millis) {
+        let target = self.now.max(now);
+        while let Some(&(at, slot)) = self.timers.first() {
+            if at > target {
+                break;
+            }
+            // Each timer fires at its own instant, so what it starts (a new
+            // timer, a lease) is timed as if the shell had woken up exactly.
+            self.now = self.now.max(at);
+            self.timers.remove(&(at, slot));
+            match slot {
+                TimerSlot::Cache(j) => {
+                    self.job_mut(j).timer = None;
+                    self.enter_deps_stage(j, at);
+                }
+                TimerSlot::Deps(j) => {
+                    self.job_mut(j).timer = None;
+                    self.enter_global(j);
+                }
+                TimerSlot::Unplaceable(j) => {
+                    self.job_mut(j).timer = None;
+                    let why = self.unplaceable_reason(self.job(j).class);
+                    self.give_up(j, FailReason::Unplaceable(why));
+                }
+                TimerSlot::Lease(w) => self.lose_worker(w),
+            }
+            self.dispatch();
+        }
+        self.now = target;
+    }
+
+    fn set_timer(&mut self, j: JobIdx, at: Millis, slot: TimerSlot) {
+        self.clear_timer(j);
+        self.timers.insert((at, slot));
+        self.job_mut(j).timer = Some((at, slot));
+    }
+
+    fn clear_timer(&mut self, j: JobIdx) {
+        if let Some(t) = self.job_mut(j).timer.take() {
+            self.timers.remove(&t);
+        }
+    }
+
+    // ------------------------------------------------------------------
+    // Events
+    // ------------------------------------------------------------------
+
+    fn apply(&mut self, event: Event) -> Result<(), Rejected> {
+        match event {
+            Event::WorkerJoined { worker, name, capacity, labels, artifacts } => {
+                self.worker_joined(worker, name, capacity, labels, artifacts)
+            }
+            Event::Heartbeat { worker } => {
+                let w = self.live_worker(worker)?;
+                self.renew_lease(w);
+                Ok(())
+            }
+            Event::WorkerLeft { worker } => {
+                let w = self.live_worker(worker)?;
+                self.lose_worker(w);
+                Ok(())
+            }
+            Event::ArtifactsAdded { worker, artifacts } => {
+                let w = self.live_worker(worker)?;
+                self.renew_lease(w);
+                for a in artifacts {
+                    self.artifact_added(w, a);
+                }
+                Ok(())
+            }
+            Event::ArtifactsEvicted { worker, artifacts } => {
+                let w = self.live_worker(worker)?;
+                self.renew_lease(w);
+                for a in artifacts {
+                    self.artifact_evicted(w, a);
+                }
+                Ok(())
+            }
+            Event::Schedule { spec, waiter } => self.schedule(spec, waiter),
+            Event::Cancel { job, waiter } => self.cancel(job, waiter),
+            Event::JobStarted { run } => self.job_started(run),
+            Event::JobExited { run, result } => self.job_exited(run, result),
+            Event::Tick => Ok(()),
+        }
+    }
+
+    fn live_worker(&self, worker: WorkerId) -> Result<WorkerIdx, Rejected> {
+        match self.worker_index.get(&worker) {
+            Some(&w) if self.workers[w as usize].alive => Ok(w),
+            _ => Err(Rejected::UnknownWorker(worker)),
+        }
+    }
+
+    fn renew_lease(&mut self, w: WorkerIdx) {
+        let worker = &mut self.workers[w as usize];
+        self.timers.remove(&(worker.lease, TimerSlot::Lease(w)));
+        worker.lease = self.now.after(self.config.lease_timeout);
+        self.timers.insert((worker.lease, TimerSlot::Lease(w)));
+    }
+
+    fn worker_joined(
+        &mut self,
+        id: WorkerId,
+        name: String,
+        capacity: Capacity,
+        labels: BTreeMap<String, String>,
+        artifacts: Vec<JobId>,
+    ) -> Result<(), Rejected> {
+        let mut res = WorkerResources {
+            slots: capacity.slots,
+            cpu: capacity.cpu,
+            memory: capacity.memory,
+            labels,
+            ..WorkerResources::default()
+        };
+        for (token, amount) in capacity.tokens {
+            if amount > 0 {
+                let t = self.intern_token(&token);
+                res.tokens.insert(t, amount);
+            }
+        }
+        let mut withdrawn = Vec::new();
+        let w = match self.worker_index.get(&id) {
+            Some(&w) if self.workers[w as usize].alive => {
+                // Re-registration of a live worker: new capacity and labels,
+                // as long as what it runs still fits.
+                let old = &self.workers[w as usize].res;
+                res.used_slots = old.used_slots;
+                res.used_cpu = old.used_cpu;
+                res.used_memory = old.used_memory;
+                res.used_tokens = old.used_tokens.clone();
+                res.exclusive_held = old.exclusive_held.clone();
+                if res.over_committed() {
+                    return Err(Rejected::CapacityBelowUsage(id));
+                }
+                withdrawn = self.set_capabilities(w, false);
+                let worker = &mut self.workers[w as usize];
+                worker.name = name;
+                worker.res = res;
+                w
+            }
+            Some(&w) => {
+                let worker = &mut self.workers[w as usize];
+                worker.name = name;
+                worker.res = res;
+                worker.alive = true;
+                w
+            }
+            None => {
+                let w = self.workers.len() as WorkerIdx;
+                self.workers.push(Worker {
+                    id,
+                    name,
+                    alive: true,
+                    res,
+                    capable: Vec::new(),
+                    lease: Millis(0),
+                    first: Queue::default(),
+                    second: Queue::default(),
+                    held: BTreeSet::new(),
+                    runs: BTreeSet::new(),
+                    reserved: None,
+                });
+                self.worker_index.insert(id, w);
+                w
+            }
+        };
+        self.set_capabilities(w, true);
+        withdrawn.retain(|&c| self.classes[c as usize].capable == 0);
+        self.renew_lease(w);
+        self.update_hungry(w);
+        self.dirty.insert(w);
+        for a in artifacts {
+            self.artifact_added(w, a);
+        }
+        // A re-registration may have taken away the last capable worker of a
+        // class; a registration may bring the first one.
+        self.handle_uncapable_classes(&withdrawn);
+        let waiting: Vec<JobIdx> = self
+            .unplaceable
+            .iter()
+            .copied()
+            .filter(|&j| self.classes[self.job(j).class as usize].capable > 0)
+            .collect();
+        for j in waiting {
+            self.unplaceable.remove(&j);
+            self.clear_timer(j);
+            self.enqueue(j);
+        }
+        Ok(())
+    }
+
+    /// Recomputes (`add`) or withdraws (`!add`) the worker's contribution to
+    /// every class's count of capable workers. A withdrawal returns the
+    /// classes it left with no capable worker.
+    fn set_capabilities(&mut self, w: WorkerIdx, add: bool) -> Vec<ClassIdx> {
+        let mut dropped = Vec::new();
+        let worker = &mut self.workers[w as usize];
+        if add {
+            worker.capable = self.classes.iter().map(|c| worker.res.capable(&c.key)).collect();
+            for (c, &ok) in worker.capable.iter().enumerate() {
+                if ok {
+                    self.classes[c].capable += 1;
+                }
+            }
+        } else {
+            for (c, ok) in worker.capable.iter_mut().enumerate() {
+                if std::mem::replace(ok, false) {
+                    self.classes[c].capable -= 1;
+                    if self.classes[c].capable == 0 {
+                        dropped.push(c as ClassIdx);
+                    }
+                }
+            }
+        }
+        dropped
+    }
+
+    fn schedule(&mut self, spec: JobSpec, waiter: WaiterId) -> Result<(), Rejected> {
+        if let Some(&j) = self.job_index.get(&spec.id) {
+            let job = self.job_mut(j);
+            if job.waiters.contains(&waiter) {
+                return Err(Rejected::AlreadyWaiting { job: spec.id, waiter });
+            }
+            job.waiters.push(waiter);
+            return Ok(());
+        }
+        let invalid = |why: &str| Err(Rejected::InvalidSpec { job: spec.id, why: why.to_owned() });
+        if spec.request.slots == 0 {
+            return invalid("a job takes at least one slot");
+        }
+        if spec.max_attempts == 0 {
+            return invalid("max_attempts must be at least 1");
+        }
+        if spec.deps.contains(&spec.id) {
+            return invalid("a job cannot depend on itself");
+        }
+        let tenant = self.intern_tenant(&spec.tenant);
+        let class = self.intern_class(&spec);
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let mut deps = spec.deps;
+        deps.sort();
+        deps.dedup();
+        let job = Job {
+            id: spec.id,
+            tenant,
+            class,
+            key: JobKey { priority: Reverse(spec.priority), seq },
+            deps: deps.into_boxed_slice(),
+            waiters: vec![waiter],
+            attempts: 0,
+            max_attempts: spec.max_attempts,
+            state: JobState::Queued(Stage::Cache),
+            places: Vec::new(),
+            timer: None,
+            indexed: false,
+            reserved_on: None,
+        };
+        let j = match self.free_jobs.pop() {
+            Some(j) => {
+                self.jobs[j as usize] = Some(job);
+                j
+            }
+            None => {
+                self.jobs.push(Some(job));
+                (self.jobs.len() - 1) as JobIdx
+            }
+        };
+        self.job_index.insert(spec.id, j);
+        self.enqueue(j);
+        Ok(())
+    }
+
+    fn cancel(&mut self, id: JobId, waiter: WaiterId) -> Result<(), Rejected> {
+        let j = *self.job_index.get(&id).ok_or(Rejected::UnknownJob(id))?;
+        let job = self.job_mut(j);
+        let pos = job
+            .waiters
+            .iter()
+            .position(|w| *w == waiter)
+            .ok_or(Rejected::NotWaiting { job: id, waiter })?;
+        job.waiters.remove(pos);
+        if !job.waiters.is_empty() {
+            return Ok(());
+        }
+        let stage = match job.state {
+            JobState::Queued(_) | JobState::Unplaceable => {
+                self.unqueue(j);
+                self.unplaceable.remove(&j);
+                CancelStage::Queued
+            }
+            JobState::Assigned(run) => {
+                self.orphan_run(run);
+                let worker = self.workers[self.runs[&run].worker as usize].id;
+                self.decisions.push(Decision::Drop { worker, run });
+                CancelStage::Assigned
+            }
+            JobState::Running(run) => {
+                self.orphan_run(run);
+                let worker = self.workers[self.runs[&run].worker as usize].id;
+                self.decisions.push(Decision::Stop { worker, run });
+                CancelStage::Running
+            }
+        };
+        self.remove_job(j);
+        self.decisions.push(Decision::Cancelled { job: id, stage });
+        Ok(())
+    }
+
+    fn orphan_run(&mut self, run: RunId) {
+        if let Some(r) = self.runs.get_mut(&run) {
+            r.job = None;
+        }
+    }
+
+    fn job_started(&mut self, run: RunId) -> Result<(), Rejected> {
+        let r = self.runs.get_mut(&run).ok_or(Rejected::UnknownRun(run))?;
+        if r.started {
+            return Err(Rejected::AlreadyStarted(run));
+        }
+        r.started = true;
+        let w = r.worker;
+        if let Some(j) = r.job {
+            self.job_mut(j).state = JobState::Running(run);
+        }
+        self.renew_lease(w);
+        Ok(())
+    }
+
+    fn job_exited(&mut self, run: RunId, result: JobResult) -> Result<(), Rejected> {
+        let r = self.runs.remove(&run).ok_or(Rejected::UnknownRun(run))?;
+        let w = r.worker;
+        {
+            let worker = &mut self.workers[w as usize];
+            worker.runs.remove(&run);
+            worker.res.release(&self.classes[r.class as usize].key);
+        }
+        self.update_hungry(w);
+        self.dirty.insert(w);
+        self.renew_lease(w);
+        if let Some(j) = r.job {
+            let waiters = std::mem::take(&mut self.job_mut(j).waiters);
+            self.remove_job(j);
+            let success = result.success;
+            self.decisions.push(Decision::Finished {
+                job: r.job_id,
+                waiters,
+                completion: Completion::Ran(result),
+            });
+            if success {
+                self.artifact_added(w, r.job_id);
+            }
+        } else if result.success {
+            // A stopped run that finished anyway still left its artifact.
+            self.artifact_added(w, r.job_id);
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------
+    // Locality: artifacts and the stages of a queued job
+    // ------------------------------------------------------------------
+
+    fn artifact_added(&mut self, w: WorkerIdx, a: JobId) {
+        if !self.workers[w as usize].held.insert(a) {
+            return;
+        }
+        self.holders.entry(a).or_default().insert(w);
+        // Rule 1: a pending job is in the first queue of every holder of its
+        // result, whatever its stage.
+        if let Some(&j) = self.job_index.get(&a)
+            && matches!(self.job(j).state, JobState::Queued(_))
+        {
+            self.add_place(j, Place::First(w));
+        }
+        // Rule 2, live: jobs already in their dependency stage (or later) gain
+        // the new holder of one of their dependencies.
+        if let Some(readers) = self.dependents.get(&a) {
+            let readers: Vec<JobIdx> = readers.iter().copied().collect();
+            for j in readers {
+                self.add_place(j, Place::Second(w));
+            }
+        }
+    }
+
+    fn artifact_evicted(&mut self, w: WorkerIdx, a: JobId) {
+        if !self.workers[w as usize].held.remove(&a) {
+            return;
+        }
+        self.forget_holder(w, a);
+        if let Some(&j) = self.job_index.get(&a)
+            && matches!(self.job(j).state, JobState::Queued(_))
+        {
+            self.remove_place(j, Place::First(w));
+            self.leave_cache_stage_if_uncached(j);
+        }
+        if let Some(readers) = self.dependents.get(&a) {
+            let readers: Vec<JobIdx> = readers.iter().copied().collect();
+            for j in readers {
+                let held = &self.workers[w as usize].held;
+                if !self.job(j).deps.iter().any(|d| held.contains(d)) {
+                    self.remove_place(j, Place::Second(w));
+                }
+            }
+        }
+    }
+
+    fn forget_holder(&mut self, w: WorkerIdx, a: JobId) {
+        if let Some(ws) = self.holders.get_mut(&a) {
+            ws.remove(&w);
+            if ws.is_empty() {
+                self.holders.remove(&a);
+            }
+        }
+    }
+
+    /// A job waiting for the holders of its result when the last holder is
+    /// gone has nothing left to wait for: it moves on to its dependency stage,
+    /// as it would have if it had been uncached from the start.
+    fn leave_cache_stage_if_uncached(&mut self, j: JobIdx) {
+        let job = self.job(j);
+        if job.state == JobState::Queued(Stage::Cache)
+            && !job.places.iter().any(|p| matches!(p, Place::First(_)))
+        {
+            self.clear_timer(j);
+            self.enter_deps_stage(j, self.now);
+        }
+    }
+
+    /// Puts a new or requeued job into the queues.
+    fn enqueue(&mut self, j: JobIdx) {
+        let (class, id) = (self.job(j).class, self.job(j).id);
+        if self.classes[class as usize].capable == 0 {
+            self.make_unplaceable(j);
+            return;
+        }
+        self.job_mut(j).state = JobState::Queued(Stage::Cache);
+        let holders: Vec<WorkerIdx> =
+            self.holders.get(&id).map(|ws| ws.iter().copied().collect()).unwrap_or_default();
+        for &w in &holders {
+            self.add_place(j, Place::First(w));
+        }
+        if holders.is_empty() {
+            // Rule 2a: uncached at schedule time: straight to the dependency
+            // stage, with no CacheTimeout timer.
+            self.enter_deps_stage(j, self.now);
+        } else {
+            let at = self.now.after(self.config.cache_timeout);
+            self.set_timer(j, at, TimerSlot::Cache(j));
+        }
+    }
+
+    fn enter_deps_stage(&mut self, j: JobIdx, since: Millis) {
+        let job = self.job_mut(j);
+        job.state = JobState::Queued(Stage::Deps);
+        job.indexed = true;
+        let deps = std::mem::take(&mut job.deps);
+        let mut holders = BTreeSet::new();
+        for d in deps.iter() {
+            self.dependents.entry(*d).or_default().insert(j);
+            if let Some(ws) = self.holders.get(d) {
+                holders.extend(ws.iter().copied());
+            }
+        }
+        self.job_mut(j).deps = deps;
+        for w in holders {
+            self.add_place(j, Place::Second(w));
+        }
+        // Rule 3: the DepsTimeout clock starts with the dependency stage.
+        let at = since.after(self.config.deps_timeout);
+        self.set_timer(j, at, TimerSlot::Deps(j));
+    }
+
+    fn enter_global(&mut self, j: JobIdx) {
+        self.job_mut(j).state = JobState::Queued(Stage::Global);
+        self.add_place(j, Place::Global);
+    }
+
+    fn add_place(&mut self, j: JobIdx, place: Place) {
+        let job = self.jobs[j as usize].as_mut().expect("live job");
+        if job.places.contains(&place) {
+            return;
+        }
+        job.places.push(place);
+        let (class, tenant, key) = (job.class, job.tenant, job.key);
+        let served = self.tenants[tenant as usize].served;
+        match place {
+            Place::Global => {
+                self.global.insert(class, tenant, served, key, j);
+                self.global_dirty = true;
+            }
+            Place::First(w) | Place::Second(w) => {
+                let worker = &mut self.workers[w as usize];
+                let queue = if matches!(place, Place::First(_)) {
+                    &mut worker.first
+                } else {
+                    &mut worker.second
+                };
+                queue.insert(class, tenant, served, key, j);
+                if self.hungry.contains(&w) {
+                    self.dirty.insert(w);
+                }
+            }
+        }
+    }
+
+    fn remove_place(&mut self, j: JobIdx, place: Place) {
+        let job = self.jobs[j as usize].as_mut().expect("live job");
+        let Some(pos) = job.places.iter().position(|p| *p == place) else { return };
+        job.places.swap_remove(pos);
+        let (class, tenant, key) = (job.class, job.tenant, job.key);
+        self.queue_mut(place).remove(class, tenant, key);
+    }
+
+    fn queue_mut(&mut self, place: Place) -> &mut Queue {
+        match place {
+            Place::Global => &mut self.global,
+            Place::First(w) => &mut self.workers[w as usize].first,
+            Place::Second(w) => &mut self.workers[w as usize].second,
+        }
+    }
+
+    /// Takes a queued job out of every queue, index, timer and reservation.
+    fn unqueue(&mut self, j: JobIdx) {
+        let job = self.jobs[j as usize].as_mut().expect("live job");
+        let places = std::mem::take(&mut job.places);
+        let (class, tenant, key) = (job.class, job.tenant, job.key);
+        for place in places {
+            self.queue_mut(place).remove(class, tenant, key);
+        }
+        self.clear_timer(j);
+        let job = self.jobs[j as usize].as_mut().expect("live job");
+        if std::mem::take(&mut job.indexed) {
+            let deps = std::mem::take(&mut job.deps);
+            for d in deps.iter() {
+                if let Some(readers) = self.dependents.get_mut(d) {
+                    readers.remove(&j);
+                    if readers.is_empty() {
+                        self.dependents.remove(d);
+                    }
+                }
+            }
+            self.job_mut(j).deps = deps;
+        }
+        if let Some(w) = self.job_mut(j).reserved_on.take() {
+            self.workers[w as usize].reserved = None;
+            self.dirty.insert(w);
+        }
+    }
+
+    fn remove_job(&mut self, j: JobIdx) {
+        let job = self.jobs[j as usize].take().expect("live job");
+        self.job_index.remove(&job.id);
+        self.free_jobs.push(j);
+    }
+
+    // ------------------------------------------------------------------
+    // Unplaceable jobs and worker loss
+    // ------------------------------------------------------------------
+
+    fn make_unplaceable(&mut self, j: JobIdx) {
+        self.unqueue(j);
+        if self.config.unplaceable_grace == Millis(0) {
+            let why = self.unplaceable_reason(self.job(j).class);
+            self.give_up(j, FailReason::Unplaceable(why));
+            return;
+        }
+        self.job_mut(j).state = JobState::Unplaceable;
+        self.unplaceable.insert(j);
+        let at = self.now.after(self.config.unplaceable_grace);
+        self.set_timer(j, at, TimerSlot::Unplaceable(j));
+    }
+
+    fn give_up(&mut self, j: JobIdx, reason: FailReason) {
+        self.unqueue(j);
+        self.unplaceable.remove(&j);
+        let job = self.jobs[j as usize].as_mut().expect("live job");
+        let waiters = std::mem::take(&mut job.waiters);
+        let id = job.id;
+        self.remove_job(j);
+        self.decisions.push(Decision::Finished { job: id, waiters, completion: Completion::GaveUp(reason) });
+    }
+
+    /// Jobs of classes that lost their last capable worker cannot wait in the
+    /// queues for nobody: they fail (or wait for a worker, per the grace).
+    fn handle_uncapable_classes(&mut self, classes: &[ClassIdx]) {
+        if classes.is_empty() {
+            return;
+        }
+        let stuck: Vec<JobIdx> = self
+            .jobs
+            .iter()
+            .enumerate()
+            .filter_map(|(j, job)| {
+                let job = job.as_ref()?;
+                (matches!(job.state, JobState::Queued(_)) && classes.contains(&job.class))
+                    .then_some(j as JobIdx)
+            })
+            .collect();
+        for j in stuck {
+            self.make_unplaceable(j);
+        }
+    }
+
+    fn lose_worker(&mut self, w: WorkerIdx) {
+        let worker = &mut self.workers[w as usize];
+        if !worker.alive {
+            return;
+        }
+        worker.alive = false;
+        let id = worker.id;
+        let name = worker.name.clone();
+        self.timers.remove(&(worker.lease, TimerSlot::Lease(w)));
+        self.hungry.remove(&w);
+        self.dirty.remove(&w);
+        self.decisions.push(Decision::WorkerLost { worker: id });
+
+        let worker = &mut self.workers[w as usize];
+        let runs = std::mem::take(&mut worker.runs);
+        let first = worker.first.take_all();
+        let second = worker.second.take_all();
+        let held = std::mem::take(&mut worker.held);
+        let reserved = worker.reserved.take();
+        worker.res.used_slots = 0;
+        worker.res.used_cpu = 0;
+        worker.res.used_memory = 0;
+        worker.res.used_tokens.clear();
+        worker.res.exclusive_held.clear();
+        if let Some(j) = reserved {
+            self.job_mut(j).reserved_on = None;
+        }
+        for j in first.iter().copied() {
+            self.job_mut(j).places.retain(|p| *p != Place::First(w));
+        }
+        for j in second {
+            self.job_mut(j).places.retain(|p| *p != Place::Second(w));
+        }
+        for a in held {
+            self.forget_holder(w, a);
+        }
+        let dropped = self.set_capabilities(w, false);
+        for j in first {
+            if self.jobs[j as usize].is_some() {
+                self.leave_cache_stage_if_uncached(j);
+            }
+        }
+        for run in runs {
+            let r = self.runs.remove(&run).expect("worker's run is in flight");
+            let Some(j) = r.job else { continue };
+            let job = self.job_mut(j);
+            if job.attempts >= job.max_attempts {
+                let attempts = job.attempts;
+                self.give_up(j, FailReason::TooManyAttempts { attempts, last_worker: name.clone() });
+            } else {
+                let (job_id, attempts) = (job.id, job.attempts);
+                self.decisions.push(Decision::Requeued { job: job_id, attempts });
+                self.enqueue(j);
+            }
+        }
+        self.handle_uncapable_classes(&dropped);
+    }
+
+    /// Why no live worker can run the class, for people.
+    fn unplaceable_reason(&self, class: ClassIdx) -> String {
+        let key = &self.classes[class as usize].key;
+        let live: Vec<&WorkerResources> =
+            self.workers.iter().filter(|w| w.alive).map(|w| &w.res).collect();
+        if live.is_empty() {
+            return "no worker is registered".to_owned();
+        }
+        let mut unmet = Vec::new();
+        for (k, v) in &key.labels {
+            if !live.iter().any(|w| w.labels.get(k) == Some(v)) {
+                unmet.push(format!("no worker has label {k}={v}"));
+            }
+        }
+        let max = |f: &dyn Fn(&WorkerResources) -> u64| live.iter().map(|w| f(w)).max().unwrap_or(0);
+        if u64::from(key.slots) > max(&|w| u64::from(w.slots)) {
+            unmet.push(format!("needs {} slots, the largest worker has {}", key.slots, max(&|w| u64::from(w.slots))));
+        }
+        if key.cpu > max(&|w| w.cpu) {
+            unmet.push(format!("needs {}m CPU, the largest worker has {}m", key.cpu, max(&|w| w.cpu)));
+        }
+        if key.memory > max(&|w| w.memory) {
+            unmet.push(format!(
+                "needs {} bytes of memory, the largest worker has {}",
+                key.memory,
+                max(&|w| w.memory)
+            ));
+        }
+        for &(t, amount) in &key.tokens {
+            let most = max(&|w| w.tokens.get(&t).copied().unwrap_or(0));
+            let name = &self.tokens[t as usize];
+            if most == 0 {
+                unmet.push(format!("no worker offers token {name}"));
+            } else if amount > most {
+                unmet.push(format!("needs {name}={amount}, the most any worker offers is {most}"));
+            }
+        }
+        if unmet.is_empty() {
+            "no single worker meets all of its label and resource requirements".to_owned()
+        } else {
+            unmet.join("; ")
+        }
+    }
+
+    // ------------------------------------------------------------------
+    // Dispatch: workers with free slots draw work
+    // ------------------------------------------------------------------
+
+    fn update_hungry(&mut self, w: WorkerIdx) {
+        let worker = &self.workers[w as usize];
+        if worker.alive && worker.res.free_slot() {
+            if self.hungry.insert(w) {
+                self.dirty.insert(w);
+            }
+        } else {
+            self.hungry.remove(&w);
+        }
+    }
+
+    fn dispatch(&mut self) {
+        if std::mem::take(&mut self.global_dirty) && self.global.len() > 0 {
+            self.dirty.extend(self.hungry.iter().copied());
+        }
+        while let Some(w) = self.dirty.pop_first() {
+            loop {
+                let worker = &self.workers[w as usize];
+                if !worker.alive || !worker.res.free_slot() {
+                    break;
+                }
+                if let Some(j) = worker.reserved {
+                    let key = &self.classes[self.job(j).class as usize].key;
+                    if worker.res.fits(key, None) {
+                        self.assign(w, j);
+                        continue;
+                    }
+                }
+                match self.draw(w) {
+                    Some(Pick::Run(j)) => self.assign(w, j),
+                    Some(Pick::Reserve(j)) => {
+                        self.workers[w as usize].reserved = Some(j);
+                        self.job_mut(j).reserved_on = Some(w);
+                    }
+                    None => break,
+                }
+            }
+        }
+    }
+
+    /// Chooses the next job for worker `w`: fairness picks the tenant, locality
+    /// the queue, resources filter the classes. See ARCHITECTURE.md.
+    fn draw(&mut self, w: WorkerIdx) -> Option<Pick> {
+        let Scheduler { workers, global, classes, tenants, jobs, .. } = self;
+        let worker = &mut workers[w as usize];
+        let reserved_key = worker.reserved.map(|j| {
+            let class = jobs[j as usize].as_ref().expect("live job").class;
+            &classes[class as usize].key
+        });
+        let served = |t: TenantIdx| tenants[t as usize].served;
+        let mut candidates: Vec<Candidate> = Vec::new();
+        for place in [Place::First(w), Place::Second(w), Place::Global] {
+            let queue = match place {
+                Place::First(_) => &mut worker.first,
+                Place::Second(_) => &mut worker.second,
+                Place::Global => &mut *global,
+            };
+            if queue.len() == 0 {
+                continue;
+            }
+            let lanes: Vec<ClassIdx> = queue.classes().collect();
+            for class in lanes {
+                if !worker.capable.get(class as usize).copied().unwrap_or(false) {
+                    continue;
+                }
+                let fits = worker.res.fits(&classes[class as usize].key, reserved_key);
+                if !fits && worker.reserved.is_some() {
+                    continue;
+                }
+                if let Some((served, tenant)) = queue.front(class, served) {
+                    candidates.push(Candidate { served, tenant, place, class, fits });
+                }
+            }
+        }
+        let best_fit = candidates.iter().filter(|c| c.fits).map(|c| (c.served, c.tenant)).min();
+        // Fairness first: if the tenant whose turn it is has nothing that fits
+        // here now, this worker reserves room for its job (one reservation per
+        // worker), unless another worker already does.
+        let mut blocked: Vec<&Candidate> = candidates
+            .iter()
+            .filter(|c| !c.fits && best_fit.is_none_or(|b| (c.served, c.tenant) < b))
+            .collect();
+        blocked.sort_by_key(|c| (c.served, c.tenant, c.place, c.class));
+        for c in blocked {
+            let (_, j) = self.queue_of(c.place).first_of(c.class, c.tenant)?;
+            if self.job(j).reserved_on.is_none() {
+                return Some(Pick::Reserve(j));
+            }
+        }
+        let (served, tenant) = best_fit?;
+        // Locality: a uniform draw among the queues offering this tenant a job
+        // that fits (distbuild's random choice among the three queues).
+        let mut places: Vec<Place> = candidates
+            .iter()
+            .filter(|c| c.fits && c.served == served && c.tenant == tenant)
+            .map(|c| c.place)
+            .collect();
+        places.dedup();
+        let place = if places.len() == 1 { places[0] } else { places[self.rng.below(places.len())] };
+        // Within the queue, the tenant's best job across the classes that fit.
+        let queue = self.queue_of(place);
+        candidates
+            .iter()
+            .filter(|c| c.fits && c.place == place && c.tenant == tenant)
+            .filter_map(|c| queue.first_of(c.class, tenant))
+            .min()
+            .map(|(_, j)| Pick::Run(j))
+    }
+
+    fn queue_of(&self, place: Place) -> &Queue {
+        match place {
+            Place::Global => &self.global,
+            Place::First(w) => &self.workers[w as usize].first,
+            Place::Second(w) => &self.workers[w as usize].second,
+        }
+    }
+
+    fn assign(&mut self, w: WorkerIdx, j: JobIdx) {
+        self.unqueue(j);
+        let run = RunId(self.next_run);
+        self.next_run += 1;
+        self.serve_clock += 1;
+        let serve_clock = self.serve_clock;
+        let job = self.jobs[j as usize].as_mut().expect("live job");
+        job.attempts += 1;
+        job.state = JobState::Assigned(run);
+        let (class, tenant, id, attempt) = (job.class, job.tenant, job.id, job.attempts);
+        self.tenants[tenant as usize].served = serve_clock;
+        let worker = &mut self.workers[w as usize];
+        worker.res.take(&self.classes[class as usize].key);
+        worker.runs.insert(run);
+        let worker_id = worker.id;
+        self.runs.insert(run, Run { worker: w, class, job_id: id, job: Some(j), started: false });
+        self.update_hungry(w);
+        self.decisions.push(Decision::Assign { worker: worker_id, job: id, run, attempt });
+    }
+
+    // ------------------------------------------------------------------
+    // Interning and access
+    // ------------------------------------------------------------------
+
+    fn intern_tenant(&mut self, name: &str) -> TenantIdx {
+        if let Some(&t) = self.tenant_index.get(name) {
+            return t;
+        }
+        let t = self.tenants.len() as TenantIdx;
+        self.tenants.push(Tenant { name: name.to_owned(), served: 0 });
+        self.tenant_index.insert(name.to_owned(), t);
+        t
+    }
+
+    fn intern_token(&mut self, name: &str) -> TokenIdx {
+        if let Some(&t) = self.token_index.get(name) {
+            return t;
+        }
+        let t = self.tokens.len() as TokenIdx;
+        self.tokens.push(name.to_owned());
+        self.token_index.insert(name.to_owned(), t);
+        t
+    }
+
+    fn intern_class(&mut self, spec: &JobSpec) -> ClassIdx {
+        let mut tokens: BTreeMap<TokenIdx, u64> = BTreeMap::new();
+        for (name, &amount) in &spec.request.tokens {
+            if amount > 0 {
+                let t = self.intern_token(name);
+                tokens.insert(t, amount);
+            }
+        }
+        let mut exclusive = Vec::new();
+        for name in &spec.exclusive {
+            let t = self.intern_token(name);
+            // Holding a token exclusively takes at least one of it.
+            let amount = tokens.entry(t).or_insert(1);
+            *amount = (*amount).max(1);
+            exclusive.push(t);
+        }
+        exclusive.sort();
+        exclusive.dedup();
+        let key = ClassKey {
+            slots: spec.request.slots,
+            cpu: spec.request.cpu,
+            memory: spec.request.memory,
+            tokens: tokens.into_iter().collect(),
+            exclusive,
+            labels: spec.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        };
+        if let Some(&c) = self.class_index.get(&key) {
+            return c;
+        }
+        let c = self.classes.len() as ClassIdx;
+        let mut capable = 0;
+        for worker in &mut self.workers {
+            let ok = worker.alive && worker.res.capable(&key);
+            worker.capable.push(ok);
+            capable += u32::from(ok);
+        }
+        self.classes.push(Class { key: key.clone(), capable });
+        self.class_index.insert(key, c);
+        c
+    }
+
+    fn job(&self, j: JobIdx) -> &Job {
+        self.jobs[j as usize].as_ref().expect("live job")
+    }
+
+    fn job_mut(&mut self, j: JobIdx) -> &mut Job {
+        self.jobs[j as usize].as_mut().expect("live job")
+    }
+}

@@ -1,0 +1,164 @@
+//! Self-checks of the scheduler's state, used by tests after every step.
+//!
+//! They restate the invariants listed in ARCHITECTURE.md in executable form:
+//! nothing over-committed, one live run per job, queues and indexes in step
+//! with the jobs, reservations symmetric, timers matching job stages.
+
+use std::collections::BTreeMap;
+
+use super::{JobState, Place, Scheduler, Stage, TimerSlot};
+use crate::resources::WorkerResources;
+
+impl Scheduler {
+    /// Checks every internal invariant; the error names the first one broken.
+    /// Cost is linear in the state: for tests and debugging, not the hot path.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut used: BTreeMap<u32, WorkerResources> = BTreeMap::new();
+        for (run_id, run) in &self.runs {
+            let worker = &self.workers[run.worker as usize];
+            if !worker.alive {
+                return Err(format!("run {run_id:?} is on lost worker {:?}", worker.id));
+            }
+            if !worker.runs.contains(run_id) {
+                return Err(format!("run {run_id:?} missing from its worker's list"));
+            }
+            used.entry(run.worker).or_default().take(&self.classes[run.class as usize].key);
+            if let Some(j) = run.job {
+                let job = self.jobs[j as usize].as_ref().ok_or("run points at a freed job")?;
+                match job.state {
+                    JobState::Assigned(r) | JobState::Running(r) if r == *run_id => {}
+                    other => return Err(format!("job {} in state {other:?} owns run {run_id:?}", job.id)),
+                }
+                if (job.state == JobState::Running(*run_id)) != run.started {
+                    return Err(format!("job {} start flag disagrees with its state", job.id));
+                }
+            }
+        }
+        for (w, worker) in self.workers.iter().enumerate() {
+            let w = w as u32;
+            let res = &worker.res;
+            if res.over_committed() {
+                return Err(format!("worker {:?} over-committed: {res:?}", worker.id));
+            }
+            let expect = used.remove(&w).unwrap_or_default();
+            if (res.used_slots, res.used_cpu, res.used_memory, &res.used_tokens, &res.exclusive_held)
+                != (expect.used_slots, expect.used_cpu, expect.used_memory, &expect.used_tokens, &expect.exclusive_held)
+            {
+                return Err(format!("worker {:?} usage does not match its runs", worker.id));
+            }
+            if worker.runs.len() != self.runs.values().filter(|r| r.worker == w).count() {
+                return Err(format!("worker {:?} lists runs that are not in flight", worker.id));
+            }
+            if self.hungry.contains(&w) != (worker.alive && res.free_slot()) {
+                return Err(format!("worker {:?} hungry flag is stale", worker.id));
+            }
+            if !worker.alive && (worker.first.len() + worker.second.len() > 0 || !worker.held.is_empty()) {
+                return Err(format!("lost worker {:?} still has queues or artifacts", worker.id));
+            }
+            if let Some(j) = worker.reserved {
+                let job = self.jobs[j as usize].as_ref().ok_or("reservation of a freed job")?;
+                if job.reserved_on != Some(w) || !matches!(job.state, JobState::Queued(_)) {
+                    return Err(format!("worker {:?} reservation is not mirrored", worker.id));
+                }
+            }
+            for a in &worker.held {
+                if !self.holders.get(a).is_some_and(|ws| ws.contains(&w)) {
+                    return Err(format!("artifact {a} on {:?} is not indexed", worker.id));
+                }
+            }
+            for (queue, first) in [(&worker.first, true), (&worker.second, false)] {
+                for j in queue.jobs() {
+                    let place = if first { Place::First(w) } else { Place::Second(w) };
+                    let job = self.jobs[j as usize].as_ref().ok_or("queue holds a freed job")?;
+                    if !job.places.contains(&place) {
+                        return Err(format!("job {} is in a queue it does not list", job.id));
+                    }
+                }
+            }
+        }
+        let mut queued_places = 0;
+        for (j, job) in self.jobs.iter().enumerate() {
+            let Some(job) = job else { continue };
+            let j = j as u32;
+            if self.job_index.get(&job.id) != Some(&j) {
+                return Err(format!("job {} is not indexed by its ID", job.id));
+            }
+            let timer = job.timer.map(|(_, slot)| slot);
+            let expected_timer = match job.state {
+                JobState::Queued(Stage::Cache) => Some(TimerSlot::Cache(j)),
+                JobState::Queued(Stage::Deps) => Some(TimerSlot::Deps(j)),
+                JobState::Unplaceable => Some(TimerSlot::Unplaceable(j)),
+                _ => None,
+            };
+            if timer != expected_timer {
+                return Err(format!("job {} in {:?} has timer {timer:?}", job.id, job.state));
+            }
+            if let Some(t) = job.timer
+                && !self.timers.contains(&t)
+            {
+                return Err(format!("job {} timer is not armed", job.id));
+            }
+            let queued = matches!(job.state, JobState::Queued(_));
+            if !queued && (!job.places.is_empty() || job.reserved_on.is_some() || job.indexed) {
+                return Err(format!("job {} in {:?} is still queued somewhere", job.id, job.state));
+            }
+            if job.state == JobState::Queued(Stage::Global) && !job.places.contains(&Place::Global) {
+                return Err(format!("job {} in the global stage is not in the global queue", job.id));
+            }
+            for place in &job.places {
+                match *place {
+                    Place::First(w) => {
+                        if !self.workers[w as usize].held.contains(&job.id) {
+                            return Err(format!("job {} in the first queue of a non-holder", job.id));
+                        }
+                    }
+                    Place::Second(w) => {
+                        let held = &self.workers[w as usize].held;
+                        if !job.deps.iter().any(|d| held.contains(d)) {
+                            return Err(format!("job {} in the second queue of a worker without its deps", job.id));
+                        }
+                    }
+                    Place::Global => {}
+                }
+            }
+            if queued {
+                queued_places += job.places.len();
+                // Rule 1: the first queue of every live holder of its result.
+                for &w in self.holders.get(&job.id).into_iter().flatten() {
+                    if !job.places.contains(&Place::First(w)) {
+                        return Err(format!("job {} is missing from a holder's first queue", job.id));
+                    }
+                }
+            }
+            if let Some(w) = job.reserved_on
+                && self.workers[w as usize].reserved != Some(j)
+            {
+                return Err(format!("job {} reservation is not mirrored", job.id));
+            }
+            if job.waiters.is_empty() {
+                return Err(format!("job {} has no waiter", job.id));
+            }
+        }
+        let in_queues: usize =
+            self.global.len() + self.workers.iter().map(|w| w.first.len() + w.second.len()).sum::<usize>();
+        if in_queues != queued_places {
+            return Err(format!("queues hold {in_queues} entries, jobs list {queued_places}"));
+        }
+        for (at, slot) in &self.timers {
+            let ok = match *slot {
+                TimerSlot::Lease(w) => {
+                    let worker = &self.workers[w as usize];
+                    worker.alive && worker.lease == *at
+                }
+                TimerSlot::Cache(j) | TimerSlot::Deps(j) | TimerSlot::Unplaceable(j) => self.jobs
+                    [j as usize]
+                    .as_ref()
+                    .is_some_and(|job| job.timer == Some((*at, *slot))),
+            };
+            if !ok {
+                return Err(format!("stale timer {slot:?} at {at}"));
+            }
+        }
+        Ok(())
+    }
+}

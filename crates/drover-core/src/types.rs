@@ -1,0 +1,471 @@
+//! Identifiers, resource shapes and the values that cross the core's boundary.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// A point in time or a duration, in milliseconds. The core never reads a clock:
+/// the caller passes `now` with every event.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+pub struct Millis(pub u64);
+
+impl Millis {
+    /// `self + d`, saturating at the far future.
+    pub fn after(self, d: Millis) -> Millis {
+        Millis(self.0.saturating_add(d.0))
+    }
+}
+
+impl fmt::Display for Millis {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}ms", self.0)
+    }
+}
+
+/// The content ID of a job: a digest of its commands, environment, inputs and
+/// dependency IDs, computed outside the core. The output of a job is fully
+/// determined by its ID, so the ID also names the job's artifact.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct JobId(pub [u8; 32]);
+
+impl JobId {
+    /// A readable ID for tests and tools: the name's bytes, zero-padded (names
+    /// longer than 32 bytes are truncated).
+    pub fn named(name: &str) -> JobId {
+        let mut bytes = [0u8; 32];
+        let n = name.len().min(32);
+        bytes[..n].copy_from_slice(&name.as_bytes()[..n]);
+        JobId(bytes)
+    }
+
+    /// Full lowercase hex form.
+    pub fn to_hex(&self) -> String {
+        let mut s = String::with_capacity(64);
+        for b in self.0 {
+            s.push(char::from_digit(u32::from(b >> 4), 16).unwrap_or('0'));
+            s.push(char::from_digit(u32::from(b & 15), 16).unwrap_or('0'));
+        }
+        s
+    }
+}
+
+impl fmt::Display for JobId {
+    /// IDs made by [`JobId::named`] print as their name; digests print as the
+    /// first 12 hex digits.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let end = self.0.iter().position(|&b| b == 0).unwrap_or(32);
+        let printable = end > 0
+            && self.0[end..].iter().all(|&b| b == 0)
+            && self.0[..end].iter().all(|b| b.is_ascii_graphic());
+        if printable {
+            f.write_str(std::str::from_utf8(&self.0[..end]).unwrap_or("?"))
+        } else {
+            f.write_str(&self.to_hex()[..12])
+        }
+    }
+}
+
+impl fmt::Debug for JobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "JobId({self})")
+    }
+}
+
+/// A worker, as numbered by the shell (stable across restarts: it is persisted
+/// with the events that mention it).
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+pub struct WorkerId(pub u64);
+
+/// Someone waiting for a job's completion (a build's use of the job). One job
+/// may have many waiters; it is cancelled only when the last one cancels.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+pub struct WaiterId(pub u64);
+
+/// One attempt of a job on a worker. Every assignment gets a fresh run ID, so
+/// late reports about an earlier attempt can never be mistaken for the current
+/// one.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+pub struct RunId(pub u64);
+
+/// What a worker offers. CPU is in millicores, memory in bytes; `tokens` are
+/// named counted resources such as `network = 2` or `gpu = 1`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Capacity {
+    /// How many jobs may run at once.
+    pub slots: u32,
+    /// Millicores.
+    pub cpu: u64,
+    /// Bytes.
+    pub memory: u64,
+    /// Named counted resources.
+    pub tokens: BTreeMap<String, u64>,
+}
+
+/// What a job asks for. `slots` is normally 1.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Request {
+    /// Slots taken while the job runs (at least 1).
+    pub slots: u32,
+    /// Millicores.
+    pub cpu: u64,
+    /// Bytes.
+    pub memory: u64,
+    /// Named counted resources.
+    pub tokens: BTreeMap<String, u64>,
+}
+
+impl Default for Request {
+    fn default() -> Self {
+        Request { slots: 1, cpu: 0, memory: 0, tokens: BTreeMap::new() }
+    }
+}
+
+/// Everything the core needs to know about a job. The commands themselves never
+/// enter the core.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobSpec {
+    /// Content ID (also the ID of the job's artifact).
+    pub id: JobId,
+    /// The tenant (repository or team) the job is run for.
+    pub tenant: String,
+    /// IDs of the jobs whose artifacts this job reads. The caller schedules a
+    /// job once its dependencies have succeeded; the core uses the list for
+    /// locality only.
+    pub deps: Vec<JobId>,
+    /// Resources taken while it runs.
+    pub request: Request,
+    /// Named tokens taken exclusively on the worker: no other job may use them
+    /// there at the same time. Each must be offered by the worker.
+    pub exclusive: Vec<String>,
+    /// Worker labels the job requires (`os = linux`).
+    pub labels: BTreeMap<String, String>,
+    /// Higher runs first within its tenant.
+    pub priority: i32,
+    /// Attempts allowed when workers are lost under it (at least 1).
+    pub max_attempts: u32,
+}
+
+impl JobSpec {
+    /// A spec with default resources, no labels and no dependencies.
+    pub fn new(id: JobId, tenant: &str) -> JobSpec {
+        JobSpec {
+            id,
+            tenant: tenant.to_owned(),
+            deps: Vec::new(),
+            request: Request::default(),
+            exclusive: Vec::new(),
+            labels: BTreeMap::new(),
+            priority: 0,
+            max_attempts: 3,
+        }
+    }
+}
+
+/// How a run ended, as the worker reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobResult {
+    /// The job succeeded: its artifact is now on the worker.
+    pub success: bool,
+    /// The exit code of the failing command (or 0), if a command ran.
+    pub exit_code: Option<i32>,
+    /// The result was found in the worker's cache; nothing executed.
+    pub cached: bool,
+    /// Free-form detail for people (the tail of stderr, an error message).
+    pub detail: String,
+}
+
+impl JobResult {
+    /// A successful run with exit code 0.
+    pub fn ok() -> JobResult {
+        JobResult { success: true, exit_code: Some(0), cached: false, detail: String::new() }
+    }
+
+    /// A failed run with the given exit code.
+    pub fn failed(exit_code: i32) -> JobResult {
+        JobResult { success: false, exit_code: Some(exit_code), cached: false, detail: String::new() }
+    }
+}
+
+/// An input to the core. The shell persists every accepted event, in order,
+/// with the `now` it was handled at; replaying them rebuilds the same state.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Event {
+    /// A worker registers (or re-registers) with its capacity, labels and the
+    /// artifacts already in its cache. Its lease starts now.
+    WorkerJoined {
+        /// The shell's number for the worker.
+        worker: WorkerId,
+        /// For people and reasons.
+        name: String,
+        /// What it offers.
+        capacity: Capacity,
+        /// Its labels.
+        labels: BTreeMap<String, String>,
+        /// Artifacts in its cache.
+        artifacts: Vec<JobId>,
+    },
+    /// The worker renews its lease.
+    Heartbeat {
+        /// Who.
+        worker: WorkerId,
+    },
+    /// The worker leaves (or the shell gives up on it): same as a missed lease.
+    WorkerLeft {
+        /// Who.
+        worker: WorkerId,
+    },
+    /// Artifacts appeared in the worker's cache (any job's, scheduled or not).
+    ArtifactsAdded {
+        /// Where.
+        worker: WorkerId,
+        /// Which.
+        artifacts: Vec<JobId>,
+    },
+    /// Artifacts left the worker's cache.
+    ArtifactsEvicted {
+        /// Where.
+        worker: WorkerId,
+        /// Which.
+        artifacts: Vec<JobId>,
+    },
+    /// Run a job for a waiter. A job already pending or running gains a waiter
+    /// instead of a second copy.
+    Schedule {
+        /// The job.
+        spec: JobSpec,
+        /// Who waits for it.
+        waiter: WaiterId,
+    },
+    /// The waiter no longer needs the job.
+    Cancel {
+        /// The job.
+        job: JobId,
+        /// Who gives up on it.
+        waiter: WaiterId,
+    },
+    /// The worker started an assigned run.
+    JobStarted {
+        /// The run.
+        run: RunId,
+    },
+    /// A run ended (including runs that were stopped or dropped).
+    JobExited {
+        /// The run.
+        run: RunId,
+        /// How it ended.
+        result: JobResult,
+    },
+    /// Nothing but the passage of time: fires due timers.
+    Tick,
+}
+
+/// Why a job was given up without a result from a worker.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FailReason {
+    /// No registered worker could ever run it (labels, resources or tokens).
+    Unplaceable(String),
+    /// Workers were lost under it as many times as it allows.
+    TooManyAttempts {
+        /// Attempts made.
+        attempts: u32,
+        /// The last worker lost, by name.
+        last_worker: String,
+    },
+}
+
+impl fmt::Display for FailReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FailReason::Unplaceable(why) => write!(f, "no worker can run this job: {why}"),
+            FailReason::TooManyAttempts { attempts, last_worker } => write!(
+                f,
+                "gave up after {attempts} attempt(s): lost worker {last_worker} while running it"
+            ),
+        }
+    }
+}
+
+/// The end of a job, delivered to all its waiters.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Completion {
+    /// A worker reported a result (success or failure).
+    Ran(JobResult),
+    /// The core gave up on it.
+    GaveUp(FailReason),
+}
+
+/// The stage a job was in when it was cancelled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CancelStage {
+    /// In the queues: removed, nothing to tell a worker.
+    Queued,
+    /// Sent to a worker that has not reported it started: the worker drops it.
+    Assigned,
+    /// Running: the worker stops it.
+    Running,
+}
+
+/// An output of the core, for the shell to act on after persisting the events
+/// that caused it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Decision {
+    /// Start `job` on `worker` as `run`.
+    Assign {
+        /// Where.
+        worker: WorkerId,
+        /// What.
+        job: JobId,
+        /// The new run's ID; the worker reports with it.
+        run: RunId,
+        /// 1 for the first attempt.
+        attempt: u32,
+    },
+    /// The worker must not start this assigned run (it was cancelled first).
+    Drop {
+        /// Where.
+        worker: WorkerId,
+        /// Which run.
+        run: RunId,
+    },
+    /// The worker must stop this running run.
+    Stop {
+        /// Where.
+        worker: WorkerId,
+        /// Which run.
+        run: RunId,
+    },
+    /// The job ended; every waiter gets the completion.
+    Finished {
+        /// The job.
+        job: JobId,
+        /// Everyone waiting for it, in the order they arrived.
+        waiters: Vec<WaiterId>,
+        /// How it ended.
+        completion: Completion,
+    },
+    /// The job's last waiter cancelled it.
+    Cancelled {
+        /// The job.
+        job: JobId,
+        /// Where it was.
+        stage: CancelStage,
+    },
+    /// A worker was lost; its runs were requeued or given up.
+    WorkerLost {
+        /// Who.
+        worker: WorkerId,
+    },
+    /// A run was lost with its worker; the job is queued again.
+    Requeued {
+        /// The job.
+        job: JobId,
+        /// Attempts made so far.
+        attempts: u32,
+    },
+}
+
+/// Why an event was refused. A refused event changes nothing.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Rejected {
+    /// The worker never registered, or was lost.
+    #[error("unknown or lost worker {0:?}")]
+    UnknownWorker(WorkerId),
+    /// No such run is in flight.
+    #[error("unknown run {0:?}")]
+    UnknownRun(RunId),
+    /// The job is not pending or running.
+    #[error("job {0} is not pending or running")]
+    UnknownJob(JobId),
+    /// The waiter is not waiting for that job.
+    #[error("{waiter:?} is not waiting for job {job}")]
+    NotWaiting {
+        /// The job.
+        job: JobId,
+        /// The waiter.
+        waiter: WaiterId,
+    },
+    /// The waiter already waits for that job.
+    #[error("{waiter:?} already waits for job {job}")]
+    AlreadyWaiting {
+        /// The job.
+        job: JobId,
+        /// The waiter.
+        waiter: WaiterId,
+    },
+    /// The job spec is malformed.
+    #[error("invalid job {job}: {why}")]
+    InvalidSpec {
+        /// The job.
+        job: JobId,
+        /// What is wrong.
+        why: String,
+    },
+    /// A re-registration would leave the worker over-committed.
+    #[error("worker {0:?} cannot shrink below what it is running")]
+    CapacityBelowUsage(WorkerId),
+    /// The run was already reported as started.
+    #[error("run {0:?} already started")]
+    AlreadyStarted(RunId),
+}
+
+/// The core's settings. Changing them changes decisions, so a replay must use
+/// the settings the events were recorded with.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Config {
+    /// How long a job whose result is cached somewhere waits for those workers
+    /// before it is offered to the holders of its dependencies.
+    pub cache_timeout: Millis,
+    /// How long a job waits for the holders of its dependencies before every
+    /// worker may take it.
+    pub deps_timeout: Millis,
+    /// A worker that sends nothing for this long is lost.
+    pub lease_timeout: Millis,
+    /// How long a job no registered worker can run waits for one to register
+    /// before it fails (0: fail at once).
+    pub unplaceable_grace: Millis,
+    /// Seed of the draw among a worker's queues.
+    pub seed: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            cache_timeout: Millis(10),
+            deps_timeout: Millis(100),
+            lease_timeout: Millis(10_000),
+            unplaceable_grace: Millis(0),
+            seed: 0x5eed,
+        }
+    }
+}
+
+/// A pending timer, as listed by [`crate::Scheduler::timers`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Timer {
+    /// When it fires.
+    pub at: Millis,
+    /// What it does.
+    pub kind: TimerKind,
+}
+
+/// What a timer does when it fires.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum TimerKind {
+    /// The job's CacheTimeout ends: it enters its dependency stage.
+    Cache(JobId),
+    /// The job's DepsTimeout ends: it enters the global queue.
+    Deps(JobId),
+    /// The job's wait for a capable worker ends: it fails.
+    Unplaceable(JobId),
+    /// The worker's lease ends: it is lost.
+    Lease(WorkerId),
+}
