@@ -1,0 +1,2 @@
+//! Core benchmark (being written).
+fn main() {}

@@ -1,0 +1,1 @@
+//! Dependency rules (being written).

@@ -1,0 +1,7 @@
+//! Integration tests of drover-core: scenario scripts (`scenarios`), property
+//! tests over random event sequences (`properties`), and the crate's
+//! dependency rules (`boundaries`). One binary, so one link step.
+
+mod boundaries;
+mod properties;
+mod scenario;
