@@ -24,6 +24,6 @@ mod types;
 
 pub use scheduler::{JobStatus, JobView, QueueName, Scheduler};
 pub use types::{
-    CancelStage, Capacity, Completion, Config, Decision, Event, FailReason, JobId, JobResult,
-    JobSpec, Millis, Rejected, Request, RunId, Timer, TimerKind, WaiterId, WorkerId,
+    CancelStage, Capacity, Completion, Config, Decision, Event, FailReason, JobId, JobResult, JobSpec,
+    Millis, Rejected, Request, RunId, Timer, TimerKind, WaiterId, WorkerId,
 };

@@ -30,10 +30,7 @@ pub(crate) struct ClassKey {
 
 impl ClassKey {
     fn amount(&self, token: TokenIdx) -> u64 {
-        self.tokens
-            .binary_search_by_key(&token, |(t, _)| *t)
-            .map(|i| self.tokens[i].1)
-            .unwrap_or(0)
+        self.tokens.binary_search_by_key(&token, |(t, _)| *t).map(|i| self.tokens[i].1).unwrap_or(0)
     }
 }
 
@@ -127,10 +124,7 @@ impl WorkerResources {
         self.used_slots > self.slots
             || self.used_cpu > self.cpu
             || self.used_memory > self.memory
-            || self
-                .used_tokens
-                .iter()
-                .any(|(t, used)| *used > self.tokens.get(t).copied().unwrap_or(0))
+            || self.used_tokens.iter().any(|(t, used)| *used > self.tokens.get(t).copied().unwrap_or(0))
     }
 
     pub(crate) fn free_slot(&self) -> bool {

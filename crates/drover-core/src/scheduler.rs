@@ -19,8 +19,8 @@ use crate::queue::{ClassIdx, JobIdx, JobKey, Queue, TenantIdx};
 use crate::resources::{ClassKey, TokenIdx, WorkerResources};
 use crate::rng::SplitMix64;
 use crate::types::{
-    CancelStage, Capacity, Completion, Config, Decision, Event, FailReason, JobId, JobResult,
-    JobSpec, Millis, Rejected, RunId, Timer, TimerKind, WaiterId, WorkerId,
+    CancelStage, Capacity, Completion, Config, Decision, Event, FailReason, JobId, JobResult, JobSpec,
+    Millis, Rejected, RunId, Timer, TimerKind, WaiterId, WorkerId,
 };
 
 /// Index of a worker in `Scheduler::workers` (stable: a worker that comes back
@@ -297,9 +297,12 @@ impl Scheduler {
     /// Handles one event at time `now` (earlier times than already seen count
     /// as the latest). Due timers fire first, even when the event is refused,
     /// so the shell must record every event it hands in, refused or not.
+    /// Timers the event itself makes due (a zero timeout) fire before this
+    /// returns.
     pub fn handle(&mut self, now: Millis, event: Event) -> Result<(), Rejected> {
         self.advance(now);
         let result = self.apply(event);
+        self.advance(now);
         self.dispatch();
         result
     }
@@ -674,11 +677,8 @@ impl Scheduler {
     fn cancel(&mut self, id: JobId, waiter: WaiterId) -> Result<(), Rejected> {
         let j = *self.job_index.get(&id).ok_or(Rejected::UnknownJob(id))?;
         let job = self.job_mut(j);
-        let pos = job
-            .waiters
-            .iter()
-            .position(|w| *w == waiter)
-            .ok_or(Rejected::NotWaiting { job: id, waiter })?;
+        let pos =
+            job.waiters.iter().position(|w| *w == waiter).ok_or(Rejected::NotWaiting { job: id, waiter })?;
         job.waiters.remove(pos);
         if !job.waiters.is_empty() {
             return Ok(());
@@ -891,11 +891,8 @@ impl Scheduler {
             }
             Place::First(w) | Place::Second(w) => {
                 let worker = &mut self.workers[w as usize];
-                let queue = if matches!(place, Place::First(_)) {
-                    &mut worker.first
-                } else {
-                    &mut worker.second
-                };
+                let queue =
+                    if matches!(place, Place::First(_)) { &mut worker.first } else { &mut worker.second };
                 queue.insert(class, tenant, served, key, j);
                 if self.hungry.contains(&w) {
                     self.dirty.insert(w);
@@ -1063,8 +1060,7 @@ impl Scheduler {
     /// Why no live worker can run the class, for people.
     fn unplaceable_reason(&self, class: ClassIdx) -> String {
         let key = &self.classes[class as usize].key;
-        let live: Vec<&WorkerResources> =
-            self.workers.iter().filter(|w| w.alive).map(|w| &w.res).collect();
+        let live: Vec<&WorkerResources> = self.workers.iter().filter(|w| w.alive).map(|w| &w.res).collect();
         if live.is_empty() {
             return "no worker is registered".to_owned();
         }
@@ -1076,7 +1072,11 @@ impl Scheduler {
         }
         let max = |f: &dyn Fn(&WorkerResources) -> u64| live.iter().map(|w| f(w)).max().unwrap_or(0);
         if u64::from(key.slots) > max(&|w| u64::from(w.slots)) {
-            unmet.push(format!("needs {} slots, the largest worker has {}", key.slots, max(&|w| u64::from(w.slots))));
+            unmet.push(format!(
+                "needs {} slots, the largest worker has {}",
+                key.slots,
+                max(&|w| u64::from(w.slots))
+            ));
         }
         if key.cpu > max(&|w| w.cpu) {
             unmet.push(format!("needs {}m CPU, the largest worker has {}m", key.cpu, max(&|w| w.cpu)));

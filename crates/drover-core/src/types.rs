@@ -7,9 +7,7 @@ use serde::{Deserialize, Serialize};
 
 /// A point in time or a duration, in milliseconds. The core never reads a clock:
 /// the caller passes `now` with every event.
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
-)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Millis(pub u64);
 
 impl Millis {
@@ -76,24 +74,18 @@ impl fmt::Debug for JobId {
 
 /// A worker, as numbered by the shell (stable across restarts: it is persisted
 /// with the events that mention it).
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
-)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct WorkerId(pub u64);
 
 /// Someone waiting for a job's completion (a build's use of the job). One job
 /// may have many waiters; it is cancelled only when the last one cancels.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
-)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct WaiterId(pub u64);
 
 /// One attempt of a job on a worker. Every assignment gets a fresh run ID, so
 /// late reports about an earlier attempt can never be mistaken for the current
 /// one.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
-)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct RunId(pub u64);
 
 /// What a worker offers. CPU is in millicores, memory in bytes; `tokens` are
@@ -286,10 +278,9 @@ impl fmt::Display for FailReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             FailReason::Unplaceable(why) => write!(f, "no worker can run this job: {why}"),
-            FailReason::TooManyAttempts { attempts, last_worker } => write!(
-                f,
-                "gave up after {attempts} attempt(s): lost worker {last_worker} while running it"
-            ),
+            FailReason::TooManyAttempts { attempts, last_worker } => {
+                write!(f, "gave up after {attempts} attempt(s): lost worker {last_worker} while running it")
+            }
         }
     }
 }

@@ -42,7 +42,13 @@ impl Scheduler {
             }
             let expect = used.remove(&w).unwrap_or_default();
             if (res.used_slots, res.used_cpu, res.used_memory, &res.used_tokens, &res.exclusive_held)
-                != (expect.used_slots, expect.used_cpu, expect.used_memory, &expect.used_tokens, &expect.exclusive_held)
+                != (
+                    expect.used_slots,
+                    expect.used_cpu,
+                    expect.used_memory,
+                    &expect.used_tokens,
+                    &expect.exclusive_held,
+                )
             {
                 return Err(format!("worker {:?} usage does not match its runs", worker.id));
             }
@@ -115,7 +121,10 @@ impl Scheduler {
                     Place::Second(w) => {
                         let held = &self.workers[w as usize].held;
                         if !job.deps.iter().any(|d| held.contains(d)) {
-                            return Err(format!("job {} in the second queue of a worker without its deps", job.id));
+                            return Err(format!(
+                                "job {} in the second queue of a worker without its deps",
+                                job.id
+                            ));
                         }
                     }
                     Place::Global => {}
@@ -150,10 +159,9 @@ impl Scheduler {
                     let worker = &self.workers[w as usize];
                     worker.alive && worker.lease == *at
                 }
-                TimerSlot::Cache(j) | TimerSlot::Deps(j) | TimerSlot::Unplaceable(j) => self.jobs
-                    [j as usize]
-                    .as_ref()
-                    .is_some_and(|job| job.timer == Some((*at, *slot))),
+                TimerSlot::Cache(j) | TimerSlot::Deps(j) | TimerSlot::Unplaceable(j) => {
+                    self.jobs[j as usize].as_ref().is_some_and(|job| job.timer == Some((*at, *slot)))
+                }
             };
             if !ok {
                 return Err(format!("stale timer {slot:?} at {at}"));
