@@ -1,0 +1,161 @@
+//! drover's durable input log.
+//!
+//! The coordinator is a deterministic state machine: it records every input
+//! (with the time it was handled at) before acting on it, and rebuilds its
+//! state after a crash by replaying the log. This crate is that log: SQLite in
+//! WAL mode with `synchronous = FULL`, one transaction per batch (group
+//! commit: the coordinator appends everything it handled in one loop turn at
+//! once), and a small key-value table for metadata.
+
+use std::path::Path;
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+/// A failure of the log. The coordinator treats any of them as fatal: it must
+/// not act on inputs it could not record.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// SQLite refused.
+    #[error("state database {path}: {source}")]
+    Sqlite {
+        /// The database file.
+        path: String,
+        /// The SQLite error.
+        #[source]
+        source: rusqlite::Error,
+    },
+    /// The database was written by a newer drover.
+    #[error("state database {path} has schema version {found}; this drover understands up to {supported}")]
+    TooNew {
+        /// The database file.
+        path: String,
+        /// Its schema version.
+        found: i64,
+        /// Ours.
+        supported: i64,
+    },
+}
+
+const SCHEMA_VERSION: i64 = 1;
+
+/// One recorded input: when it was handled (milliseconds) and its encoding.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// Position in the log, from 1.
+    pub seq: u64,
+    /// The `now` it was handled at.
+    pub at: u64,
+    /// The encoded input.
+    pub body: Vec<u8>,
+}
+
+/// The log. Not `Sync`: one thread owns it.
+#[derive(Debug)]
+pub struct Store {
+    conn: Connection,
+    path: String,
+    next_seq: u64,
+}
+
+impl Store {
+    /// Opens (or creates) the log at `path`.
+    pub fn open(path: &Path) -> Result<Store, StoreError> {
+        let name = path.display().to_string();
+        let err = |source| StoreError::Sqlite { path: name.clone(), source };
+        let conn = Connection::open(path).map_err(err)?;
+        conn.pragma_update(None, "journal_mode", "WAL").map_err(err)?;
+        conn.pragma_update(None, "synchronous", "FULL").map_err(err)?;
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+             CREATE TABLE IF NOT EXISTS inputs (seq INTEGER PRIMARY KEY, at INTEGER NOT NULL, body BLOB NOT NULL);",
+        )
+        .map_err(err)?;
+        let mut store = Store { conn, path: name.clone(), next_seq: 1 };
+        match store.meta("schema_version")? {
+            None => store.set_meta("schema_version", &SCHEMA_VERSION.to_string())?,
+            Some(v) => {
+                let found = v.parse::<i64>().unwrap_or(i64::MAX);
+                if found > SCHEMA_VERSION {
+                    return Err(StoreError::TooNew { path: name, found, supported: SCHEMA_VERSION });
+                }
+            }
+        }
+        let last: Option<i64> =
+            store.conn.query_row("SELECT MAX(seq) FROM inputs", [], |r| r.get(0)).map_err(err)?;
+        store.next_seq = last.map_or(1, |s| s as u64 + 1);
+        Ok(store)
+    }
+
+    fn err(&self) -> impl Fn(rusqlite::Error) -> StoreError + '_ {
+        |source| StoreError::Sqlite { path: self.path.clone(), source }
+    }
+
+    /// Appends a batch durably, in one transaction; returns the sequence
+    /// number of its last record. When this returns, the batch survives a
+    /// crash or power loss.
+    pub fn append<'a>(
+        &mut self,
+        batch: impl IntoIterator<Item = (u64, &'a [u8])>,
+    ) -> Result<u64, StoreError> {
+        let path = self.path.clone();
+        let err = |source| StoreError::Sqlite { path: path.clone(), source };
+        let tx = self.conn.transaction().map_err(err)?;
+        let mut seq = self.next_seq;
+        {
+            let mut insert =
+                tx.prepare_cached("INSERT INTO inputs (seq, at, body) VALUES (?1, ?2, ?3)").map_err(err)?;
+            for (at, body) in batch {
+                insert.execute(params![seq as i64, at as i64, body]).map_err(err)?;
+                seq += 1;
+            }
+        }
+        tx.commit().map_err(err)?;
+        self.next_seq = seq;
+        Ok(seq - 1)
+    }
+
+    /// Calls `f` with every record, in order.
+    pub fn replay(&self, mut f: impl FnMut(Record)) -> Result<u64, StoreError> {
+        let mut stmt =
+            self.conn.prepare("SELECT seq, at, body FROM inputs ORDER BY seq").map_err(self.err())?;
+        let mut rows = stmt.query([]).map_err(self.err())?;
+        let mut count = 0;
+        while let Some(row) = rows.next().map_err(self.err())? {
+            let seq: i64 = row.get(0).map_err(self.err())?;
+            let at: i64 = row.get(1).map_err(self.err())?;
+            let body: Vec<u8> = row.get(2).map_err(self.err())?;
+            f(Record { seq: seq as u64, at: at as u64, body });
+            count += 1;
+        }
+        Ok(count)
+    }
+
+    /// Records in the log.
+    pub fn len(&self) -> u64 {
+        self.next_seq - 1
+    }
+
+    /// Is the log empty?
+    pub fn is_empty(&self) -> bool {
+        self.next_seq == 1
+    }
+
+    /// A metadata value.
+    pub fn meta(&self, key: &str) -> Result<Option<String>, StoreError> {
+        self.conn
+            .query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
+            .optional()
+            .map_err(self.err())
+    }
+
+    /// Sets a metadata value durably.
+    pub fn set_meta(&mut self, key: &str, value: &str) -> Result<(), StoreError> {
+        self.conn
+            .execute(
+                "INSERT INTO meta (key, value) VALUES (?1, ?2) ON CONFLICT(key) DO UPDATE SET value = ?2",
+                [key, value],
+            )
+            .map(|_| ())
+            .map_err(self.err())
+    }
+}

@@ -1,0 +1,50 @@
+//! The log survives reopening, keeps order and batches, and refuses a newer
+//! schema.
+
+use drover_store::{Record, Store, StoreError};
+
+fn all(store: &Store) -> Vec<Record> {
+    let mut out = Vec::new();
+    store.replay(|r| out.push(r)).expect("replay");
+    out
+}
+
+#[test]
+fn batches_survive_reopening_in_order() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("state.db");
+    {
+        let mut store = Store::open(&path).expect("open");
+        assert!(store.is_empty());
+        assert_eq!(store.append([(5, &b"a"[..]), (6, &b"b"[..])]).expect("append"), 2);
+        assert_eq!(store.append([(7, &b"c"[..])]).expect("append"), 3);
+        store.set_meta("node", "x").expect("meta");
+    }
+    let mut store = Store::open(&path).expect("reopen");
+    assert_eq!(store.len(), 3);
+    let records = all(&store);
+    let bodies: Vec<(u64, u64, &[u8])> = records.iter().map(|r| (r.seq, r.at, &r.body[..])).collect();
+    assert_eq!(bodies, vec![(1, 5, &b"a"[..]), (2, 6, &b"b"[..]), (3, 7, &b"c"[..])]);
+    assert_eq!(store.meta("node").expect("meta").as_deref(), Some("x"));
+    assert_eq!(store.append([(8, &b"d"[..])]).expect("append"), 4, "numbering continues");
+}
+
+#[test]
+fn an_empty_batch_writes_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut store = Store::open(&dir.path().join("state.db")).expect("open");
+    store.append(std::iter::empty()).expect("append");
+    assert!(store.is_empty());
+    assert!(all(&store).is_empty());
+}
+
+#[test]
+fn a_newer_schema_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("state.db");
+    Store::open(&path).expect("open").set_meta("schema_version", "99").expect("meta");
+    match Store::open(&path) {
+        Err(StoreError::TooNew { found: 99, .. }) => {}
+        other => panic!("expected TooNew, got {other:?}"),
+    }
+}
