@@ -389,6 +389,15 @@ impl Scheduler {
         self.worker_index.get(&worker).is_some_and(|&w| self.workers[w as usize].alive)
     }
 
+    /// The runs in flight on a worker (including cancelled ones still
+    /// stopping).
+    pub fn worker_runs(&self, worker: WorkerId) -> Vec<RunId> {
+        match self.worker_index.get(&worker) {
+            Some(&w) => self.workers[w as usize].runs.iter().copied().collect(),
+            None => Vec::new(),
+        }
+    }
+
     /// The job and worker of a run in flight (the job is `None` once it was
     /// cancelled and is only being stopped).
     pub fn run_info(&self, run: RunId) -> Option<(WorkerId, JobId, bool)> {
@@ -482,6 +491,18 @@ impl Scheduler {
             Event::Cancel { job, waiter } => self.cancel(job, waiter),
             Event::JobStarted { run } => self.job_started(run),
             Event::JobExited { run, result } => self.job_exited(run, result),
+            Event::RunLost { run } => {
+                let r = self.runs.remove(&run).ok_or(Rejected::UnknownRun(run))?;
+                let w = r.worker;
+                let worker = &mut self.workers[w as usize];
+                worker.runs.remove(&run);
+                worker.res.release(&self.classes[r.class as usize].key);
+                let name = worker.name.clone();
+                self.update_hungry(w);
+                self.dirty.insert(w);
+                self.requeue_lost_run(r, &name);
+                Ok(())
+            }
             Event::Tick => Ok(()),
         }
     }
@@ -1043,18 +1064,26 @@ impl Scheduler {
         }
         for run in runs {
             let r = self.runs.remove(&run).expect("worker's run is in flight");
-            let Some(j) = r.job else { continue };
-            let job = self.job_mut(j);
-            if job.attempts >= job.max_attempts {
-                let attempts = job.attempts;
-                self.give_up(j, FailReason::TooManyAttempts { attempts, last_worker: name.clone() });
-            } else {
-                let (job_id, attempts) = (job.id, job.attempts);
-                self.decisions.push(Decision::Requeued { job: job_id, attempts });
-                self.enqueue(j);
-            }
+            self.requeue_lost_run(r, &name);
         }
         self.handle_uncapable_classes(&dropped);
+    }
+
+    /// A run lost with its worker: its job goes back to the queues, or fails
+    /// once it has used all its attempts. (Resources were released by the
+    /// caller.)
+    fn requeue_lost_run(&mut self, r: Run, worker_name: &str) {
+        let Some(j) = r.job else { return };
+        let job = self.job_mut(j);
+        if job.attempts >= job.max_attempts {
+            let attempts = job.attempts;
+            let last_worker = worker_name.to_owned();
+            self.give_up(j, FailReason::TooManyAttempts { attempts, last_worker });
+        } else {
+            let (job_id, attempts) = (job.id, job.attempts);
+            self.decisions.push(Decision::Requeued { job: job_id, attempts });
+            self.enqueue(j);
+        }
     }
 
     /// Why no live worker can run the class, for people.

@@ -256,6 +256,12 @@ pub enum Event {
         /// How it ended.
         result: JobResult,
     },
+    /// The run's worker no longer has it (it restarted, or lost track of it):
+    /// the job is requeued as if the worker had been lost under it.
+    RunLost {
+        /// The run.
+        run: RunId,
+    },
     /// Nothing but the passage of time: fires due timers.
     Tick,
 }

@@ -18,7 +18,7 @@
 //!          exclusive=network labels=os:linux priority=5 attempts=2
 //! cancel j1 waiter=1
 //! start j1 | exit j1 ok|fail=CODE|cached   (the job's latest run)
-//! heartbeat w1 | leave w1 | add w1 a,b | evict w1 a,b
+//! heartbeat w1 | leave w1 | add w1 a,b | evict w1 a,b | lose-run j1
 //! timers | job j1 | locate a               (print state)
 //! ```
 
@@ -172,6 +172,10 @@ impl Runner {
                     }
                 };
                 self.event(Event::JobExited { run, result }, &mut out);
+            }
+            "lose-run" => {
+                let run = self.run_of(words[1]);
+                self.event(Event::RunLost { run }, &mut out);
             }
             "heartbeat" => {
                 let worker = self.names.worker(words[1]);

@@ -1,0 +1,580 @@
+//! drover's wire types: the JSON bodies exchanged between clients, the
+//! coordinator and workers over HTTP (all on one port per process).
+//!
+//! Paths (coordinator): `POST /v1/builds` ([`SubmitRequest`] →
+//! [`SubmitReply`]), `GET /v1/builds[/{id}]` ([`BuildStatus`]),
+//! `GET /v1/builds/{id}/events?from=N` (newline-delimited [`BuildEvent`]s:
+//! the whole history, then live events until the build ends),
+//! `POST /v1/builds/{id}/cancel`, `GET /v1/builds/{id}/jobs/{name}/log`,
+//! `POST /v1/blobs/missing` ([`MissingRequest`] → [`MissingReply`]),
+//! `PUT|GET /v1/blobs/{digest}`, `GET /v1/workers` ([`WorkerStatus`] list),
+//! `POST /v1/workers/register` ([`RegisterRequest`] → [`RegisterReply`]),
+//! `POST /v1/workers/{id}/poll` ([`PollRequest`] → [`PollReply`], a long
+//! poll that is also the heartbeat), `POST /v1/workers/{id}/report`
+//! ([`Report`]). Workers serve `GET /v1/artifacts/{job}` (a packed artifact)
+//! and `GET /v1/runs/{run}/log?stream=stdout|stderr`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// A 32-byte digest or content ID, written as 64 lowercase hex digits.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Hash32(pub [u8; 32]);
+
+impl fmt::Display for Hash32 {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for b in self.0 {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Hash32 {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", &self.to_string()[..12])
+    }
+}
+
+/// A digest that is not 64 hex digits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BadHash(pub String);
+
+impl fmt::Display for BadHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "not a 64-digit hex digest: {:?}", self.0)
+    }
+}
+
+impl std::error::Error for BadHash {}
+
+impl FromStr for Hash32 {
+    type Err = BadHash;
+    fn from_str(s: &str) -> Result<Self, BadHash> {
+        let bad = || BadHash(s.chars().take(80).collect());
+        if s.len() != 64 {
+            return Err(bad());
+        }
+        let mut out = [0u8; 32];
+        for (i, chunk) in s.as_bytes().chunks(2).enumerate() {
+            let hex = std::str::from_utf8(chunk).map_err(|_| bad())?;
+            out[i] = u8::from_str_radix(hex, 16).map_err(|_| bad())?;
+        }
+        Ok(Hash32(out))
+    }
+}
+
+impl Serialize for Hash32 {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Hash32 {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl From<Hash32> for drover_core::JobId {
+    fn from(h: Hash32) -> Self {
+        drover_core::JobId(h.0)
+    }
+}
+
+impl From<drover_core::JobId> for Hash32 {
+    fn from(id: drover_core::JobId) -> Self {
+        Hash32(id.0)
+    }
+}
+
+/// One source file of a build: uploaded by content, materialised read-only
+/// under `{{src}}` on the worker.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceFile {
+    /// Relative, `/`-separated, never escaping the source root.
+    pub path: String,
+    /// blake3 of the content.
+    pub digest: Hash32,
+    /// Bytes.
+    pub size: u64,
+    /// The executable bit.
+    pub executable: bool,
+}
+
+/// One job of a submitted build, as the client resolved it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobDef {
+    /// Unique within the build.
+    pub name: String,
+    /// Content ID (blake3 of commands, environment, resources, sources and
+    /// dependency IDs).
+    pub id: Hash32,
+    /// Shell commands, run in order with `sh -c`; placeholders unrendered.
+    pub commands: Vec<String>,
+    /// Environment variables (placeholders allowed in values).
+    pub env: BTreeMap<String, String>,
+    /// Names of the jobs whose outputs this one reads.
+    pub needs: Vec<String>,
+    /// Millicores.
+    pub cpu_millis: u64,
+    /// Bytes.
+    pub memory: u64,
+    /// Named tokens.
+    pub tokens: BTreeMap<String, u64>,
+    /// Tokens taken exclusively on the worker.
+    pub exclusive: Vec<String>,
+    /// Required worker labels.
+    pub labels: BTreeMap<String, String>,
+    /// Higher runs first within its tenant.
+    pub priority: i32,
+    /// Milliseconds; the worker stops the job after this long.
+    pub timeout_ms: Option<u64>,
+    /// Reruns allowed after worker losses.
+    pub retries: u32,
+}
+
+/// A build, as submitted.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BuildSpec {
+    /// For people.
+    pub name: String,
+    /// All source files (every job sees all of them).
+    pub sources: Vec<SourceFile>,
+    /// The jobs, every job after the jobs it needs.
+    pub jobs: Vec<JobDef>,
+}
+
+/// `POST /v1/builds`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubmitRequest {
+    /// The build.
+    pub build: BuildSpec,
+    /// Whose build (for fairness); defaults to "default".
+    pub tenant: String,
+    /// Re-run jobs even when a cached result exists.
+    pub no_cache: bool,
+}
+
+/// Reply to [`SubmitRequest`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubmitReply {
+    /// The new build's ID.
+    pub id: u64,
+}
+
+/// `POST /v1/blobs/missing`: which of these digests does the coordinator
+/// lack?
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MissingRequest {
+    /// Digests to check.
+    pub digests: Vec<Hash32>,
+}
+
+/// Reply to [`MissingRequest`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MissingReply {
+    /// The digests to upload.
+    pub missing: Vec<Hash32>,
+}
+
+/// A build's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BuildState {
+    /// Nothing started yet.
+    Queued,
+    /// Something started.
+    Running,
+    /// Every job succeeded (or was cached).
+    Succeeded,
+    /// A job failed.
+    Failed,
+    /// Cancelled by a user.
+    Cancelled,
+}
+
+impl BuildState {
+    /// Is the build over?
+    pub fn is_final(self) -> bool {
+        matches!(self, BuildState::Succeeded | BuildState::Failed | BuildState::Cancelled)
+    }
+}
+
+/// A job's state within a build.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    /// Waiting for its dependencies or for a worker.
+    Queued,
+    /// Sent to a worker.
+    Running,
+    /// Ran and succeeded.
+    Succeeded,
+    /// Its result was already known; nothing ran.
+    Cached,
+    /// Ran and failed (or could not be run).
+    Failed,
+    /// Cancelled with its build.
+    Cancelled,
+    /// Not run because something it needed failed (or the build stopped).
+    Skipped,
+}
+
+impl JobState {
+    /// Is the job over?
+    pub fn is_final(self) -> bool {
+        !matches!(self, JobState::Queued | JobState::Running)
+    }
+
+    /// Did it produce its output?
+    pub fn is_success(self) -> bool {
+        matches!(self, JobState::Succeeded | JobState::Cached)
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = match self {
+            JobState::Queued => "queued",
+            JobState::Running => "running",
+            JobState::Succeeded => "succeeded",
+            JobState::Cached => "cached",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+            JobState::Skipped => "skipped",
+        };
+        f.write_str(s)
+    }
+}
+
+impl fmt::Display for BuildState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = match self {
+            BuildState::Queued => "queued",
+            BuildState::Running => "running",
+            BuildState::Succeeded => "succeeded",
+            BuildState::Failed => "failed",
+            BuildState::Cancelled => "cancelled",
+        };
+        f.write_str(s)
+    }
+}
+
+/// One job in [`BuildStatus`] (the contract of `status --json`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobStatus {
+    /// Its name in the build.
+    pub name: String,
+    /// Content ID.
+    pub id: Hash32,
+    /// Where it stands.
+    pub state: JobState,
+    /// The worker of its latest attempt, by name.
+    pub worker: Option<String>,
+    /// Attempts started.
+    pub attempts: u32,
+    /// Exit code of the failing command, or 0.
+    pub exit_code: Option<i32>,
+    /// Why it failed or was skipped, for people.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub detail: String,
+}
+
+/// `GET /v1/builds/{id}` (and `status --json`, `run --json`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BuildStatus {
+    /// The build's ID.
+    pub id: u64,
+    /// Its name.
+    #[serde(default)]
+    pub name: String,
+    /// Where it stands.
+    pub state: BuildState,
+    /// Its jobs, in build-file order.
+    pub jobs: Vec<JobStatus>,
+}
+
+/// What happened in a build, in order; the stream of `GET
+/// /v1/builds/{id}/events`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BuildEvent {
+    /// Position in the build's stream, from 0.
+    pub seq: u64,
+    /// Milliseconds since the Unix epoch.
+    pub at: u64,
+    /// What happened.
+    #[serde(flatten)]
+    pub kind: EventKind,
+}
+
+/// The kinds of [`BuildEvent`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum EventKind {
+    /// The build was accepted.
+    BuildQueued {
+        /// Number of jobs.
+        jobs: usize,
+    },
+    /// A job's dependencies are done; it waits for a worker.
+    JobQueued {
+        /// Job name.
+        job: String,
+    },
+    /// A job was sent to a worker.
+    JobStarted {
+        /// Job name.
+        job: String,
+        /// Worker name.
+        worker: String,
+        /// 1 for the first attempt.
+        attempt: u32,
+    },
+    /// A job ended.
+    JobFinished {
+        /// Job name.
+        job: String,
+        /// succeeded, cached or failed.
+        state: JobState,
+        /// Exit code of the failing command, or 0.
+        exit_code: Option<i32>,
+        /// Why it failed, for people.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        detail: String,
+    },
+    /// A job's worker was lost; it waits again.
+    JobRequeued {
+        /// Job name.
+        job: String,
+        /// Attempts so far.
+        attempts: u32,
+    },
+    /// A job will not run.
+    JobSkipped {
+        /// Job name.
+        job: String,
+        /// Why.
+        reason: String,
+    },
+    /// A job was cancelled.
+    JobCancelled {
+        /// Job name.
+        job: String,
+    },
+    /// The build ended.
+    BuildFinished {
+        /// How.
+        state: BuildState,
+    },
+}
+
+/// What a worker offers, as sent at registration.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerCapacity {
+    /// Jobs at once.
+    pub slots: u32,
+    /// Millicores.
+    pub cpu_millis: u64,
+    /// Bytes.
+    pub memory: u64,
+    /// Named tokens.
+    pub tokens: BTreeMap<String, u64>,
+}
+
+/// An artifact a worker holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldArtifact {
+    /// The job whose output it is.
+    pub job: Hash32,
+    /// Digest of the packed tree.
+    pub tree: Hash32,
+    /// Bytes.
+    pub size: u64,
+}
+
+/// `POST /v1/workers/register`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegisterRequest {
+    /// Stable name (defaults to its address).
+    pub name: String,
+    /// Base URL where peers fetch artifacts, e.g. `http://127.0.0.1:7701`.
+    pub url: String,
+    /// What it offers.
+    pub capacity: WorkerCapacity,
+    /// Its labels.
+    pub labels: BTreeMap<String, String>,
+    /// Its cache.
+    pub artifacts: Vec<HeldArtifact>,
+    /// Runs it is still running (after a coordinator restart).
+    pub running: Vec<u64>,
+}
+
+/// Reply to [`RegisterRequest`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegisterReply {
+    /// The worker's ID for later calls.
+    pub worker: u64,
+    /// Milliseconds: poll more often than this or be declared lost.
+    pub lease_ms: u64,
+    /// Runs it reported that the coordinator does not know: stop them.
+    pub stop: Vec<u64>,
+}
+
+/// `POST /v1/workers/{id}/poll`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PollRequest {
+    /// Longest time to hold the request open when there is nothing to do.
+    pub wait_ms: u64,
+}
+
+/// A dependency's output, for a job about to run.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DepInput {
+    /// The name the job's commands use (`{{dep:NAME}}`).
+    pub name: String,
+    /// The dependency's job ID (also its artifact's key).
+    pub job: Hash32,
+    /// Digest of its packed tree, to verify a fetched copy.
+    pub tree: Option<Hash32>,
+    /// Base URLs of workers holding it, best first.
+    pub holders: Vec<String>,
+}
+
+/// Work sent to a worker.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Assignment {
+    /// The run: report with it.
+    pub run: u64,
+    /// 1 for the first attempt.
+    pub attempt: u32,
+    /// Content ID.
+    pub job: Hash32,
+    /// A name for logs (one of the builds' names for the job).
+    pub name: String,
+    /// Commands with placeholders.
+    pub commands: Vec<String>,
+    /// Environment with placeholders.
+    pub env: BTreeMap<String, String>,
+    /// Milliseconds.
+    pub timeout_ms: Option<u64>,
+    /// Every source file the job sees.
+    pub sources: Vec<SourceFile>,
+    /// Outputs of the jobs it needs.
+    pub deps: Vec<DepInput>,
+    /// Run the commands even if the output is already in the worker's cache.
+    pub no_cache: bool,
+}
+
+/// Reply to [`PollRequest`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PollReply {
+    /// Start these.
+    pub assign: Vec<Assignment>,
+    /// Do not start these (assigned, then cancelled).
+    pub drop: Vec<u64>,
+    /// Stop these (running, then cancelled).
+    pub stop: Vec<u64>,
+    /// The coordinator does not know this worker (it restarted with fresh
+    /// state, or declared it lost): register again.
+    pub reregister: bool,
+}
+
+/// How a run ended, as the worker reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunResult {
+    /// The run.
+    pub run: u64,
+    /// Did every command succeed (and the output get stored)?
+    pub success: bool,
+    /// The failing command's exit code, or 0.
+    pub exit_code: Option<i32>,
+    /// The output was already in the worker's cache: nothing ran.
+    pub cached: bool,
+    /// For people: the tail of stderr, or what went wrong.
+    pub detail: String,
+    /// The output artifact, when it succeeded.
+    pub output: Option<HeldArtifact>,
+    /// Milliseconds the commands ran.
+    pub duration_ms: u64,
+}
+
+/// `POST /v1/workers/{id}/report`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Report {
+    /// Runs that started.
+    pub started: Vec<u64>,
+    /// Runs that ended.
+    pub finished: Vec<RunResult>,
+    /// Artifacts that appeared in its cache (other than outputs above).
+    pub added: Vec<HeldArtifact>,
+    /// Artifacts it evicted.
+    pub evicted: Vec<Hash32>,
+}
+
+/// `GET /v1/workers`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerStatus {
+    /// Its name.
+    pub name: String,
+    /// Its base URL.
+    pub url: String,
+    /// Registered and holding its lease.
+    pub alive: bool,
+    /// What it offers.
+    pub capacity: WorkerCapacity,
+    /// Its labels.
+    pub labels: BTreeMap<String, String>,
+    /// Runs in flight on it.
+    pub running: usize,
+}
+
+/// An error body: every non-2xx reply carries one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// What went wrong, for people.
+    pub error: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hashes_round_trip_as_hex_and_reject_garbage() {
+        let h = Hash32([0xab; 32]);
+        let json = serde_json::to_string(&h).expect("json");
+        assert_eq!(json, format!("\"{}\"", "ab".repeat(32)));
+        assert_eq!(serde_json::from_str::<Hash32>(&json).expect("parse"), h);
+        assert!("zz".repeat(32).parse::<Hash32>().is_err());
+        assert!("ab".parse::<Hash32>().is_err());
+    }
+
+    #[test]
+    fn status_json_has_the_documented_shape() {
+        let status = BuildStatus {
+            id: 3,
+            name: "hello".into(),
+            state: BuildState::Failed,
+            jobs: vec![JobStatus {
+                name: "a".into(),
+                id: Hash32([1; 32]),
+                state: JobState::Skipped,
+                worker: None,
+                attempts: 0,
+                exit_code: None,
+                detail: String::new(),
+            }],
+        };
+        let v: serde_json::Value = serde_json::to_value(&status).expect("json");
+        assert_eq!(v["state"], "failed");
+        assert_eq!(v["jobs"][0]["state"], "skipped");
+        for key in ["name", "id", "state", "worker", "attempts", "exit_code"] {
+            assert!(v["jobs"][0].get(key).is_some(), "missing {key}");
+        }
+    }
+}

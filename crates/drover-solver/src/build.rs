@@ -1,0 +1,354 @@
+//! One build: its jobs' states, what each failure skips, and its ordered event
+//! stream.
+
+use std::collections::BTreeMap;
+
+use drover_core::{JobId, JobSpec, Millis, Request, WaiterId};
+use drover_proto::{
+    BuildEvent, BuildSpec, BuildState, BuildStatus, EventKind, JobDef, JobState, JobStatus, SourceFile,
+    SubmitRequest,
+};
+
+/// Most jobs one build may have.
+const MAX_JOBS: usize = 1_000_000;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct JobRec {
+    state: JobState,
+    worker: Option<u64>,
+    run: Option<u64>,
+    attempts: u32,
+    exit_code: Option<i32>,
+    detail: String,
+    /// Set while the core holds the job for this build.
+    waiter: Option<WaiterId>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Build {
+    id: u64,
+    tenant: String,
+    no_cache: bool,
+    spec: BuildSpec,
+    index: BTreeMap<String, u32>,
+    dependents: Vec<Vec<u32>>,
+    /// Needs not yet succeeded, per job.
+    pending: Vec<u32>,
+    jobs: Vec<JobRec>,
+    pub(crate) state: BuildState,
+    cancelled: bool,
+    /// A job failed: nothing new starts.
+    stopping: bool,
+    pub(crate) events: Vec<BuildEvent>,
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+}
+
+fn valid_path(path: &str) -> bool {
+    !path.is_empty()
+        && !path.starts_with('/')
+        && !path.contains('\0')
+        && path.split('/').all(|part| !part.is_empty() && part != "." && part != "..")
+}
+
+impl Build {
+    /// Checks and accepts a submitted build.
+    pub(crate) fn new(id: u64, req: SubmitRequest, now: Millis) -> Result<Build, String> {
+        let spec = req.build;
+        if spec.jobs.is_empty() {
+            return Err("the build has no jobs".into());
+        }
+        if spec.jobs.len() > MAX_JOBS {
+            return Err(format!("the build has {} jobs; at most {MAX_JOBS} are allowed", spec.jobs.len()));
+        }
+        for s in &spec.sources {
+            if !valid_path(&s.path) {
+                return Err(format!("source path {:?} is not a clean relative path", s.path));
+            }
+        }
+        let mut index = BTreeMap::new();
+        let mut dependents = vec![Vec::new(); spec.jobs.len()];
+        let mut pending = Vec::with_capacity(spec.jobs.len());
+        for (i, job) in spec.jobs.iter().enumerate() {
+            if !valid_name(&job.name) {
+                return Err(format!("job name {:?} must be letters, digits, '.', '_' or '-'", job.name));
+            }
+            if job.commands.is_empty() {
+                return Err(format!("job {:?} has no commands", job.name));
+            }
+            for need in &job.needs {
+                // Needs must come earlier: that is what makes the graph acyclic.
+                let Some(&d) = index.get(need) else {
+                    return Err(format!(
+                        "job {:?} needs {need:?}, which is not an earlier job of the build",
+                        job.name
+                    ));
+                };
+                dependents[d as usize].push(i as u32);
+            }
+            if index.insert(job.name.clone(), i as u32).is_some() {
+                return Err(format!("two jobs are named {:?}", job.name));
+            }
+            let mut needs = job.needs.clone();
+            needs.sort();
+            needs.dedup();
+            if needs.len() != job.needs.len() {
+                return Err(format!("job {:?} lists a need twice", job.name));
+            }
+            pending.push(job.needs.len() as u32);
+        }
+        let tenant = if req.tenant.is_empty() { "default".to_owned() } else { req.tenant };
+        let jobs = vec![
+            JobRec {
+                state: JobState::Queued,
+                worker: None,
+                run: None,
+                attempts: 0,
+                exit_code: None,
+                detail: String::new(),
+                waiter: None,
+            };
+            spec.jobs.len()
+        ];
+        let mut build = Build {
+            id,
+            tenant,
+            no_cache: req.no_cache,
+            spec,
+            index,
+            dependents,
+            pending,
+            jobs,
+            state: BuildState::Queued,
+            cancelled: false,
+            stopping: false,
+            events: Vec::new(),
+        };
+        build.event(now, EventKind::BuildQueued { jobs: build.jobs.len() });
+        Ok(build)
+    }
+
+    fn event(&mut self, now: Millis, kind: EventKind) {
+        let seq = self.events.len() as u64;
+        self.events.push(BuildEvent { seq, at: now.0, kind });
+    }
+
+    fn name_of(&self, i: u32) -> String {
+        self.spec.jobs[i as usize].name.clone()
+    }
+
+    pub(crate) fn def(&self, i: u32) -> &JobDef {
+        &self.spec.jobs[i as usize]
+    }
+
+    pub(crate) fn def_by_name(&self, name: &str) -> &JobDef {
+        self.def(self.index[name])
+    }
+
+    /// Should its jobs ignore cached results?
+    pub(crate) fn no_cache(&self) -> bool {
+        self.no_cache
+    }
+
+    pub(crate) fn sources(&self) -> &[SourceFile] {
+        &self.spec.sources
+    }
+
+    /// Jobs with no needs.
+    pub(crate) fn ready_roots(&self) -> Vec<u32> {
+        (0..self.jobs.len() as u32).filter(|&i| self.pending[i as usize] == 0).collect()
+    }
+
+    /// The core's view of a job.
+    pub(crate) fn core_spec(&self, i: u32) -> JobSpec {
+        let def = self.def(i);
+        JobSpec {
+            id: def.id.into(),
+            tenant: self.tenant.clone(),
+            deps: def.needs.iter().map(|n| JobId::from(self.def_by_name(n).id)).collect(),
+            request: Request {
+                slots: 1,
+                cpu: def.cpu_millis,
+                memory: def.memory,
+                tokens: def.tokens.clone(),
+            },
+            exclusive: def.exclusive.clone(),
+            labels: def.labels.clone(),
+            priority: def.priority,
+            max_attempts: def.retries.saturating_add(1),
+        }
+    }
+
+    pub(crate) fn queued(&mut self, i: u32, waiter: WaiterId, now: Millis) {
+        self.jobs[i as usize].waiter = Some(waiter);
+        let job = self.name_of(i);
+        self.event(now, EventKind::JobQueued { job });
+    }
+
+    pub(crate) fn started(
+        &mut self,
+        i: u32,
+        worker: u64,
+        run: u64,
+        attempt: u32,
+        worker_name: &str,
+        now: Millis,
+    ) {
+        let rec = &mut self.jobs[i as usize];
+        rec.state = JobState::Running;
+        rec.worker = Some(worker);
+        rec.run = Some(run);
+        rec.attempts = attempt;
+        if self.state == BuildState::Queued {
+            self.state = BuildState::Running;
+        }
+        let job = self.name_of(i);
+        self.event(now, EventKind::JobStarted { job, worker: worker_name.to_owned(), attempt });
+    }
+
+    pub(crate) fn requeued(&mut self, i: u32, attempts: u32, now: Millis) {
+        self.jobs[i as usize].state = JobState::Queued;
+        let job = self.name_of(i);
+        self.event(now, EventKind::JobRequeued { job, attempts });
+    }
+
+    pub(crate) fn finished(
+        &mut self,
+        i: u32,
+        state: JobState,
+        exit_code: Option<i32>,
+        detail: String,
+        now: Millis,
+    ) {
+        let rec = &mut self.jobs[i as usize];
+        rec.state = state;
+        rec.exit_code = exit_code;
+        rec.detail = detail.clone();
+        rec.waiter = None;
+        if self.state == BuildState::Queued {
+            self.state = BuildState::Running;
+        }
+        let job = self.name_of(i);
+        self.event(now, EventKind::JobFinished { job, state, exit_code, detail });
+    }
+
+    /// After job `i` succeeded: the dependents whose needs are now all done.
+    pub(crate) fn unblocked_by(&mut self, i: u32) -> Vec<u32> {
+        let mut ready = Vec::new();
+        for &d in &self.dependents[i as usize] {
+            self.pending[d as usize] -= 1;
+            let rec = &self.jobs[d as usize];
+            if self.pending[d as usize] == 0
+                && !self.stopping
+                && rec.state == JobState::Queued
+                && rec.waiter.is_none()
+            {
+                ready.push(d);
+            }
+        }
+        ready
+    }
+
+    /// After job `i` failed: its dependents are skipped, and (on-error quit)
+    /// so is everything else not yet running. Returns the core waiters to
+    /// cancel.
+    pub(crate) fn stop_after_failure(&mut self, i: u32, now: Millis) -> Vec<(JobId, WaiterId)> {
+        self.stopping = true;
+        let failed = self.name_of(i);
+        let mut downstream = vec![false; self.jobs.len()];
+        let mut stack = vec![i];
+        while let Some(j) = stack.pop() {
+            for &d in &self.dependents[j as usize] {
+                if !downstream[d as usize] {
+                    downstream[d as usize] = true;
+                    stack.push(d);
+                }
+            }
+        }
+        let mut cancel = Vec::new();
+        for j in 0..self.jobs.len() as u32 {
+            let rec = &mut self.jobs[j as usize];
+            if rec.state != JobState::Queued {
+                continue;
+            }
+            if let Some(w) = rec.waiter.take() {
+                cancel.push((JobId::from(self.spec.jobs[j as usize].id), w));
+            }
+            rec.state = JobState::Skipped;
+            let reason = if downstream[j as usize] {
+                format!("needs {failed}, which failed")
+            } else {
+                format!("the build stopped after {failed} failed")
+            };
+            rec.detail = reason.clone();
+            let job = self.name_of(j);
+            self.event(now, EventKind::JobSkipped { job, reason });
+        }
+        cancel
+    }
+
+    /// Cancels every job not yet over. Returns the core waiters to cancel.
+    pub(crate) fn cancel_all(&mut self, now: Millis) -> Vec<(JobId, WaiterId)> {
+        self.cancelled = true;
+        let mut cancel = Vec::new();
+        for j in 0..self.jobs.len() as u32 {
+            let rec = &mut self.jobs[j as usize];
+            if rec.state.is_final() {
+                continue;
+            }
+            if let Some(w) = rec.waiter.take() {
+                cancel.push((JobId::from(self.spec.jobs[j as usize].id), w));
+            }
+            rec.state = JobState::Cancelled;
+            let job = self.name_of(j);
+            self.event(now, EventKind::JobCancelled { job });
+        }
+        cancel
+    }
+
+    /// Ends the build if every job is over; true if it just ended.
+    pub(crate) fn finish_if_done(&mut self, now: Millis) -> bool {
+        if self.state.is_final() || !self.jobs.iter().all(|j| j.state.is_final()) {
+            return false;
+        }
+        self.state = if self.cancelled {
+            BuildState::Cancelled
+        } else if self.jobs.iter().all(|j| j.state.is_success()) {
+            BuildState::Succeeded
+        } else {
+            BuildState::Failed
+        };
+        let state = self.state;
+        self.event(now, EventKind::BuildFinished { state });
+        true
+    }
+
+    pub(crate) fn latest_run(&self, job: &str) -> Option<u64> {
+        self.jobs[*self.index.get(job)? as usize].run
+    }
+
+    pub(crate) fn status(&self, worker_name: impl Fn(u64) -> Option<String>) -> BuildStatus {
+        BuildStatus {
+            id: self.id,
+            name: self.spec.name.clone(),
+            state: self.state,
+            jobs: self
+                .spec
+                .jobs
+                .iter()
+                .zip(&self.jobs)
+                .map(|(def, rec)| JobStatus {
+                    name: def.name.clone(),
+                    id: def.id,
+                    state: rec.state,
+                    worker: rec.worker.and_then(&worker_name),
+                    attempts: rec.attempts,
+                    exit_code: rec.exit_code,
+                    detail: rec.detail.clone(),
+                })
+                .collect(),
+        }
+    }
+}

@@ -1,0 +1,535 @@
+//! The coordinator's state machine: builds on top of the scheduling core.
+//!
+//! The core schedules *jobs*; the solver tracks *builds*: which jobs of a build
+//! are waiting for their dependencies, which are queued, running or done, what
+//! a failure skips, and the ordered event stream of every build. Like the
+//! core, it is pure and deterministic: [`Input`]s and `now` go in, [`Effect`]s
+//! come out, and replaying the recorded inputs rebuilds an equal state. The
+//! coordinator records every input before acting on its effects; that is all
+//! its durability needs.
+//!
+//! Jobs shared by several builds (the same content ID) run once: each build
+//! that needs the job is a separate waiter on the core's single job.
+
+mod build;
+
+use std::collections::BTreeMap;
+
+use drover_core::{
+    Capacity, Completion, Config, Decision, Event, JobId, JobResult, Millis, RunId, Scheduler, WaiterId,
+    WorkerId,
+};
+use drover_proto::{
+    Assignment, BuildEvent, BuildStatus, DepInput, Hash32, JobState, RegisterReply, RegisterRequest, Report,
+    SubmitRequest, WorkerCapacity, WorkerStatus,
+};
+use serde::{Deserialize, Serialize};
+
+use build::Build;
+
+/// An input to the solver. The coordinator records each one, with the time it
+/// was handled, before acting on what it caused.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Input {
+    /// A worker registers (or re-registers after either side restarted).
+    Register(RegisterRequest),
+    /// A worker polls for work: its lease is renewed.
+    Poll {
+        /// The worker.
+        worker: u64,
+    },
+    /// A worker reports progress.
+    Report {
+        /// The worker.
+        worker: u64,
+        /// What happened.
+        report: Report,
+    },
+    /// A client submits a build.
+    Submit(SubmitRequest),
+    /// A client cancels a build.
+    Cancel {
+        /// The build.
+        build: u64,
+    },
+    /// Time passes: due timers fire.
+    Tick,
+    /// The coordinator restarted: every known worker gets a fresh lease to
+    /// re-attach.
+    Restarted,
+}
+
+/// The answer to an input.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// A worker registered.
+    Registered(RegisterReply),
+    /// A build was accepted.
+    Submitted(u64),
+    /// Done.
+    Done,
+    /// The worker is unknown (or was lost): it must register again.
+    Reregister,
+}
+
+/// Why an input was refused. A refused input changes nothing.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SolverError {
+    /// No build with that ID.
+    #[error("no build {0}")]
+    UnknownBuild(u64),
+    /// The build is malformed.
+    #[error("invalid build: {0}")]
+    InvalidBuild(String),
+}
+
+/// Something for the coordinator's shell to do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Effect {
+    /// Send this assignment to the worker.
+    Assign {
+        /// The worker.
+        worker: u64,
+        /// The work.
+        assignment: Box<Assignment>,
+    },
+    /// Tell the worker not to start this run.
+    Drop {
+        /// The worker.
+        worker: u64,
+        /// The run.
+        run: u64,
+    },
+    /// Tell the worker to stop this run.
+    Stop {
+        /// The worker.
+        worker: u64,
+        /// The run.
+        run: u64,
+    },
+    /// The worker was declared lost: close its session.
+    WorkerLost {
+        /// The worker.
+        worker: u64,
+    },
+    /// A build's event stream grew.
+    BuildChanged {
+        /// The build.
+        build: u64,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct WorkerInfo {
+    name: String,
+    url: String,
+    capacity: WorkerCapacity,
+    labels: BTreeMap<String, String>,
+}
+
+/// The coordinator's state. See the crate documentation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Solver {
+    core: Scheduler,
+    builds: BTreeMap<u64, Build>,
+    next_build: u64,
+    /// Which build job each core waiter stands for.
+    waiters: BTreeMap<WaiterId, (u64, u32)>,
+    next_waiter: u64,
+    workers: BTreeMap<u64, WorkerInfo>,
+    worker_ids: BTreeMap<String, u64>,
+    /// Output trees of jobs that succeeded, for verifying fetched copies.
+    outputs: BTreeMap<JobId, Hash32>,
+    /// Which worker ran each run in flight or recently ended, for logs.
+    run_workers: BTreeMap<u64, u64>,
+    effects: Vec<Effect>,
+    now: Millis,
+}
+
+impl Solver {
+    /// An empty coordinator state with the core's settings.
+    pub fn new(config: Config) -> Solver {
+        Solver {
+            core: Scheduler::new(config),
+            builds: BTreeMap::new(),
+            next_build: 1,
+            waiters: BTreeMap::new(),
+            next_waiter: 1,
+            workers: BTreeMap::new(),
+            worker_ids: BTreeMap::new(),
+            outputs: BTreeMap::new(),
+            run_workers: BTreeMap::new(),
+            effects: Vec::new(),
+            now: Millis(0),
+        }
+    }
+
+    /// The core's settings.
+    pub fn config(&self) -> &Config {
+        self.core.config()
+    }
+
+    /// Handles one input at time `now`.
+    pub fn handle(&mut self, now: Millis, input: Input) -> Result<Reply, SolverError> {
+        self.now = self.now.max(now);
+        let reply = match input {
+            Input::Register(req) => Ok(self.register(req)),
+            Input::Poll { worker } => Ok(self.core_event(Event::Heartbeat { worker: WorkerId(worker) })),
+            Input::Report { worker, report } => Ok(self.report(worker, report)),
+            Input::Submit(req) => self.submit(req),
+            Input::Cancel { build } => self.cancel(build),
+            Input::Tick => Ok(self.core_event(Event::Tick)),
+            Input::Restarted => {
+                let ids: Vec<u64> = self.workers.keys().copied().collect();
+                for id in ids {
+                    if self.core.worker_alive(WorkerId(id)) {
+                        self.core_event(Event::Heartbeat { worker: WorkerId(id) });
+                    }
+                }
+                Ok(Reply::Done)
+            }
+        };
+        self.drain();
+        reply
+    }
+
+    /// The next time the coordinator must send [`Input::Tick`].
+    pub fn poll_timeout(&self) -> Option<Millis> {
+        self.core.poll_timeout()
+    }
+
+    /// Takes the effects caused since the last call.
+    pub fn take_effects(&mut self) -> Vec<Effect> {
+        std::mem::take(&mut self.effects)
+    }
+
+    // ------------------------------------------------------------------
+    // Queries (read-only; not recorded)
+    // ------------------------------------------------------------------
+
+    /// A build's status.
+    pub fn build_status(&self, id: u64) -> Option<BuildStatus> {
+        let b = self.builds.get(&id)?;
+        Some(b.status(|w| self.workers.get(&w).map(|i| i.name.clone())))
+    }
+
+    /// Every build, oldest first.
+    pub fn build_ids(&self) -> Vec<u64> {
+        self.builds.keys().copied().collect()
+    }
+
+    /// A build's events from `from` on, and whether the build is over.
+    pub fn events(&self, id: u64, from: u64) -> Option<(Vec<BuildEvent>, bool)> {
+        let b = self.builds.get(&id)?;
+        let events = b.events.iter().skip(from as usize).cloned().collect();
+        Some((events, b.state.is_final()))
+    }
+
+    /// Every registered worker.
+    pub fn workers(&self) -> Vec<WorkerStatus> {
+        self.workers
+            .iter()
+            .map(|(&id, w)| WorkerStatus {
+                name: w.name.clone(),
+                url: w.url.clone(),
+                alive: self.core.worker_alive(WorkerId(id)),
+                capacity: w.capacity.clone(),
+                labels: w.labels.clone(),
+                running: self.core.worker_runs(WorkerId(id)).len(),
+            })
+            .collect()
+    }
+
+    /// Where a build job's latest attempt ran: the worker's URL and the run.
+    pub fn run_location(&self, build: u64, job: &str) -> Option<(String, u64)> {
+        let run = self.builds.get(&build)?.latest_run(job)?;
+        let worker = self.run_workers.get(&run)?;
+        Some((self.workers.get(worker)?.url.clone(), run))
+    }
+
+    /// Base URLs of live workers holding a job's output.
+    pub fn artifact_holders(&self, job: Hash32) -> Vec<String> {
+        self.core
+            .artifact_holders(&job.into())
+            .into_iter()
+            .filter_map(|w| self.workers.get(&w.0).map(|i| i.url.clone()))
+            .collect()
+    }
+
+    /// The output tree digest of a job that succeeded, if known.
+    pub fn output_tree(&self, job: Hash32) -> Option<Hash32> {
+        self.outputs.get(&JobId::from(job)).copied()
+    }
+
+    /// Is this worker registered and holding its lease?
+    pub fn worker_alive(&self, worker: u64) -> bool {
+        self.core.worker_alive(WorkerId(worker))
+    }
+
+    // ------------------------------------------------------------------
+    // Inputs
+    // ------------------------------------------------------------------
+
+    fn core_event(&mut self, event: Event) -> Reply {
+        match self.core.handle(self.now, event) {
+            Err(drover_core::Rejected::UnknownWorker(_)) => Reply::Reregister,
+            // Other refusals are stale reports (a run that was already lost or
+            // cancelled); the core changed nothing.
+            Err(_) | Ok(()) => Reply::Done,
+        }
+    }
+
+    fn register(&mut self, req: RegisterRequest) -> Reply {
+        let id = match self.worker_ids.get(&req.name) {
+            Some(&id) => id,
+            None => {
+                let id = self.workers.len() as u64 + 1;
+                self.worker_ids.insert(req.name.clone(), id);
+                id
+            }
+        };
+        for a in &req.artifacts {
+            self.outputs.entry(a.job.into()).or_insert(a.tree);
+        }
+        let capacity = Capacity {
+            slots: req.capacity.slots,
+            cpu: req.capacity.cpu_millis,
+            memory: req.capacity.memory,
+            tokens: req.capacity.tokens.clone(),
+        };
+        let event = Event::WorkerJoined {
+            worker: WorkerId(id),
+            name: req.name.clone(),
+            capacity,
+            labels: req.labels.clone(),
+            artifacts: req.artifacts.iter().map(|a| a.job.into()).collect(),
+        };
+        self.workers.insert(
+            id,
+            WorkerInfo { name: req.name, url: req.url, capacity: req.capacity, labels: req.labels },
+        );
+        let refused = self.core.handle(self.now, event).is_err();
+        // Runs the core gave this worker that it no longer has are lost; runs
+        // it has that the core does not know (or gave elsewhere) must stop.
+        let known = self.core.worker_runs(WorkerId(id));
+        for run in &known {
+            if !req.running.contains(&run.0) {
+                let _stale = self.core.handle(self.now, Event::RunLost { run: *run });
+            }
+        }
+        let stop: Vec<u64> =
+            req.running.iter().copied().filter(|r| !known.iter().any(|k| k.0 == *r)).collect();
+        if refused {
+            // Shrinking below what it runs: treat as a fresh start.
+            let _ = self.core.handle(self.now, Event::WorkerLeft { worker: WorkerId(id) });
+        }
+        Reply::Registered(RegisterReply { worker: id, lease_ms: self.core.config().lease_timeout.0, stop })
+    }
+
+    fn report(&mut self, worker: u64, report: Report) -> Reply {
+        if !self.core.worker_alive(WorkerId(worker)) {
+            return Reply::Reregister;
+        }
+        for run in report.started {
+            if self.core.handle(self.now, Event::JobStarted { run: RunId(run) }).is_err()
+                && self.core.run_info(RunId(run)).is_none()
+            {
+                // A run the core no longer knows: its worker must stop it.
+                self.effects.push(Effect::Stop { worker, run });
+            }
+        }
+        for r in report.finished {
+            if let Some(out) = &r.output {
+                self.outputs.insert(out.job.into(), out.tree);
+            }
+            let result =
+                JobResult { success: r.success, exit_code: r.exit_code, cached: r.cached, detail: r.detail };
+            let _stale = self.core.handle(self.now, Event::JobExited { run: RunId(r.run), result });
+        }
+        if !report.added.is_empty() {
+            for a in &report.added {
+                self.outputs.entry(a.job.into()).or_insert(a.tree);
+            }
+            let artifacts = report.added.iter().map(|a| a.job.into()).collect();
+            self.core_event(Event::ArtifactsAdded { worker: WorkerId(worker), artifacts });
+        }
+        if !report.evicted.is_empty() {
+            let artifacts = report.evicted.iter().map(|h| (*h).into()).collect();
+            self.core_event(Event::ArtifactsEvicted { worker: WorkerId(worker), artifacts });
+        }
+        Reply::Done
+    }
+
+    fn submit(&mut self, req: SubmitRequest) -> Result<Reply, SolverError> {
+        let id = self.next_build;
+        let build = Build::new(id, req, self.now).map_err(SolverError::InvalidBuild)?;
+        self.next_build += 1;
+        self.builds.insert(id, build);
+        self.effects.push(Effect::BuildChanged { build: id });
+        let ready = self.builds[&id].ready_roots();
+        for i in ready {
+            self.schedule(id, i);
+        }
+        self.finish_if_done(id);
+        Ok(Reply::Submitted(id))
+    }
+
+    fn cancel(&mut self, id: u64) -> Result<Reply, SolverError> {
+        let build = self.builds.get_mut(&id).ok_or(SolverError::UnknownBuild(id))?;
+        if build.state.is_final() {
+            return Ok(Reply::Done);
+        }
+        let waiters = build.cancel_all(self.now);
+        for (job, waiter) in waiters {
+            self.waiters.remove(&waiter);
+            let _ = self.core.handle(self.now, Event::Cancel { job, waiter });
+        }
+        self.effects.push(Effect::BuildChanged { build: id });
+        self.finish_if_done(id);
+        Ok(Reply::Done)
+    }
+
+    // ------------------------------------------------------------------
+    // Reacting to the core
+    // ------------------------------------------------------------------
+
+    /// Hands a build job whose dependencies are done to the core.
+    fn schedule(&mut self, build: u64, job: u32) {
+        let waiter = WaiterId(self.next_waiter);
+        self.next_waiter += 1;
+        self.waiters.insert(waiter, (build, job));
+        let b = self.builds.get_mut(&build).expect("build exists");
+        let spec = b.core_spec(job);
+        b.queued(job, waiter, self.now);
+        self.effects.push(Effect::BuildChanged { build });
+        let _ = self.core.handle(self.now, Event::Schedule { spec, waiter });
+    }
+
+    /// Applies the core's decisions until it has none left (completions may
+    /// schedule dependents, which may decide more).
+    fn drain(&mut self) {
+        loop {
+            let decisions = self.core.take_decisions();
+            if decisions.is_empty() {
+                return;
+            }
+            for d in decisions {
+                self.apply(d);
+            }
+        }
+    }
+
+    fn job_waiters(&self, job: &JobId) -> Vec<(u64, u32)> {
+        self.core
+            .job_view(job)
+            .map(|v| v.waiters.iter().filter_map(|w| self.waiters.get(w).copied()).collect())
+            .unwrap_or_default()
+    }
+
+    fn apply(&mut self, d: Decision) {
+        match d {
+            Decision::Assign { worker, job, run, attempt } => {
+                self.run_workers.insert(run.0, worker.0);
+                let waiters = self.job_waiters(&job);
+                let worker_name = self.workers.get(&worker.0).map(|w| w.name.clone()).unwrap_or_default();
+                for &(b, i) in &waiters {
+                    let build = self.builds.get_mut(&b).expect("build exists");
+                    build.started(i, worker.0, run.0, attempt, &worker_name, self.now);
+                    self.effects.push(Effect::BuildChanged { build: b });
+                }
+                if let Some(&(b, i)) = waiters.first() {
+                    let mut assignment = self.assignment(b, i, run.0, attempt);
+                    assignment.no_cache = waiters.iter().any(|(b, _)| self.builds[b].no_cache());
+                    self.effects.push(Effect::Assign { worker: worker.0, assignment: Box::new(assignment) });
+                }
+            }
+            Decision::Drop { worker, run } => {
+                self.effects.push(Effect::Drop { worker: worker.0, run: run.0 })
+            }
+            Decision::Stop { worker, run } => {
+                self.effects.push(Effect::Stop { worker: worker.0, run: run.0 })
+            }
+            Decision::WorkerLost { worker } => self.effects.push(Effect::WorkerLost { worker: worker.0 }),
+            Decision::Requeued { job, attempts } => {
+                for (b, i) in self.job_waiters(&job) {
+                    self.builds.get_mut(&b).expect("build exists").requeued(i, attempts, self.now);
+                    self.effects.push(Effect::BuildChanged { build: b });
+                }
+            }
+            Decision::Cancelled { .. } => {}
+            Decision::Finished { job: _, waiters, completion } => {
+                for waiter in waiters {
+                    let Some((b, i)) = self.waiters.remove(&waiter) else { continue };
+                    self.finished(b, i, &completion);
+                }
+            }
+        }
+    }
+
+    fn finished(&mut self, b: u64, i: u32, completion: &Completion) {
+        let build = self.builds.get_mut(&b).expect("build exists");
+        let (state, exit_code, detail) = match completion {
+            Completion::Ran(r) if r.success => {
+                (if r.cached { JobState::Cached } else { JobState::Succeeded }, r.exit_code, String::new())
+            }
+            Completion::Ran(r) => (JobState::Failed, r.exit_code, r.detail.clone()),
+            Completion::GaveUp(reason) => (JobState::Failed, None, reason.to_string()),
+        };
+        build.finished(i, state, exit_code, detail, self.now);
+        self.effects.push(Effect::BuildChanged { build: b });
+        if state.is_success() {
+            for d in build.unblocked_by(i) {
+                self.schedule(b, d);
+            }
+        } else {
+            // on-error quit: start nothing new in this build; running jobs
+            // finish.
+            let build = self.builds.get_mut(&b).expect("build exists");
+            for (job, waiter) in build.stop_after_failure(i, self.now) {
+                self.waiters.remove(&waiter);
+                let _ = self.core.handle(self.now, Event::Cancel { job, waiter });
+            }
+        }
+        self.finish_if_done(b);
+    }
+
+    fn finish_if_done(&mut self, b: u64) {
+        let build = self.builds.get_mut(&b).expect("build exists");
+        if build.finish_if_done(self.now) {
+            self.effects.push(Effect::BuildChanged { build: b });
+        }
+    }
+
+    fn assignment(&self, b: u64, i: u32, run: u64, attempt: u32) -> Assignment {
+        let build = &self.builds[&b];
+        let def = build.def(i);
+        let deps = def
+            .needs
+            .iter()
+            .map(|name| {
+                let dep = build.def_by_name(name);
+                DepInput {
+                    name: name.clone(),
+                    job: dep.id,
+                    tree: self.outputs.get(&JobId::from(dep.id)).copied(),
+                    holders: self.artifact_holders(dep.id),
+                }
+            })
+            .collect();
+        Assignment {
+            run,
+            attempt,
+            job: def.id,
+            name: def.name.clone(),
+            commands: def.commands.clone(),
+            env: def.env.clone(),
+            timeout_ms: def.timeout_ms,
+            sources: build.sources().to_vec(),
+            deps,
+            no_cache: false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,298 @@
+//! Tests of the solver's build rules: dependency order, failure and skip,
+//! sharing across builds, cancellation, re-attaching workers and replay.
+
+use std::collections::BTreeMap;
+
+use drover_core::{Config, Millis};
+use drover_proto::{
+    BuildSpec, BuildState, EventKind, Hash32, HeldArtifact, JobDef, JobState, RegisterRequest, Report,
+    RunResult, SubmitRequest, WorkerCapacity,
+};
+
+use super::{Effect, Input, Reply, Solver, SolverError};
+
+fn job(name: &str, needs: &[&str]) -> JobDef {
+    let mut id = [0u8; 32];
+    id[..name.len()].copy_from_slice(name.as_bytes());
+    JobDef {
+        name: name.into(),
+        id: Hash32(id),
+        commands: vec![format!("echo {name}")],
+        env: BTreeMap::new(),
+        needs: needs.iter().map(|s| s.to_string()).collect(),
+        cpu_millis: 0,
+        memory: 0,
+        tokens: BTreeMap::new(),
+        exclusive: Vec::new(),
+        labels: BTreeMap::new(),
+        priority: 0,
+        timeout_ms: None,
+        retries: 1,
+    }
+}
+
+fn submit(jobs: Vec<JobDef>) -> Input {
+    Input::Submit(SubmitRequest {
+        build: BuildSpec { name: "b".into(), sources: Vec::new(), jobs },
+        tenant: "t".into(),
+        no_cache: false,
+    })
+}
+
+fn register(name: &str, slots: u32, running: Vec<u64>) -> Input {
+    Input::Register(RegisterRequest {
+        name: name.into(),
+        url: format!("http://{name}"),
+        capacity: WorkerCapacity { slots, cpu_millis: 4000, memory: 1 << 30, tokens: BTreeMap::new() },
+        labels: BTreeMap::new(),
+        artifacts: Vec::new(),
+        running,
+    })
+}
+
+fn ok(run: u64, job: &str) -> RunResult {
+    let mut id = [0u8; 32];
+    id[..job.len()].copy_from_slice(job.as_bytes());
+    RunResult {
+        run,
+        success: true,
+        exit_code: Some(0),
+        cached: false,
+        detail: String::new(),
+        output: Some(HeldArtifact { job: Hash32(id), tree: Hash32([7; 32]), size: 1 }),
+        duration_ms: 1,
+    }
+}
+
+fn failed(run: u64, code: i32) -> RunResult {
+    RunResult {
+        run,
+        success: false,
+        exit_code: Some(code),
+        cached: false,
+        detail: "boom".into(),
+        output: None,
+        duration_ms: 1,
+    }
+}
+
+/// A solver with a recorded input log and a clock that moves past every
+/// locality wait.
+struct Harness {
+    solver: Solver,
+    log: Vec<(Millis, Input)>,
+    now: u64,
+}
+
+impl Harness {
+    fn new() -> Harness {
+        Harness { solver: Solver::new(Config::default()), log: Vec::new(), now: 1_000 }
+    }
+
+    fn input(&mut self, input: Input) -> Result<Reply, SolverError> {
+        self.log.push((Millis(self.now), input.clone()));
+        self.solver.handle(Millis(self.now), input)
+    }
+
+    /// Lets locality timers expire.
+    fn later(&mut self) {
+        self.now += 1_000;
+        self.input(Input::Tick).expect("tick");
+    }
+
+    /// Assignments handed out so far: (worker, run, job name).
+    fn assigned(&mut self) -> Vec<(u64, u64, String)> {
+        self.solver
+            .take_effects()
+            .into_iter()
+            .filter_map(|e| match e {
+                Effect::Assign { worker, assignment } => Some((worker, assignment.run, assignment.name)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn report(&mut self, worker: u64, report: Report) {
+        self.input(Input::Report { worker, report }).expect("report");
+    }
+
+    fn states(&self, build: u64) -> Vec<(String, JobState)> {
+        let status = self.solver.build_status(build).expect("build");
+        status.jobs.into_iter().map(|j| (j.name, j.state)).collect()
+    }
+}
+
+fn worker_id(reply: Result<Reply, SolverError>) -> u64 {
+    match reply {
+        Ok(Reply::Registered(r)) => r.worker,
+        other => panic!("expected a registration, got {other:?}"),
+    }
+}
+
+fn build_id(reply: Result<Reply, SolverError>) -> u64 {
+    match reply {
+        Ok(Reply::Submitted(id)) => id,
+        other => panic!("expected a build ID, got {other:?}"),
+    }
+}
+
+#[test]
+fn jobs_run_after_their_needs_and_the_build_succeeds() {
+    let mut h = Harness::new();
+    let w = worker_id(h.input(register("w1", 4, vec![])));
+    let b = build_id(h.input(submit(vec![job("a", &[]), job("b", &["a"]), job("c", &["a", "b"])])));
+    h.later();
+    let first = h.assigned();
+    assert_eq!(first.iter().map(|a| a.2.as_str()).collect::<Vec<_>>(), ["a"], "only a is ready");
+    h.report(w, Report { finished: vec![ok(first[0].1, "a")], ..Report::default() });
+    // b reads a's output, which w1 holds: w1 takes it at once.
+    let second = h.assigned();
+    assert_eq!(second.iter().map(|a| a.2.as_str()).collect::<Vec<_>>(), ["b"]);
+    h.report(w, Report { finished: vec![ok(second[0].1, "b")], ..Report::default() });
+    let third = h.assigned();
+    assert_eq!(third.iter().map(|a| a.2.as_str()).collect::<Vec<_>>(), ["c"]);
+    h.report(w, Report { finished: vec![ok(third[0].1, "c")], ..Report::default() });
+    assert_eq!(h.solver.build_status(b).expect("build").state, BuildState::Succeeded);
+    let (events, over) = h.solver.events(b, 0).expect("events");
+    assert!(over);
+    assert!(matches!(events.first().map(|e| &e.kind), Some(EventKind::BuildQueued { jobs: 3 })));
+    assert!(matches!(
+        events.last().map(|e| &e.kind),
+        Some(EventKind::BuildFinished { state: BuildState::Succeeded })
+    ));
+    assert!(events.windows(2).all(|w| w[1].seq == w[0].seq + 1), "events are numbered in order");
+}
+
+#[test]
+fn a_failure_skips_dependents_and_everything_not_started_but_running_jobs_finish() {
+    let mut h = Harness::new();
+    let w = worker_id(h.input(register("w1", 2, vec![])));
+    let b = build_id(h.input(submit(vec![
+        job("bad", &[]),
+        job("slow", &[]),
+        job("after-bad", &["bad"]),
+        job("later", &[]),
+    ])));
+    h.later();
+    let runs = h.assigned();
+    assert_eq!(runs.len(), 2, "two slots: bad and slow start");
+    let bad = runs.iter().find(|a| a.2 == "bad").expect("bad ran").1;
+    let slow = runs.iter().find(|a| a.2 == "slow").expect("slow ran").1;
+    h.report(w, Report { finished: vec![failed(bad, 3)], ..Report::default() });
+    assert!(h.assigned().is_empty(), "nothing new starts after a failure");
+    assert_eq!(
+        h.states(b),
+        [
+            ("bad".to_string(), JobState::Failed),
+            ("slow".to_string(), JobState::Running),
+            ("after-bad".to_string(), JobState::Skipped),
+            ("later".to_string(), JobState::Skipped),
+        ]
+    );
+    let status = h.solver.build_status(b).expect("build");
+    assert_eq!(status.jobs[0].exit_code, Some(3));
+    assert_eq!(status.jobs[2].detail, "needs bad, which failed");
+    assert_eq!(status.state, BuildState::Running, "slow is still running");
+    h.report(w, Report { finished: vec![ok(slow, "slow")], ..Report::default() });
+    assert_eq!(h.solver.build_status(b).expect("build").state, BuildState::Failed);
+}
+
+#[test]
+fn builds_sharing_a_job_run_it_once_and_both_get_the_result() {
+    let mut h = Harness::new();
+    let w = worker_id(h.input(register("w1", 4, vec![])));
+    let b1 = build_id(h.input(submit(vec![job("shared", &[])])));
+    let b2 = build_id(h.input(submit(vec![job("shared", &[])])));
+    h.later();
+    let runs = h.assigned();
+    assert_eq!(runs.len(), 1, "one execution for two builds");
+    h.report(w, Report { finished: vec![ok(runs[0].1, "shared")], ..Report::default() });
+    for b in [b1, b2] {
+        assert_eq!(h.solver.build_status(b).expect("build").state, BuildState::Succeeded);
+    }
+}
+
+#[test]
+fn cancelling_a_build_stops_its_running_job_unless_another_build_needs_it() {
+    let mut h = Harness::new();
+    let w = worker_id(h.input(register("w1", 1, vec![])));
+    let b1 = build_id(h.input(submit(vec![job("shared", &[]), job("own", &[])])));
+    let b2 = build_id(h.input(submit(vec![job("shared", &[])])));
+    h.later();
+    let runs = h.assigned();
+    assert_eq!(runs.len(), 1);
+    let run = runs[0].1;
+    h.report(w, Report { started: vec![run], ..Report::default() });
+    h.input(Input::Cancel { build: b1 }).expect("cancel");
+    let effects = h.solver.take_effects();
+    assert!(
+        !effects.iter().any(|e| matches!(e, Effect::Stop { .. } | Effect::Drop { .. })),
+        "b2 still needs the shared job: {effects:?}"
+    );
+    assert_eq!(h.solver.build_status(b1).expect("build").state, BuildState::Cancelled);
+    h.input(Input::Cancel { build: b2 }).expect("cancel");
+    let effects = h.solver.take_effects();
+    assert!(effects.contains(&Effect::Stop { worker: w, run }), "last waiter gone: {effects:?}");
+    assert_eq!(h.solver.build_status(b2).expect("build").state, BuildState::Cancelled);
+}
+
+#[test]
+fn a_re_registering_worker_loses_runs_it_no_longer_has_and_stops_unknown_ones() {
+    let mut h = Harness::new();
+    let w = worker_id(h.input(register("w1", 1, vec![])));
+    let b = build_id(h.input(submit(vec![job("a", &[])])));
+    h.later();
+    let run = h.assigned()[0].1;
+    // The worker restarted: it runs nothing we gave it, but something else.
+    let reply = h.input(register("w1", 1, vec![999])).expect("register");
+    let Reply::Registered(r) = reply else { panic!("{reply:?}") };
+    assert_eq!(r.worker, w, "same name, same ID");
+    assert_eq!(r.stop, vec![999]);
+    h.later();
+    let again = h.assigned();
+    assert_eq!(again.len(), 1, "the lost run is requeued and reassigned");
+    assert_ne!(again[0].1, run, "as a new run");
+    let status = h.solver.build_status(b).expect("build");
+    assert_eq!(status.jobs[0].attempts, 2);
+}
+
+#[test]
+fn invalid_builds_are_refused_and_change_nothing() {
+    let mut h = Harness::new();
+    for (jobs, why) in [
+        (vec![job("a", &["b"]), job("b", &[])], "not an earlier job"),
+        (vec![job("a", &[]), job("a", &[])], "two jobs are named"),
+        (vec![job("bad name", &[])], "must be letters"),
+        (vec![], "no jobs"),
+    ] {
+        match h.input(submit(jobs)) {
+            Err(SolverError::InvalidBuild(msg)) => assert!(msg.contains(why), "{msg}"),
+            other => panic!("expected refusal ({why}), got {other:?}"),
+        }
+    }
+    assert!(h.solver.build_ids().is_empty());
+    assert_eq!(build_id(h.input(submit(vec![job("a", &[])]))), 1, "no build number was used up");
+}
+
+#[test]
+fn replaying_the_inputs_rebuilds_an_equal_state() {
+    let mut h = Harness::new();
+    let w = worker_id(h.input(register("w1", 2, vec![])));
+    worker_id(h.input(register("w2", 1, vec![])));
+    build_id(h.input(submit(vec![job("a", &[]), job("b", &["a"]), job("c", &[])])));
+    h.later();
+    let runs = h.assigned();
+    for (worker, run, name) in runs {
+        if worker == w {
+            h.report(w, Report { started: vec![run], finished: vec![ok(run, &name)], ..Report::default() });
+        }
+    }
+    h.later();
+    let mut replayed = Solver::new(Config::default());
+    for (now, input) in h.log.clone() {
+        let _ = replayed.handle(now, input);
+    }
+    replayed.take_effects();
+    h.solver.take_effects();
+    assert_eq!(replayed, h.solver);
+}
