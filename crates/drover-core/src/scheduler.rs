@@ -300,6 +300,9 @@ impl Scheduler {
     /// Timers the event itself makes due (a zero timeout) fire before this
     /// returns.
     pub fn handle(&mut self, now: Millis, event: Event) -> Result<(), Rejected> {
+        if event == Event::Resumed {
+            self.shift_deadlines(now);
+        }
         self.advance(now);
         let result = self.apply(event);
         self.advance(now);
@@ -440,6 +443,27 @@ impl Scheduler {
         self.now = target;
     }
 
+    /// Moves every deadline later by the time between the last event and
+    /// `now` (see [`Event::Resumed`]).
+    fn shift_deadlines(&mut self, now: Millis) {
+        let delta = now.0.saturating_sub(self.now.0);
+        if delta == 0 {
+            return;
+        }
+        let timers = std::mem::take(&mut self.timers);
+        for (at, slot) in timers {
+            let at = Millis(at.0.saturating_add(delta));
+            self.timers.insert((at, slot));
+            match slot {
+                TimerSlot::Cache(j) | TimerSlot::Deps(j) | TimerSlot::Unplaceable(j) => {
+                    self.job_mut(j).timer = Some((at, slot));
+                }
+                TimerSlot::Lease(w) => self.workers[w as usize].lease = at,
+            }
+        }
+        self.now = now;
+    }
+
     fn set_timer(&mut self, j: JobIdx, at: Millis, slot: TimerSlot) {
         self.clear_timer(j);
         self.timers.insert((at, slot));
@@ -503,7 +527,7 @@ impl Scheduler {
                 self.requeue_lost_run(r, &name);
                 Ok(())
             }
-            Event::Tick => Ok(()),
+            Event::Tick | Event::Resumed => Ok(()),
         }
     }
 

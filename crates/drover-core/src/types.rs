@@ -262,6 +262,10 @@ pub enum Event {
         /// The run.
         run: RunId,
     },
+    /// The shell was down and is back: time stood still for the cluster
+    /// meanwhile, so every pending deadline (leases, locality waits) moves
+    /// later by the time passed since the last event, and none fires for it.
+    Resumed,
     /// Nothing but the passage of time: fires due timers.
     Tick,
 }

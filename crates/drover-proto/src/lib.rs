@@ -136,6 +136,9 @@ pub struct JobDef {
     pub timeout_ms: Option<u64>,
     /// Reruns allowed after worker losses.
     pub retries: u32,
+    /// The source paths this job sees (`None`: all of the build's sources).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inputs: Option<Vec<String>>,
 }
 
 /// A build, as submitted.
@@ -248,7 +251,7 @@ impl fmt::Display for JobState {
             JobState::Cancelled => "cancelled",
             JobState::Skipped => "skipped",
         };
-        f.write_str(s)
+        f.pad(s)
     }
 }
 
@@ -261,7 +264,7 @@ impl fmt::Display for BuildState {
             BuildState::Failed => "failed",
             BuildState::Cancelled => "cancelled",
         };
-        f.write_str(s)
+        f.pad(s)
     }
 }
 
@@ -531,6 +534,15 @@ pub struct WorkerStatus {
     pub labels: BTreeMap<String, String>,
     /// Runs in flight on it.
     pub running: usize,
+}
+
+/// `GET /v1/artifacts/{job}`: where a job's output can be fetched.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArtifactLocation {
+    /// Digest of its packed tree, to verify the copy.
+    pub tree: Option<Hash32>,
+    /// Base URLs of live workers holding it.
+    pub holders: Vec<String>,
 }
 
 /// An error body: every non-2xx reply carries one.

@@ -68,6 +68,9 @@ impl Build {
                 return Err(format!("source path {:?} is not a clean relative path", s.path));
             }
         }
+        if !spec.sources.windows(2).all(|w| w[0].path < w[1].path) {
+            return Err("source paths must be sorted and unique".into());
+        }
         let mut index = BTreeMap::new();
         let mut dependents = vec![Vec::new(); spec.jobs.len()];
         let mut pending = Vec::with_capacity(spec.jobs.len());
@@ -96,6 +99,16 @@ impl Build {
             needs.dedup();
             if needs.len() != job.needs.len() {
                 return Err(format!("job {:?} lists a need twice", job.name));
+            }
+            if let Some(inputs) = &job.inputs {
+                for path in inputs {
+                    if spec.sources.binary_search_by(|s| s.path.as_str().cmp(path)).is_err() {
+                        return Err(format!(
+                            "job {:?} sees {path:?}, which is not a source of the build",
+                            job.name
+                        ));
+                    }
+                }
             }
             pending.push(job.needs.len() as u32);
         }
@@ -152,8 +165,15 @@ impl Build {
         self.no_cache
     }
 
-    pub(crate) fn sources(&self) -> &[SourceFile] {
-        &self.spec.sources
+    /// The sources job `i` sees.
+    pub(crate) fn sources_of(&self, i: u32) -> Vec<SourceFile> {
+        match &self.def(i).inputs {
+            None => self.spec.sources.clone(),
+            Some(inputs) => {
+                let seen: std::collections::BTreeSet<&str> = inputs.iter().map(String::as_str).collect();
+                self.spec.sources.iter().filter(|s| seen.contains(s.path.as_str())).cloned().collect()
+            }
+        }
     }
 
     /// Jobs with no needs.

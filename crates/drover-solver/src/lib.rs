@@ -54,8 +54,8 @@ pub enum Input {
     },
     /// Time passes: due timers fire.
     Tick,
-    /// The coordinator restarted: every known worker gets a fresh lease to
-    /// re-attach.
+    /// The coordinator restarted: time stood still for the cluster while it
+    /// was down, so leases and waits resume where they were.
     Restarted,
 }
 
@@ -142,6 +142,8 @@ pub struct Solver {
     outputs: BTreeMap<JobId, Hash32>,
     /// Which worker ran each run in flight or recently ended, for logs.
     run_workers: BTreeMap<u64, u64>,
+    /// Build jobs whose result is known and held: they finish as cached.
+    cache_hits: Vec<(u64, u32)>,
     effects: Vec<Effect>,
     now: Millis,
 }
@@ -159,6 +161,7 @@ impl Solver {
             worker_ids: BTreeMap::new(),
             outputs: BTreeMap::new(),
             run_workers: BTreeMap::new(),
+            cache_hits: Vec::new(),
             effects: Vec::new(),
             now: Millis(0),
         }
@@ -179,15 +182,7 @@ impl Solver {
             Input::Submit(req) => self.submit(req),
             Input::Cancel { build } => self.cancel(build),
             Input::Tick => Ok(self.core_event(Event::Tick)),
-            Input::Restarted => {
-                let ids: Vec<u64> = self.workers.keys().copied().collect();
-                for id in ids {
-                    if self.core.worker_alive(WorkerId(id)) {
-                        self.core_event(Event::Heartbeat { worker: WorkerId(id) });
-                    }
-                }
-                Ok(Reply::Done)
-            }
+            Input::Restarted => Ok(self.core_event(Event::Resumed)),
         };
         self.drain();
         reply
@@ -393,8 +388,16 @@ impl Solver {
     // Reacting to the core
     // ------------------------------------------------------------------
 
-    /// Hands a build job whose dependencies are done to the core.
+    /// Hands a build job whose dependencies are done to the core, unless its
+    /// result is already known and held by a live worker: then it is cached
+    /// (unless the build asked for no cache).
     fn schedule(&mut self, build: u64, job: u32) {
+        let b = &self.builds[&build];
+        let id = JobId::from(b.def(job).id);
+        if !b.no_cache() && self.outputs.contains_key(&id) && self.core.locate_artifact(&id).is_some() {
+            self.cache_hits.push((build, job));
+            return;
+        }
         let waiter = WaiterId(self.next_waiter);
         self.next_waiter += 1;
         self.waiters.insert(waiter, (build, job));
@@ -409,8 +412,15 @@ impl Solver {
     /// schedule dependents, which may decide more).
     fn drain(&mut self) {
         loop {
+            // Cache hits finish here, in a loop rather than recursively: a long
+            // chain of cached jobs must not grow the stack.
+            while let Some((b, i)) = self.cache_hits.pop() {
+                let cached =
+                    JobResult { success: true, exit_code: Some(0), cached: true, detail: String::new() };
+                self.finished(b, i, &Completion::Ran(cached));
+            }
             let decisions = self.core.take_decisions();
-            if decisions.is_empty() {
+            if decisions.is_empty() && self.cache_hits.is_empty() {
                 return;
             }
             for d in decisions {
@@ -524,7 +534,7 @@ impl Solver {
             commands: def.commands.clone(),
             env: def.env.clone(),
             timeout_ms: def.timeout_ms,
-            sources: build.sources().to_vec(),
+            sources: build.sources_of(i),
             deps,
             no_cache: false,
         }

@@ -28,6 +28,7 @@ fn job(name: &str, needs: &[&str]) -> JobDef {
         priority: 0,
         timeout_ms: None,
         retries: 1,
+        inputs: None,
     }
 }
 
@@ -295,4 +296,53 @@ fn replaying_the_inputs_rebuilds_an_equal_state() {
     replayed.take_effects();
     h.solver.take_effects();
     assert_eq!(replayed, h.solver);
+}
+
+#[test]
+fn a_known_result_held_by_a_live_worker_is_cached_without_running() {
+    let mut h = Harness::new();
+    let w = worker_id(h.input(register("w1", 2, vec![])));
+    build_id(h.input(submit(vec![job("a", &[]), job("b", &["a"])])));
+    h.later();
+    let a = h.assigned()[0].1;
+    h.report(w, Report { finished: vec![ok(a, "a")], ..Report::default() });
+    let b = h.assigned()[0].1;
+    h.report(w, Report { finished: vec![ok(b, "b")], ..Report::default() });
+    // The same jobs again: nothing is assigned, both are cached.
+    let again = build_id(h.input(submit(vec![job("a", &[]), job("b", &["a"])])));
+    assert!(h.assigned().is_empty(), "nothing runs again");
+    assert_eq!(h.states(again), [("a".to_string(), JobState::Cached), ("b".to_string(), JobState::Cached)]);
+    assert_eq!(h.solver.build_status(again).expect("build").state, BuildState::Succeeded);
+    // Without the holder, the result is gone: it runs again.
+    h.now += 60_000;
+    h.input(Input::Tick).expect("tick");
+    assert!(!h.solver.worker_alive(w), "w1 missed its lease");
+    h.input(register("w2", 1, vec![])).expect("register");
+    let third = build_id(h.input(submit(vec![job("a", &[])])));
+    h.later();
+    assert_eq!(h.assigned().len(), 1, "a runs again on w2");
+    assert_eq!(h.states(third), [("a".to_string(), JobState::Running)]);
+}
+
+#[test]
+fn a_no_cache_build_runs_jobs_whose_results_are_known() {
+    let mut h = Harness::new();
+    let w = worker_id(h.input(register("w1", 1, vec![])));
+    build_id(h.input(submit(vec![job("a", &[])])));
+    h.later();
+    let a = h.assigned()[0].1;
+    h.report(w, Report { finished: vec![ok(a, "a")], ..Report::default() });
+    let Input::Submit(mut req) = submit(vec![job("a", &[])]) else { unreachable!() };
+    req.no_cache = true;
+    build_id(h.input(Input::Submit(req)));
+    h.later();
+    let effects = h.solver.take_effects();
+    let assigned: Vec<bool> = effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Assign { assignment, .. } => Some(assignment.no_cache),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(assigned, [true], "assigned again, telling the worker to ignore its cache");
 }

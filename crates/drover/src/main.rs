@@ -1,22 +1,90 @@
-//! The `drover` command. For now it only reports what it is; the coordinator,
-//! worker and client commands arrive with the service (see the README).
+//! The `drover` command: one binary for the embedded cluster (`run`), the
+//! coordinator (`serve`), a worker (`worker`) and the client commands
+//! (`submit`, `status`, `cancel`, `workers`, `logs`).
+//!
+//! Exit codes: 0 success; 1 the build failed or was cancelled (or the
+//! cluster could not be reached after the build was submitted); 2 bad usage
+//! or bad input, with nothing submitted.
+
+mod cli;
+mod client;
+mod cluster;
+mod progress;
+mod units;
+
+use std::process::ExitCode;
 
 use clap::Parser;
 
-/// drover: a distributed scheduler for build and CI work.
-#[derive(Debug, Parser)]
-#[command(version, about, long_about = None)]
-struct Cli {}
+use cli::{Cli, Command};
 
-fn main() -> anyhow::Result<()> {
-    let _cli = Cli::parse();
-    let config = drover_core::Config::default();
-    println!(
-        "drover {}: scheduling core ready (CacheTimeout {}, DepsTimeout {}); \
-         the coordinator and workers are not built yet",
-        env!("CARGO_PKG_VERSION"),
-        config.cache_timeout,
-        config.deps_timeout
-    );
-    Ok(())
+/// How a command failed, and so which exit code it gets.
+#[derive(Debug)]
+enum Failure {
+    /// The build ended without success.
+    Build,
+    /// Bad usage or bad input; nothing was submitted.
+    Usage(anyhow::Error),
+    /// Something broke after the request was made.
+    Runtime(anyhow::Error),
+}
+
+impl From<anyhow::Error> for Failure {
+    fn from(e: anyhow::Error) -> Failure {
+        Failure::Runtime(e)
+    }
+}
+
+fn main() -> ExitCode {
+    // Jobs run under a supervisor: the worker re-executes this binary.
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some(cluster::SUPERVISE_ARG) {
+        let code = drover_exec::supervisor_main();
+        return ExitCode::from(u8::try_from(code).unwrap_or(1));
+    }
+    let cli = Cli::parse();
+    init_tracing(cli.verbose);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("drover: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(dispatch(cli.command)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Build) => ExitCode::from(1),
+        Err(Failure::Usage(e)) => {
+            eprintln!("drover: {e:#}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Runtime(e)) => {
+            eprintln!("drover: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn init_tracing(verbose: u8) {
+    let default = match verbose {
+        0 => "warn",
+        1 => "info,drover=info",
+        _ => "debug",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("DROVER_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}
+
+async fn dispatch(command: Command) -> Result<(), Failure> {
+    match command {
+        Command::Run(args) => cluster::run(args).await,
+        Command::Serve(args) => cluster::serve(args).await,
+        Command::Worker(args) => cluster::worker(args).await,
+        Command::Submit(args) => client::submit(args).await,
+        Command::Status(args) => client::status(args).await,
+        Command::Cancel(args) => client::cancel(args).await,
+        Command::Workers(args) => client::workers(args).await,
+        Command::Logs(args) => client::logs(args).await,
+    }
 }

@@ -14,6 +14,7 @@
 //! worker w1 slots=2 cpu=4000 mem=8Gi tokens=network:2 labels=os:linux artifacts=d1,d2
 //! rejoin w1 ...            same keys: re-registration of a live worker
 //! at 50                    move the clock to 50 (fires due timers)
+//! resume 50               the shell was down until 50: deadlines shift
 //! schedule j1 tenant=a waiter=1 deps=d1 cpu=1000 mem=1Gi tokens=network:1
 //!          exclusive=network labels=os:linux priority=5 attempts=2
 //! cancel j1 waiter=1
@@ -172,6 +173,10 @@ impl Runner {
                     }
                 };
                 self.event(Event::JobExited { run, result }, &mut out);
+            }
+            "resume" => {
+                self.now = Millis(words[1].parse().expect("time"));
+                self.event(Event::Resumed, &mut out);
             }
             "lose-run" => {
                 let run = self.run_of(words[1]);

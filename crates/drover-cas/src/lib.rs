@@ -1,0 +1,767 @@
+//! drover's on-disk content-addressed cache.
+//!
+//! Workers (and the coordinator) keep job outputs (**artifacts**: directory
+//! trees, keyed by the job's content ID) and source files (**blobs**: keyed by
+//! the blake3 digest of their content) in a [`Cas`], bounded by a size limit
+//! with least-recently-used eviction, and move artifacts between machines in
+//! the streaming [`pack`] format ([`Cas::pack`], [`Cas::unpack`]).
+//!
+//! The API is synchronous (`std::io::Read`/`Write`); async callers use
+//! `spawn_blocking`. A [`Cas`] is `Send + Sync` and cheap to clone (clones
+//! share one cache).
+//!
+//! # Layout on disk
+//!
+//! ```text
+//! dir/lock                             held (flock) while a Cas is open
+//! dir/blobs/ab/abcdef…                 blob content (name: hex digest)
+//! dir/artifacts/ab/abcdef…/info.json   ArtifactInfo (tree digest, size, files)
+//! dir/artifacts/ab/abcdef…/manifest.json   the entries (see `manifest`)
+//! dir/artifacts/ab/abcdef…/tree/       the artifact's files
+//! dir/tmp/                             temporary files, wiped on open
+//! ```
+//!
+//! Committed entries are immutable. Everything is first written under
+//! `tmp/` and fsynced, then renamed into place in one step (a whole artifact
+//! directory, with its manifest, is one rename), so a crash leaves either
+//! nothing or a complete entry, plus leftovers in `tmp/` that the next
+//! [`Cas::open`] wipes. Renames into and out of `blobs/` and `artifacts/`
+//! happen under the index lock, so the index and the disk always agree.
+//! Removed entries are first renamed into `tmp/` and deleted outside the
+//! lock.
+//!
+//! # Size and eviction
+//!
+//! `used_bytes` counts blob sizes plus artifact file sizes (not manifests or
+//! directories). After every put and commit the cache evicts the least
+//! recently used entries, blobs and artifacts alike, until it is back within
+//! `max_bytes`, never touching a pinned artifact (one with a live
+//! [`ArtifactGuard`]) or the entry just added; so the cache can stay above
+//! `max_bytes` while pins hold the space. A single blob or artifact larger
+//! than `max_bytes` is refused ([`CasError::TooLarge`]).
+//!
+//! Blobs are never pinned: a path from [`Cas::blob_path`] stays valid until
+//! the blob is evicted. Callers needing it longer copy or hard-link it.
+//!
+//! # Last use across restarts
+//!
+//! The LRU order lives in memory as a logical clock. It is persisted
+//! approximately through file modification times: every use touches the
+//! blob's file or the artifact's `info.json` (a cheap `futimens`), and
+//! [`Cas::open`] rebuilds the order by sorting entries by those times. No
+//! index file is written, so there is nothing to corrupt or replay.
+
+mod artifact;
+mod error;
+mod fsutil;
+mod index;
+mod key;
+pub mod manifest;
+pub mod pack;
+
+use std::fmt;
+use std::fs::{self, File};
+use std::io::{ErrorKind, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::SystemTime;
+
+pub use artifact::{ArtifactGuard, ArtifactWriter};
+pub use error::CasError;
+pub use key::{Key, ParseKeyError};
+pub use manifest::ArtifactInfo;
+
+use error::IoContext;
+use fsutil::{copy_hashing, copy_stored_file, remove_path, set_exec, touch};
+use index::{Index, Slot, Unpinned};
+use manifest::{Entry, Manifest};
+
+const INFO_FILE: &str = "info.json";
+const MANIFEST_FILE: &str = "manifest.json";
+const TREE_DIR: &str = "tree";
+
+/// The content-addressed cache. See the crate documentation.
+#[derive(Clone)]
+pub struct Cas {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Cas {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cas")
+            .field("dir", &self.inner.dir)
+            .field("max_bytes", &self.inner.max_bytes)
+            .field("used_bytes", &self.used_bytes())
+            .finish()
+    }
+}
+
+pub(crate) struct Inner {
+    dir: PathBuf,
+    blobs: PathBuf,
+    artifacts: PathBuf,
+    tmp: PathBuf,
+    max_bytes: u64,
+    state: Mutex<State>,
+    /// Holds the directory's lock for as long as the cache is open.
+    _lock: File,
+}
+
+/// The index plus bookkeeping, under one lock.
+#[derive(Debug, Default)]
+struct State {
+    index: Index,
+    /// Artifacts evicted (or found corrupt by `pack`/`export`) since the last
+    /// `take_evicted`.
+    evicted: Vec<Key>,
+    /// Paths under tmp/ to delete once the lock is released.
+    trash: Vec<PathBuf>,
+    trash_seq: u64,
+}
+
+impl Cas {
+    /// Opens (creating if needed) the cache in `dir`, bounded by `max_bytes`.
+    /// Wipes `dir/tmp` (crash leftovers), drops incomplete artifact entries,
+    /// rebuilds the index from what is on disk (last-use order from file
+    /// modification times), and evicts down to `max_bytes` if needed (see
+    /// [`Cas::take_evicted`]). Fails if another `Cas` has `dir` open.
+    pub fn open(dir: &Path, max_bytes: u64) -> Result<Cas, CasError> {
+        let blobs = dir.join("blobs");
+        let artifacts = dir.join("artifacts");
+        let tmp = dir.join("tmp");
+        for d in [dir, &blobs, &artifacts] {
+            fs::create_dir_all(d).ctx(|| format!("create {}", d.display()))?;
+        }
+        let lock_path = dir.join("lock");
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .ctx(|| format!("open {}", lock_path.display()))?;
+        lock.try_lock().map_err(|e| CasError::Io {
+            context: format!("lock {}", lock_path.display()),
+            source: match e {
+                fs::TryLockError::Error(e) => e,
+                fs::TryLockError::WouldBlock => {
+                    std::io::Error::new(ErrorKind::WouldBlock, "the cache is open elsewhere")
+                }
+            },
+        })?;
+        remove_path(&tmp).ctx(|| format!("wipe {}", tmp.display()))?;
+        fs::create_dir(&tmp).ctx(|| format!("create {}", tmp.display()))?;
+        let inner = Inner {
+            dir: dir.to_path_buf(),
+            blobs,
+            artifacts,
+            tmp,
+            max_bytes,
+            state: Mutex::new(State::default()),
+            _lock: lock,
+        };
+        inner.rebuild()?;
+        let cas = Cas { inner: Arc::new(inner) };
+        let trash = {
+            let mut st = cas.inner.lock();
+            let evicted = cas.inner.evict_locked(&mut st, None);
+            st.evicted.extend(evicted);
+            std::mem::take(&mut st.trash)
+        };
+        cas.inner.drain(trash);
+        Ok(cas)
+    }
+
+    /// The cache's directory.
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    /// The size limit.
+    pub fn max_bytes(&self) -> u64 {
+        self.inner.max_bytes
+    }
+
+    /// Bytes held: blob sizes plus artifact file sizes.
+    pub fn used_bytes(&self) -> u64 {
+        self.inner.lock().index.used()
+    }
+
+    // ---- blobs ----
+
+    /// Whether the blob is in the cache (does not mark it used).
+    pub fn has_blob(&self, digest: &Key) -> bool {
+        self.inner.lock().index.has_blob(digest)
+    }
+
+    /// The path of the blob's file, marking it used; `None` if absent.
+    pub fn blob_path(&self, digest: &Key) -> Option<PathBuf> {
+        if !self.inner.lock().index.touch_blob(digest) {
+            return None;
+        }
+        let path = self.inner.blob_file(digest);
+        touch(&path);
+        Some(path)
+    }
+
+    /// Stores the content read from `reader` as the blob `digest` and returns
+    /// its path. The content streams to a temporary file, is fsynced and
+    /// verified (a mismatch is [`CasError::DigestMismatch`] and stores
+    /// nothing), then renamed into place. If the blob is already present the
+    /// reader is not read. Concurrent puts of one blob all succeed.
+    pub fn put_blob(&self, reader: &mut dyn Read, digest: &Key) -> Result<PathBuf, CasError> {
+        if let Some(path) = self.blob_path(digest) {
+            return Ok(path);
+        }
+        let inner = &self.inner;
+        let mut tmp = tempfile::Builder::new()
+            .prefix("blob-")
+            .tempfile_in(&inner.tmp)
+            .ctx(|| format!("create a temporary file in {}", inner.tmp.display()))?;
+        let tmp_path = tmp.path().to_path_buf();
+        let (actual, size) = copy_hashing(reader, tmp.as_file_mut(), inner.max_bytes, "blob", &tmp_path)?;
+        if actual != *digest {
+            return Err(CasError::DigestMismatch { expected: *digest, actual });
+        }
+        tmp.as_file().sync_all().ctx(|| format!("fsync {}", tmp_path.display()))?;
+        let path = inner.blob_file(digest);
+        let parent = path.parent().unwrap_or(&inner.blobs).to_path_buf();
+        let trash = {
+            let mut st = inner.lock();
+            if st.index.touch_blob(digest) {
+                drop(st);
+                touch(&path);
+                return Ok(path);
+            }
+            fs::create_dir_all(&parent).ctx(|| format!("create {}", parent.display()))?;
+            tmp.persist(&path).map_err(|e| CasError::Io {
+                context: format!("rename a blob into {}", path.display()),
+                source: e.error,
+            })?;
+            st.index.insert_blob(*digest, size, None);
+            let evicted = inner.evict_locked(&mut st, Some(Slot::Blob(*digest)));
+            st.evicted.extend(evicted);
+            std::mem::take(&mut st.trash)
+        };
+        inner.drain(trash);
+        manifest::sync_dir(&parent)?;
+        Ok(path)
+    }
+
+    /// Hashes the local file at `path` and stores it as a blob (a no-op if
+    /// that blob is present); returns its digest.
+    pub fn put_blob_file(&self, path: &Path) -> Result<Key, CasError> {
+        let mut file = File::open(path).ctx(|| format!("open {}", path.display()))?;
+        let (digest, _) = copy_hashing(&mut file, &mut std::io::sink(), u64::MAX, "file", path)
+            .map_err(|e| relabel_read(e, path))?;
+        if self.blob_path(&digest).is_some() {
+            return Ok(digest);
+        }
+        let mut file = File::open(path).ctx(|| format!("open {}", path.display()))?;
+        self.put_blob(&mut file, &digest).map_err(|e| relabel_read(e, path))?;
+        Ok(digest)
+    }
+
+    // ---- artifacts ----
+
+    /// Starts writing the artifact `id`: fill [`ArtifactWriter::dir`], then
+    /// [`ArtifactWriter::commit`]. Dropping the writer aborts.
+    pub fn begin_artifact(&self, id: &Key) -> Result<ArtifactWriter, CasError> {
+        ArtifactWriter::new(self.inner.clone(), *id)
+    }
+
+    /// The committed artifact `id`, pinned (never evicted or removed while
+    /// the guard lives) and marked used; `None` if absent.
+    pub fn artifact(&self, id: &Key) -> Option<ArtifactGuard> {
+        self.inner.pin(id, true)
+    }
+
+    /// The artifact's info (does not mark it used); `None` if absent.
+    pub fn artifact_info(&self, id: &Key) -> Option<ArtifactInfo> {
+        self.inner.lock().index.artifact(id).map(|e| e.info)
+    }
+
+    /// The committed artifacts.
+    pub fn artifacts(&self) -> Vec<Key> {
+        self.inner.lock().index.artifact_keys()
+    }
+
+    /// Removes the artifact: `Ok(false)` if absent, [`CasError::Pinned`] if
+    /// a guard holds it.
+    pub fn remove_artifact(&self, id: &Key) -> Result<bool, CasError> {
+        let trash = {
+            let mut st = self.inner.lock();
+            match st.index.artifact_entry(id) {
+                None => return Ok(false),
+                Some(e) if e.pins > 0 || e.doomed => return Err(CasError::Pinned(*id)),
+                Some(_) => {}
+            }
+            self.inner.remove_locked(&mut st, Slot::Artifact(*id));
+            std::mem::take(&mut st.trash)
+        };
+        self.inner.drain(trash);
+        Ok(true)
+    }
+
+    /// Re-hashes the artifact's files against its manifest (and checks no
+    /// entry was added, removed or changed kind). On corruption the artifact
+    /// is removed (at once, or when its last guard drops if pinned) and the
+    /// answer is `Ok(false)`. [`CasError::NotFound`] if absent; other I/O
+    /// failures are errors and remove nothing.
+    pub fn verify_artifact(&self, id: &Key) -> Result<bool, CasError> {
+        let guard = self.inner.pin(id, false).ok_or(CasError::NotFound(*id))?;
+        let outcome = self.inner.check_artifact(&guard);
+        drop(guard);
+        match outcome {
+            Ok(()) => Ok(true),
+            Err(e) if is_damage(&e) => {
+                self.inner.discard(id, false);
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Evicts least recently used entries (unpinned artifacts and blobs)
+    /// until `used_bytes() <= max_bytes`; returns the evicted artifacts. Keys
+    /// returned here are not also reported by [`Cas::take_evicted`].
+    pub fn evict(&self) -> Vec<Key> {
+        let (evicted, trash) = {
+            let mut st = self.inner.lock();
+            let evicted = self.inner.evict_locked(&mut st, None);
+            (evicted, std::mem::take(&mut st.trash))
+        };
+        self.inner.drain(trash);
+        evicted
+    }
+
+    /// Drains the artifacts that left the cache on their own since the last
+    /// call: evicted automatically (on open, put, commit, unpack), or found
+    /// corrupt while being packed or exported. Artifacts removed through
+    /// [`Cas::remove_artifact`], [`Cas::verify_artifact`] or returned by
+    /// [`Cas::evict`] are not included.
+    pub fn take_evicted(&self) -> Vec<Key> {
+        std::mem::take(&mut self.inner.lock().evicted)
+    }
+
+    // ---- transfer ----
+
+    /// Writes the artifact to `out` in the [`pack`] format, streaming file
+    /// contents in chunks. The artifact is pinned meanwhile. If a stored file
+    /// no longer matches its manifest the stream stops short (so the reader
+    /// rejects it), the artifact is removed (reported by `take_evicted`) and
+    /// the error is [`CasError::Corrupt`].
+    pub fn pack(&self, id: &Key, out: &mut dyn Write) -> Result<ArtifactInfo, CasError> {
+        let guard = self.inner.pin(id, true).ok_or(CasError::NotFound(*id))?;
+        let info = *guard.info();
+        let result = self
+            .inner
+            .load_manifest(&guard)
+            .and_then(|manifest| pack::write_pack(guard.path(), &manifest, &info, out));
+        drop(guard);
+        match result {
+            Ok(()) => Ok(info),
+            Err(e) if is_damage(&e) => {
+                self.inner.discard(id, true);
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Reads a pack from `input` and commits it as the artifact `id`. Every
+    /// file's digest and the tree digest are verified (against the pack's
+    /// trailer and `expected_tree` if given), unsafe paths are refused, and
+    /// the total size may not exceed `max_bytes`; see [`pack`]. On any
+    /// failure nothing is left behind. Reads nothing past the pack's
+    /// trailer. If the artifact is already present the pack is still read
+    /// and verified, then discarded, and the present artifact's info is
+    /// returned.
+    pub fn unpack(
+        &self,
+        id: &Key,
+        expected_tree: Option<&Key>,
+        input: &mut dyn Read,
+    ) -> Result<ArtifactInfo, CasError> {
+        let writer = self.begin_artifact(id)?;
+        let (manifest, info) = pack::read_pack(input, writer.dir(), self.inner.max_bytes, expected_tree)?;
+        writer.commit_prepared(&manifest, info)
+    }
+
+    /// Copies the artifact's tree into `dest` (created if missing). Entries
+    /// of the artifact replace what is at the same paths in `dest` (a
+    /// non-empty directory in the way is an error); other contents of `dest`
+    /// stay. Files are verified against their digests while copied (a
+    /// mismatch removes the artifact, reported by `take_evicted`).
+    pub fn export(&self, id: &Key, dest: &Path) -> Result<(), CasError> {
+        let guard = self.inner.pin(id, true).ok_or(CasError::NotFound(*id))?;
+        let result = self.inner.load_manifest(&guard).and_then(|m| export_tree(guard.path(), &m, dest));
+        drop(guard);
+        match result {
+            Err(e) if is_damage(&e) => {
+                self.inner.discard(id, true);
+                Err(e)
+            }
+            other => other,
+        }
+    }
+}
+
+/// Whether an error says a stored artifact is damaged.
+fn is_damage(e: &CasError) -> bool {
+    e.is_corruption()
+}
+
+/// Errors reading a local file given to `put_blob_file` name that file.
+fn relabel_read(e: CasError, path: &Path) -> CasError {
+    match e {
+        CasError::Io { context, source } if context.starts_with("read ") => {
+            CasError::Io { context: format!("read {}", path.display()), source }
+        }
+        other => other,
+    }
+}
+
+fn export_tree(src: &Path, manifest: &Manifest, dest: &Path) -> Result<(), CasError> {
+    fs::create_dir_all(dest).ctx(|| format!("create {}", dest.display()))?;
+    for entry in &manifest.entries {
+        let to = dest.join(entry.path());
+        let existing = match fs::symlink_metadata(&to) {
+            Ok(m) => Some(m),
+            Err(e) if e.kind() == ErrorKind::NotFound => None,
+            Err(e) => return Err(e).ctx(|| format!("stat {}", to.display())),
+        };
+        if let Entry::Dir { .. } = entry {
+            match existing {
+                Some(m) if m.is_dir() => {}
+                Some(_) => {
+                    fs::remove_file(&to).ctx(|| format!("remove {}", to.display()))?;
+                    fs::create_dir(&to).ctx(|| format!("create {}", to.display()))?;
+                }
+                None => fs::create_dir(&to).ctx(|| format!("create {}", to.display()))?,
+            }
+            continue;
+        }
+        match existing {
+            Some(m) if m.is_dir() => {
+                fs::remove_dir(&to).ctx(|| format!("replace directory {}", to.display()))?;
+            }
+            Some(_) => fs::remove_file(&to).ctx(|| format!("remove {}", to.display()))?,
+            None => {}
+        }
+        match entry {
+            Entry::Dir { .. } => {}
+            Entry::Symlink { target, .. } => {
+                std::os::unix::fs::symlink(target, &to).ctx(|| format!("create symlink {}", to.display()))?;
+            }
+            Entry::File { path, exec, size, digest } => {
+                let file = File::options()
+                    .write(true)
+                    .create_new(true)
+                    .open(&to)
+                    .ctx(|| format!("create {}", to.display()))?;
+                let mut out = std::io::BufWriter::with_capacity(manifest::CHUNK, &file);
+                let write_err = |source| CasError::Io { context: format!("write {}", to.display()), source };
+                copy_stored_file(&src.join(path), *size, digest, &mut out, &write_err)?;
+                out.flush().map_err(write_err)?;
+                drop(out);
+                set_exec(&file, *exec, &to)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn blob_file(&self, key: &Key) -> PathBuf {
+        let hex = key.to_hex();
+        self.blobs.join(&hex[..2]).join(hex)
+    }
+
+    fn artifact_dir(&self, key: &Key) -> PathBuf {
+        let hex = key.to_hex();
+        self.artifacts.join(&hex[..2]).join(hex)
+    }
+
+    fn slot_path(&self, slot: Slot) -> PathBuf {
+        match slot {
+            Slot::Blob(k) => self.blob_file(&k),
+            Slot::Artifact(k) => self.artifact_dir(&k),
+        }
+    }
+
+    /// Deletes trash, outside the lock.
+    fn drain(&self, trash: Vec<PathBuf>) {
+        for path in trash {
+            let _ = remove_path(&path);
+        }
+    }
+
+    /// Takes an entry out of the index and moves its files to the trash.
+    fn remove_locked(&self, st: &mut State, slot: Slot) {
+        if !st.index.remove(slot) {
+            return;
+        }
+        let from = self.slot_path(slot);
+        st.trash_seq += 1;
+        let to = self.tmp.join(format!("trash-{}", st.trash_seq));
+        match fs::rename(&from, &to) {
+            Ok(()) => st.trash.push(to),
+            // Renaming failed (say tmp/ is unwritable): delete in place,
+            // under the lock, so no later commit collides with it.
+            Err(_) => {
+                let _ = remove_path(&from);
+            }
+        }
+    }
+
+    /// Evicts LRU entries (except `protect`) until within `max_bytes`;
+    /// returns the evicted artifacts.
+    fn evict_locked(&self, st: &mut State, protect: Option<Slot>) -> Vec<Key> {
+        let mut evicted = Vec::new();
+        while st.index.used() > self.max_bytes {
+            let Some(slot) = st.index.victim(protect) else { break };
+            self.remove_locked(st, slot);
+            if let Slot::Artifact(k) = slot {
+                evicted.push(k);
+            }
+        }
+        evicted
+    }
+
+    fn pin(self: &Arc<Self>, id: &Key, used: bool) -> Option<ArtifactGuard> {
+        let info = self.lock().index.pin(id, used)?;
+        let dir = self.artifact_dir(id);
+        if used {
+            touch(&dir.join(INFO_FILE));
+        }
+        Some(ArtifactGuard::new(self.clone(), *id, dir.join(TREE_DIR), info))
+    }
+
+    pub(crate) fn unpin(&self, id: &Key) {
+        let trash = {
+            let mut st = self.lock();
+            if st.index.unpin(id) == Unpinned::Removed {
+                // Already out of the index: move its files to the trash.
+                st.trash_seq += 1;
+                let to = self.tmp.join(format!("trash-{}", st.trash_seq));
+                let from = self.artifact_dir(id);
+                match fs::rename(&from, &to) {
+                    Ok(()) => st.trash.push(to),
+                    Err(_) => {
+                        let _ = remove_path(&from);
+                    }
+                }
+            }
+            std::mem::take(&mut st.trash)
+        };
+        self.drain(trash);
+    }
+
+    /// Removes a damaged artifact, or dooms it if pinned. With `report`, it
+    /// is added to the evicted list.
+    fn discard(&self, id: &Key, report: bool) {
+        let trash = {
+            let mut st = self.lock();
+            let Some(entry) = st.index.artifact_entry(id) else { return };
+            if entry.doomed {
+                return;
+            }
+            if entry.pins > 0 {
+                st.index.doom(id);
+            } else {
+                self.remove_locked(&mut st, Slot::Artifact(*id));
+            }
+            if report {
+                st.evicted.push(*id);
+            }
+            std::mem::take(&mut st.trash)
+        };
+        self.drain(trash);
+    }
+
+    /// Reads an artifact's manifest and checks it against its info.
+    fn load_manifest(&self, guard: &ArtifactGuard) -> Result<Manifest, CasError> {
+        let path = self.artifact_dir(guard.key()).join(MANIFEST_FILE);
+        let bytes = match fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                return Err(CasError::Corrupt(format!("{} is missing", path.display())));
+            }
+            Err(e) => return Err(e).ctx(|| format!("read {}", path.display())),
+        };
+        let manifest: Manifest = serde_json::from_slice(&bytes)
+            .map_err(|e| CasError::Corrupt(format!("{}: {e}", path.display())))?;
+        if manifest.info() != *guard.info() {
+            return Err(CasError::Corrupt(format!("{} does not match the artifact's info", path.display())));
+        }
+        Ok(manifest)
+    }
+
+    /// Checks the files on disk against the manifest.
+    fn check_artifact(&self, guard: &ArtifactGuard) -> Result<(), CasError> {
+        let manifest = self.load_manifest(guard)?;
+        let scanned = match manifest::scan_tree(guard.path(), false, u64::MAX) {
+            Ok(m) => m,
+            Err(CasError::Io { source, .. }) if source.kind() == ErrorKind::NotFound => {
+                return Err(CasError::Corrupt(format!("{} lost files", guard.path().display())));
+            }
+            Err(CasError::TooLarge { what, .. }) => {
+                return Err(CasError::Corrupt(format!("{what} grew past the limits")));
+            }
+            Err(e) => return Err(e),
+        };
+        if scanned == manifest {
+            return Ok(());
+        }
+        let first_difference = scanned
+            .entries
+            .iter()
+            .zip(&manifest.entries)
+            .find(|(a, b)| a != b)
+            .map(|(a, _)| a.path().to_string())
+            .unwrap_or_else(|| "entry count".to_string());
+        Err(CasError::Corrupt(format!(
+            "artifact {} differs from its manifest at {first_difference:?}",
+            guard.key()
+        )))
+    }
+
+    /// Moves a complete artifact directory (`wrapper`, holding the tree and
+    /// whose manifest and info files are written here) into place. Returns
+    /// the committed info and whether `wrapper` was moved (if the artifact
+    /// was already present, it was not: the caller removes it).
+    pub(crate) fn install_artifact(
+        &self,
+        id: &Key,
+        wrapper: &Path,
+        manifest: &Manifest,
+        info: ArtifactInfo,
+    ) -> Result<(ArtifactInfo, bool), CasError> {
+        if info.size > self.max_bytes {
+            return Err(CasError::TooLarge { what: "artifact".into(), size: info.size, max: self.max_bytes });
+        }
+        if let Some(present) = self.present_artifact(id)? {
+            return Ok((present, false));
+        }
+        write_json(&wrapper.join(MANIFEST_FILE), manifest)?;
+        write_json(&wrapper.join(INFO_FILE), &info)?;
+        manifest::sync_dir(wrapper)?;
+        let dest = self.artifact_dir(id);
+        let parent = dest.parent().unwrap_or(&self.artifacts).to_path_buf();
+        let trash = {
+            let mut st = self.lock();
+            if let Some(e) = st.index.artifact_entry(id) {
+                if e.doomed {
+                    return Err(CasError::Pinned(*id));
+                }
+                let present = e.info;
+                st.index.touch_artifact(id);
+                return Ok((present, false));
+            }
+            fs::create_dir_all(&parent).ctx(|| format!("create {}", parent.display()))?;
+            fs::rename(wrapper, &dest).ctx(|| format!("rename an artifact into {}", dest.display()))?;
+            st.index.insert_artifact(*id, info, None);
+            let evicted = self.evict_locked(&mut st, Some(Slot::Artifact(*id)));
+            st.evicted.extend(evicted);
+            std::mem::take(&mut st.trash)
+        };
+        self.drain(trash);
+        manifest::sync_dir(&parent)?;
+        Ok((info, true))
+    }
+
+    /// The info of a present artifact (marking it used), `Pinned` if it is
+    /// doomed, `None` if absent.
+    fn present_artifact(&self, id: &Key) -> Result<Option<ArtifactInfo>, CasError> {
+        let mut st = self.lock();
+        match st.index.artifact_entry(id) {
+            Some(e) if e.doomed => Err(CasError::Pinned(*id)),
+            Some(_) => Ok(st.index.touch_artifact(id)),
+            None => Ok(None),
+        }
+    }
+
+    pub(crate) fn tmp(&self) -> &Path {
+        &self.tmp
+    }
+
+    /// Rebuilds the index from the disk (called once, from `open`).
+    fn rebuild(&self) -> Result<(), CasError> {
+        let mut found: Vec<(SystemTime, Slot, u64, Option<ArtifactInfo>)> = Vec::new();
+        for (name, path) in hex_dir_entries(&self.blobs)? {
+            let Ok(key) = name.parse::<Key>() else { continue };
+            let Ok(meta) = fs::symlink_metadata(&path) else { continue };
+            if !meta.is_file() {
+                continue;
+            }
+            let mtime = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+            found.push((mtime, Slot::Blob(key), meta.len(), None));
+        }
+        for (name, path) in hex_dir_entries(&self.artifacts)? {
+            let Ok(key) = name.parse::<Key>() else { continue };
+            match read_info(&path) {
+                Some((info, mtime)) => found.push((mtime, Slot::Artifact(key), info.size, Some(info))),
+                // Not a complete artifact (tampered with, or torn by a crash
+                // on a file system without atomic renames): drop it.
+                None => remove_path(&path).ctx(|| format!("remove {}", path.display()))?,
+            }
+        }
+        found.sort_by_key(|a| (a.0, a.1));
+        let mut st = self.lock();
+        for (n, (_, slot, size, info)) in found.into_iter().enumerate() {
+            let last_use = Some(n as u64 + 1);
+            match (slot, info) {
+                (Slot::Blob(k), _) => st.index.insert_blob(k, size, last_use),
+                (Slot::Artifact(k), Some(info)) => st.index.insert_artifact(k, info, last_use),
+                (Slot::Artifact(_), None) => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The `(name, path)` of every entry two levels down (`xx/<name>`) whose
+/// fan-out directory is a two-digit hex prefix of the name.
+fn hex_dir_entries(root: &Path) -> Result<Vec<(String, PathBuf)>, CasError> {
+    let mut out = Vec::new();
+    for fan in fs::read_dir(root).ctx(|| format!("read {}", root.display()))? {
+        let fan = fan.ctx(|| format!("read {}", root.display()))?;
+        let Ok(prefix) = fan.file_name().into_string() else { continue };
+        if prefix.len() != 2 || !fan.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let fan_path = fan.path();
+        for entry in fs::read_dir(&fan_path).ctx(|| format!("read {}", fan_path.display()))? {
+            let entry = entry.ctx(|| format!("read {}", fan_path.display()))?;
+            let Ok(name) = entry.file_name().into_string() else { continue };
+            if name.len() == 64 && name.starts_with(&prefix) {
+                out.push((name, entry.path()));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A committed artifact's info and last-use time, if it looks complete.
+fn read_info(dir: &Path) -> Option<(ArtifactInfo, SystemTime)> {
+    let info_path = dir.join(INFO_FILE);
+    let meta = fs::metadata(&info_path).ok()?;
+    let info: ArtifactInfo = serde_json::from_slice(&fs::read(&info_path).ok()?).ok()?;
+    let tree_ok = fs::symlink_metadata(dir.join(TREE_DIR)).is_ok_and(|m| m.is_dir());
+    let manifest_ok = fs::symlink_metadata(dir.join(MANIFEST_FILE)).is_ok_and(|m| m.is_file());
+    (tree_ok && manifest_ok).then(|| (info, meta.modified().unwrap_or(SystemTime::UNIX_EPOCH)))
+}
+
+fn write_json<T: serde::Serialize>(path: &Path, value: &T) -> Result<(), CasError> {
+    let bytes = serde_json::to_vec(value).map_err(|e| CasError::Io {
+        context: format!("encode {}", path.display()),
+        source: std::io::Error::other(e),
+    })?;
+    let mut file = File::create(path).ctx(|| format!("create {}", path.display()))?;
+    file.write_all(&bytes).ctx(|| format!("write {}", path.display()))?;
+    file.sync_all().ctx(|| format!("fsync {}", path.display()))
+}

@@ -1,0 +1,221 @@
+//! Artifacts: commit, reopen, pins, removal, verification, crash leftovers,
+//! refused trees and export.
+
+use std::fs;
+use std::os::unix::fs::{PermissionsExt, symlink};
+
+use drover_cas::{Cas, CasError};
+
+use crate::util::{Node, build, cas, key, listing, sample_tree, tmp_is_empty, write};
+
+#[test]
+fn commit_then_reopen_rebuilds_the_index() {
+    let (root, cas) = cas(1 << 20);
+    let id = key(1);
+    let info = build(&cas, &id, sample_tree);
+    assert_eq!(info.files, 4);
+    assert_eq!(info.size, 6 + 18 + 256);
+    assert_eq!(cas.artifacts(), vec![id]);
+    assert_eq!(cas.artifact_info(&id), Some(info));
+    assert_eq!(cas.used_bytes(), info.size);
+    assert!(tmp_is_empty(&cas));
+    let expected = {
+        let scratch = tempfile::tempdir().unwrap();
+        sample_tree(scratch.path());
+        listing(scratch.path())
+    };
+    {
+        let guard = cas.artifact(&id).unwrap();
+        assert_eq!(*guard.info(), info);
+        assert_eq!(listing(&guard), expected);
+        assert!(guard.join("bin/tool").is_file());
+    }
+    drop(cas);
+
+    let cas = Cas::open(&root.path().join("cas"), 1 << 20).unwrap();
+    assert_eq!(cas.artifacts(), vec![id]);
+    assert_eq!(cas.artifact_info(&id), Some(info));
+    assert_eq!(cas.used_bytes(), info.size);
+    assert_eq!(listing(&cas.artifact(&id).unwrap()), expected);
+    assert!(cas.verify_artifact(&id).unwrap());
+}
+
+#[test]
+fn the_same_tree_has_the_same_digest_under_any_id() {
+    let (_root, cas) = cas(1 << 20);
+    let a = build(&cas, &key(1), sample_tree);
+    let b = build(&cas, &key(2), sample_tree);
+    assert_eq!(a, b);
+    let c = build(&cas, &key(3), |d| {
+        sample_tree(d);
+        fs::set_permissions(d.join("README"), fs::Permissions::from_mode(0o755)).unwrap();
+    });
+    assert_ne!(a.tree, c.tree, "the exec bit is part of the tree digest");
+    let d = build(&cas, &key(4), |d| {
+        sample_tree(d);
+        fs::create_dir(d.join("another-empty-dir")).unwrap();
+    });
+    assert_ne!(a.tree, d.tree, "empty directories are part of the tree digest");
+}
+
+#[test]
+fn the_first_commit_wins() {
+    let (_root, cas) = cas(1 << 20);
+    let first = build(&cas, &key(1), |d| write(&d.join("f"), b"one", false));
+    let second = build(&cas, &key(1), |d| write(&d.join("f"), b"two!", false));
+    assert_eq!(first, second);
+    assert_eq!(fs::read(cas.artifact(&key(1)).unwrap().join("f")).unwrap(), b"one");
+    assert!(tmp_is_empty(&cas));
+    assert_eq!(cas.used_bytes(), 3);
+}
+
+#[test]
+fn dropping_a_writer_aborts() {
+    let (_root, cas) = cas(1 << 20);
+    let writer = cas.begin_artifact(&key(1)).unwrap();
+    write(&writer.dir().join("a/b"), b"partial", false);
+    // A job may leave read-only directories behind.
+    fs::set_permissions(writer.dir().join("a"), fs::Permissions::from_mode(0o555)).unwrap();
+    drop(writer);
+    assert!(tmp_is_empty(&cas));
+    assert!(cas.artifacts().is_empty());
+}
+
+#[test]
+fn pinned_artifacts_cannot_be_removed() {
+    let (_root, cas) = cas(1 << 20);
+    build(&cas, &key(1), sample_tree);
+    let guard = cas.artifact(&key(1)).unwrap();
+    assert!(matches!(cas.remove_artifact(&key(1)), Err(CasError::Pinned(k)) if k == key(1)));
+    drop(guard);
+    assert!(cas.remove_artifact(&key(1)).unwrap());
+    assert!(!cas.remove_artifact(&key(1)).unwrap());
+    assert!(cas.artifact(&key(1)).is_none());
+    assert_eq!(cas.used_bytes(), 0);
+    assert!(tmp_is_empty(&cas));
+    assert!(matches!(cas.verify_artifact(&key(1)), Err(CasError::NotFound(_))));
+}
+
+#[test]
+fn verify_detects_a_modified_file_and_removes_the_artifact() {
+    let (_root, cas) = cas(1 << 20);
+    build(&cas, &key(1), sample_tree);
+    build(&cas, &key(2), sample_tree);
+    build(&cas, &key(3), sample_tree);
+    assert!(cas.verify_artifact(&key(1)).unwrap());
+    let path = cas.artifact(&key(1)).unwrap().join("README");
+    fs::write(&path, b"HELLO\n").unwrap();
+    assert!(!cas.verify_artifact(&key(1)).unwrap());
+    assert_eq!(cas.artifacts(), vec![key(2), key(3)]);
+    assert!(!path.exists());
+
+    // An added file counts as corruption too.
+    fs::write(cas.artifact(&key(2)).unwrap().join("extra"), b"").unwrap();
+    assert!(!cas.verify_artifact(&key(2)).unwrap());
+
+    // Found corrupt while pinned: hidden at once, deleted when released.
+    let guard = cas.artifact(&key(3)).unwrap();
+    fs::remove_file(guard.join("lib/empty-file")).unwrap();
+    assert!(!cas.verify_artifact(&key(3)).unwrap());
+    assert!(cas.artifact(&key(3)).is_none());
+    assert!(cas.artifacts().is_empty());
+    assert!(guard.join("README").exists());
+    let dir = guard.to_path_buf();
+    drop(guard);
+    assert!(!dir.exists());
+    assert_eq!(cas.used_bytes(), 0);
+    assert!(tmp_is_empty(&cas));
+}
+
+#[test]
+fn crash_leftovers_are_wiped_on_open() {
+    let (root, cas) = cas(1 << 20);
+    build(&cas, &key(1), sample_tree);
+    let dir = cas.dir().to_path_buf();
+    drop(cas);
+    // What a crash leaves behind: a writer's directory, a partial blob, a
+    // read-only directory written by a job.
+    write(&dir.join("tmp/art-crashed/tree/x/y"), b"half", false);
+    write(&dir.join("tmp/blob-123"), b"partial blob", false);
+    fs::create_dir_all(dir.join("tmp/art-locked/tree/ro")).unwrap();
+    fs::set_permissions(dir.join("tmp/art-locked/tree/ro"), fs::Permissions::from_mode(0o500)).unwrap();
+    // An artifact directory without its info file is not a committed entry.
+    let torn = dir.join("artifacts").join("05").join(key(5).to_string());
+    fs::create_dir_all(torn.join("tree")).unwrap();
+    assert!(fs::read_dir(dir.join("tmp")).unwrap().count() >= 2);
+
+    let cas = Cas::open(&root.path().join("cas"), 1 << 20).unwrap();
+    assert!(tmp_is_empty(&cas));
+    assert!(!torn.exists());
+    assert_eq!(cas.artifacts(), vec![key(1)]);
+}
+
+#[test]
+fn a_cache_directory_is_opened_once() {
+    let (root, cas) = cas(1 << 20);
+    let err = Cas::open(&root.path().join("cas"), 1 << 20).unwrap_err();
+    assert!(matches!(err, CasError::Io { .. }), "{err:?}");
+    drop(cas);
+    Cas::open(&root.path().join("cas"), 1 << 20).unwrap();
+}
+
+#[test]
+fn commit_refuses_symlinks_out_of_the_tree() {
+    let (_root, cas) = cas(1 << 20);
+    for (link, target) in
+        [("abs", "/etc/passwd"), ("up", "../x"), ("d/up", "../../x"), ("d/up2", "e/../../../x")]
+    {
+        let writer = cas.begin_artifact(&key(1)).unwrap();
+        let path = writer.dir().join(link);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        symlink(target, &path).unwrap();
+        let err = writer.commit().unwrap_err();
+        assert!(matches!(err, CasError::UnsafePath(_)), "{link} -> {target}: {err:?}");
+    }
+    // A chain: each link alone stays inside, together they climb out.
+    let writer = cas.begin_artifact(&key(1)).unwrap();
+    symlink(".", writer.dir().join("s")).unwrap();
+    symlink("s/..", writer.dir().join("x")).unwrap();
+    assert!(matches!(writer.commit(), Err(CasError::UnsafePath(_))));
+    // Special files are refused.
+    let writer = cas.begin_artifact(&key(1)).unwrap();
+    let sock = std::os::unix::net::UnixListener::bind(writer.dir().join("sock")).unwrap();
+    assert!(matches!(writer.commit(), Err(CasError::UnsafePath(_))));
+    drop(sock);
+    assert!(cas.artifacts().is_empty());
+    assert!(tmp_is_empty(&cas));
+}
+
+#[test]
+fn an_artifact_larger_than_the_cache_is_refused() {
+    let (_root, cas) = cas(100);
+    let writer = cas.begin_artifact(&key(1)).unwrap();
+    write(&writer.dir().join("big"), &[1u8; 101], false);
+    assert!(matches!(writer.commit(), Err(CasError::TooLarge { .. })));
+    assert!(cas.artifacts().is_empty());
+    assert!(tmp_is_empty(&cas));
+}
+
+#[test]
+fn export_copies_the_tree() {
+    let (root, cas) = cas(1 << 20);
+    build(&cas, &key(1), sample_tree);
+    let dest = root.path().join("out");
+    cas.export(&key(1), &dest).unwrap();
+    let expected = listing(&cas.artifact(&key(1)).unwrap());
+    assert_eq!(listing(&dest), expected);
+    // Exporting again over the previous export replaces matching paths,
+    // including a symlink planted where a directory goes.
+    fs::write(dest.join("README"), b"changed").unwrap();
+    fs::remove_dir_all(dest.join("lib")).unwrap();
+    let elsewhere = root.path().join("elsewhere");
+    fs::create_dir(&elsewhere).unwrap();
+    symlink(&elsewhere, dest.join("lib")).unwrap();
+    fs::write(dest.join("unrelated"), b"stays").unwrap();
+    cas.export(&key(1), &dest).unwrap();
+    let mut expected_with_extra = expected.clone();
+    expected_with_extra.push(("unrelated".into(), Node::File { exec: false, content: b"stays".to_vec() }));
+    assert_eq!(listing(&dest), expected_with_extra);
+    assert!(fs::read_dir(&elsewhere).unwrap().next().is_none());
+    assert!(matches!(cas.export(&key(9), &dest), Err(CasError::NotFound(_))));
+}

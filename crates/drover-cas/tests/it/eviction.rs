@@ -1,0 +1,100 @@
+//! LRU eviction: the size bound, the order, pins, reporting, persistence of
+//! the order across a reopen.
+
+use std::time::Duration;
+
+use drover_cas::{Cas, Key};
+
+use crate::util::{build, cas, key, tmp_is_empty, write};
+
+/// An artifact of exactly `size` bytes (one file).
+fn sized(cas: &Cas, id: u8, size: usize) {
+    build(cas, &key(id), |d| write(&d.join("f"), &vec![id; size], false));
+}
+
+#[test]
+fn evicts_least_recently_used_first_within_max_bytes() {
+    let (_root, cas) = cas(300);
+    sized(&cas, 1, 100);
+    sized(&cas, 2, 100);
+    sized(&cas, 3, 100);
+    assert_eq!(cas.used_bytes(), 300);
+    assert!(cas.take_evicted().is_empty());
+    // Using 1 makes 2 the least recently used.
+    drop(cas.artifact(&key(1)).unwrap());
+    sized(&cas, 4, 100);
+    assert_eq!(cas.take_evicted(), vec![key(2)]);
+    assert!(cas.take_evicted().is_empty(), "drained");
+    assert_eq!(cas.artifacts(), vec![key(1), key(3), key(4)]);
+    assert_eq!(cas.used_bytes(), 300);
+    // A big one pushes out several, oldest first.
+    sized(&cas, 5, 250);
+    assert_eq!(cas.take_evicted(), vec![key(3), key(1), key(4)]);
+    assert_eq!(cas.artifacts(), vec![key(5)]);
+    assert!(cas.used_bytes() <= 300);
+    assert!(tmp_is_empty(&cas));
+}
+
+#[test]
+fn pinned_artifacts_are_never_evicted() {
+    let (_root, cas) = cas(250);
+    sized(&cas, 1, 100);
+    let pinned = cas.artifact(&key(1)).unwrap();
+    sized(&cas, 2, 100);
+    sized(&cas, 3, 100);
+    // 1 is the oldest use but pinned: 2 goes.
+    assert_eq!(cas.take_evicted(), vec![key(2)]);
+    sized(&cas, 4, 100);
+    assert_eq!(cas.take_evicted(), vec![key(3)]);
+    // Pins may hold the cache above its bound; the newest entry stays too.
+    let pinned4 = cas.artifact(&key(4)).unwrap();
+    sized(&cas, 5, 100);
+    assert!(cas.take_evicted().is_empty());
+    assert_eq!(cas.used_bytes(), 300);
+    // An explicit evict takes the only unpinned entry.
+    assert_eq!(cas.evict(), vec![key(5)]);
+    assert!(cas.take_evicted().is_empty(), "explicit evictions are returned, not queued");
+    assert_eq!(cas.used_bytes(), 200);
+    assert!(pinned.join("f").exists());
+    drop(pinned);
+    drop(pinned4);
+    // Once released they are ordinary: 1 was used longest ago.
+    sized(&cas, 6, 100);
+    assert_eq!(cas.take_evicted(), vec![key(1)]);
+    assert_eq!(cas.artifacts(), vec![key(4), key(6)]);
+    assert_eq!(cas.used_bytes(), 200);
+}
+
+#[test]
+fn blobs_and_artifacts_share_one_order() {
+    let (_root, cas) = cas(250);
+    let blob = vec![9u8; 100];
+    let digest = Key::digest(&blob);
+    cas.put_blob(&mut blob.as_slice(), &digest).unwrap();
+    sized(&cas, 1, 100);
+    assert!(cas.blob_path(&digest).is_some());
+    sized(&cas, 2, 100);
+    // The artifact was used longer ago than the blob.
+    assert_eq!(cas.take_evicted(), vec![key(1)]);
+    assert!(cas.has_blob(&digest));
+    sized(&cas, 3, 100);
+    assert!(!cas.has_blob(&digest), "the blob is now the oldest");
+    assert!(cas.take_evicted().is_empty(), "blobs are not reported");
+    assert_eq!(cas.artifacts(), vec![key(2), key(3)]);
+}
+
+#[test]
+fn last_use_survives_a_reopen() {
+    let (root, cas) = cas(1 << 20);
+    for id in 1..=3 {
+        sized(&cas, id, 100);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(cas.artifact(&key(1)).unwrap());
+    drop(cas);
+    // Reopened with a smaller bound: the least recently used go first.
+    let cas = Cas::open(&root.path().join("cas"), 200).unwrap();
+    assert_eq!(cas.take_evicted(), vec![key(2)]);
+    assert_eq!(cas.artifacts(), vec![key(1), key(3)]);
+    assert_eq!(cas.used_bytes(), 200);
+}

@@ -1,0 +1,353 @@
+//! The coordinator's HTTP API (JSON, one port): routes for clients and
+//! workers, the bearer-token check, size limits, and error bodies.
+//!
+//! Handlers are thin: they decode a request, hand an input or a query to the
+//! state thread, and encode the answer. A malformed or hostile request gets a
+//! 4xx with `{"error": ...}` and never reaches the state.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use bytes::Bytes;
+use drover_cas::{Cas, Key};
+use drover_http::Http;
+use drover_proto::{
+    ArtifactLocation, BuildStatus, ErrorBody, Hash32, MissingReply, MissingRequest, PollReply, PollRequest,
+    RegisterRequest, Report, SubmitReply, SubmitRequest, WorkerStatus,
+};
+use drover_solver::{Input, Reply, SolverError};
+use futures::StreamExt;
+use serde::Deserialize;
+
+use crate::state::{Shared, Stopped};
+
+/// Everything a handler needs.
+#[derive(Clone, Debug)]
+pub(crate) struct App {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) blobs: Arc<Cas>,
+    pub(crate) http: Http,
+    pub(crate) token: Option<String>,
+    pub(crate) max_blob: u64,
+}
+
+/// A failed request.
+#[derive(Debug)]
+pub(crate) struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, Json(ErrorBody { error: self.1 })).into_response()
+    }
+}
+
+impl From<Stopped> for ApiError {
+    fn from(_: Stopped) -> Self {
+        ApiError(StatusCode::SERVICE_UNAVAILABLE, "the coordinator is stopping".into())
+    }
+}
+
+impl From<SolverError> for ApiError {
+    fn from(e: SolverError) -> Self {
+        let status = match e {
+            SolverError::UnknownBuild(_) => StatusCode::NOT_FOUND,
+            SolverError::InvalidBuild(_) => StatusCode::BAD_REQUEST,
+        };
+        ApiError(status, e.to_string())
+    }
+}
+
+fn bad(msg: impl Into<String>) -> ApiError {
+    ApiError(StatusCode::BAD_REQUEST, msg.into())
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+/// The largest JSON request (a build with many jobs and sources).
+const MAX_JSON: usize = 256 << 20;
+
+pub(crate) fn router(app: App) -> Router {
+    let api = Router::new()
+        .route("/v1/builds", post(submit).get(list_builds))
+        .route("/v1/builds/{id}", get(build_status))
+        .route("/v1/builds/{id}/events", get(build_events))
+        .route("/v1/builds/{id}/cancel", post(cancel))
+        .route("/v1/builds/{id}/jobs/{name}/log", get(job_log))
+        .route("/v1/blobs/missing", post(missing))
+        .route("/v1/blobs/{digest}", put(put_blob).get(get_blob))
+        .route("/v1/artifacts/{job}", get(artifact_location))
+        .route("/v1/workers", get(workers))
+        .route("/v1/workers/register", post(register))
+        .route("/v1/workers/{id}/poll", post(poll))
+        .route("/v1/workers/{id}/report", post(report))
+        .layer(DefaultBodyLimit::max(MAX_JSON))
+        .layer(middleware::from_fn_with_state(app.clone(), require_token));
+    Router::new().route("/healthz", get(|| async { "ok\n" })).merge(api).with_state(app)
+}
+
+async fn require_token(State(app): State<App>, req: Request, next: Next) -> Response {
+    if let Some(token) = &app.token {
+        let presented = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if presented != Some(token.as_str()) {
+            return ApiError(
+                StatusCode::UNAUTHORIZED,
+                "a valid token is required (--token or DROVER_TOKEN)".into(),
+            )
+            .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+fn parse_hash(s: &str) -> ApiResult<Hash32> {
+    s.parse().map_err(|e: drover_proto::BadHash| bad(e.to_string()))
+}
+
+async fn submit(State(app): State<App>, Json(req): Json<SubmitRequest>) -> ApiResult<Json<SubmitReply>> {
+    let missing = req.build.sources.iter().filter(|s| !app.blobs.has_blob(&Key(s.digest.0))).count();
+    if missing > 0 {
+        return Err(bad(format!("{missing} source file(s) were not uploaded; upload them first")));
+    }
+    match app.shared.input(Input::Submit(req)).await?? {
+        Reply::Submitted(id) => Ok(Json(SubmitReply { id })),
+        other => Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("unexpected reply {other:?}"))),
+    }
+}
+
+async fn list_builds(State(app): State<App>) -> ApiResult<Json<Vec<BuildStatus>>> {
+    let builds = app
+        .shared
+        .query(|s| s.build_ids().into_iter().filter_map(|id| s.build_status(id)).collect::<Vec<_>>())
+        .await?;
+    Ok(Json(builds))
+}
+
+async fn build_status(State(app): State<App>, Path(id): Path<u64>) -> ApiResult<Json<BuildStatus>> {
+    app.shared
+        .query(move |s| s.build_status(id))
+        .await?
+        .map(Json)
+        .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no build {id}")))
+}
+
+#[derive(Debug, Deserialize)]
+struct EventsQuery {
+    #[serde(default)]
+    from: u64,
+}
+
+/// The build's events as newline-delimited JSON: the history from `from`,
+/// then live events until the build ends.
+async fn build_events(
+    State(app): State<App>,
+    Path(id): Path<u64>,
+    Query(q): Query<EventsQuery>,
+) -> ApiResult<Response> {
+    if app.shared.query(move |s| s.events(id, 0).is_some()).await? {
+        let stream = futures::stream::try_unfold((app, q.from, false), move |(app, from, over)| async move {
+            if over {
+                return Ok::<_, std::io::Error>(None);
+            }
+            let mut version = app.shared.version.subscribe();
+            loop {
+                let Ok(Some((events, finished))) = app.shared.query(move |s| s.events(id, from)).await else {
+                    return Ok(None);
+                };
+                if !events.is_empty() || finished {
+                    let mut chunk = Vec::new();
+                    for e in &events {
+                        serde_json::to_writer(&mut chunk, e).map_err(std::io::Error::other)?;
+                        chunk.push(b'\n');
+                    }
+                    let next = from + events.len() as u64;
+                    return Ok(Some((Bytes::from(chunk), (app, next, finished))));
+                }
+                if version.changed().await.is_err() {
+                    return Ok(None);
+                }
+            }
+        });
+        Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from_stream(stream)).into_response())
+    } else {
+        Err(ApiError(StatusCode::NOT_FOUND, format!("no build {id}")))
+    }
+}
+
+async fn cancel(State(app): State<App>, Path(id): Path<u64>) -> ApiResult<StatusCode> {
+    app.shared.input(Input::Cancel { build: id }).await??;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Deserialize)]
+struct LogQuery {
+    #[serde(default = "default_stream")]
+    stream: String,
+}
+
+fn default_stream() -> String {
+    "stdout".into()
+}
+
+async fn job_log(
+    State(app): State<App>,
+    Path((id, name)): Path<(u64, String)>,
+    Query(q): Query<LogQuery>,
+) -> ApiResult<Response> {
+    if q.stream != "stdout" && q.stream != "stderr" {
+        return Err(bad("stream must be stdout or stderr"));
+    }
+    let job = name.clone();
+    let location =
+        app.shared.query(move |s| (s.build_status(id).is_some(), s.run_location(id, &job))).await?;
+    let (url, run) = match location {
+        (false, _) => return Err(ApiError(StatusCode::NOT_FOUND, format!("no build {id}"))),
+        (true, None) => {
+            return Err(ApiError(StatusCode::NOT_FOUND, format!("job {name} of build {id} has not run")));
+        }
+        (true, Some(loc)) => loc,
+    };
+    let stream =
+        app.http.get_stream(&format!("{url}/v1/runs/{run}/log?stream={}", q.stream)).await.map_err(|e| {
+            ApiError(StatusCode::BAD_GATEWAY, format!("the log is on a worker that did not answer: {e}"))
+        })?;
+    Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], Body::from_stream(stream)).into_response())
+}
+
+async fn missing(State(app): State<App>, Json(req): Json<MissingRequest>) -> Json<MissingReply> {
+    let missing = req.digests.into_iter().filter(|d| !app.blobs.has_blob(&Key(d.0))).collect();
+    Json(MissingReply { missing })
+}
+
+async fn put_blob(State(app): State<App>, Path(digest): Path<String>, body: Body) -> ApiResult<StatusCode> {
+    let digest = parse_hash(&digest)?;
+    let key = Key(digest.0);
+    if app.blobs.has_blob(&key) {
+        return Ok(StatusCode::NO_CONTENT);
+    }
+    let max = app.max_blob;
+    let mut seen = 0u64;
+    let stream = body.into_data_stream().map(move |chunk| {
+        let chunk = chunk.map_err(std::io::Error::other)?;
+        seen += chunk.len() as u64;
+        if seen > max {
+            return Err(std::io::Error::other(format!("blob larger than the limit of {max} bytes")));
+        }
+        Ok(chunk)
+    });
+    let reader = tokio_util::io::StreamReader::new(stream);
+    let blobs = app.blobs.clone();
+    let result = tokio::task::spawn_blocking(move || {
+        let mut sync = tokio_util::io::SyncIoBridge::new(reader);
+        blobs.put_blob(&mut sync, &key)
+    })
+    .await
+    .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    match result {
+        Ok(_) => Ok(StatusCode::CREATED),
+        Err(e) => Err(bad(format!("blob {digest} rejected: {e}"))),
+    }
+}
+
+async fn get_blob(State(app): State<App>, Path(digest): Path<String>) -> ApiResult<Response> {
+    let digest = parse_hash(&digest)?;
+    let path = app
+        .blobs
+        .blob_path(&Key(digest.0))
+        .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no blob {digest}")))?;
+    let file = tokio::fs::File::open(&path)
+        .await
+        .map_err(|e| ApiError(StatusCode::NOT_FOUND, format!("blob {digest}: {e}")))?;
+    let stream = tokio_util::io::ReaderStream::new(file);
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], Body::from_stream(stream)).into_response())
+}
+
+async fn artifact_location(
+    State(app): State<App>,
+    Path(job): Path<String>,
+) -> ApiResult<Json<ArtifactLocation>> {
+    let job = parse_hash(&job)?;
+    let (holders, tree) = app.shared.query(move |s| (s.artifact_holders(job), s.output_tree(job))).await?;
+    Ok(Json(ArtifactLocation { tree, holders }))
+}
+
+async fn workers(State(app): State<App>) -> ApiResult<Json<Vec<WorkerStatus>>> {
+    Ok(Json(app.shared.query(|s| s.workers()).await?))
+}
+
+async fn register(
+    State(app): State<App>,
+    Json(req): Json<RegisterRequest>,
+) -> ApiResult<Json<drover_proto::RegisterReply>> {
+    if req.name.is_empty() || req.name.len() > 256 {
+        return Err(bad("a worker name is 1 to 256 characters"));
+    }
+    if req.capacity.slots == 0 {
+        return Err(bad("a worker needs at least one slot"));
+    }
+    match app.shared.input(Input::Register(req)).await?? {
+        Reply::Registered(reply) => {
+            // Assignments queued for an earlier session of this worker are void.
+            if let Some(mb) = app.shared.mailboxes.lock().expect("mailboxes").get_mut(&reply.worker) {
+                mb.assign.clear();
+                mb.drop.clear();
+                mb.stop.clear();
+            }
+            Ok(Json(reply))
+        }
+        other => Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("unexpected reply {other:?}"))),
+    }
+}
+
+/// The longest a poll is held open.
+const MAX_WAIT: Duration = Duration::from_secs(30);
+
+async fn poll(
+    State(app): State<App>,
+    Path(id): Path<u64>,
+    Json(req): Json<PollRequest>,
+) -> ApiResult<Json<PollReply>> {
+    let notify = app.shared.notifier(id);
+    let notified = notify.notified();
+    tokio::pin!(notified);
+    notified.as_mut().enable();
+    if app.shared.input(Input::Poll { worker: id }).await?? == Reply::Reregister {
+        return Ok(Json(PollReply { reregister: true, ..PollReply::default() }));
+    }
+    let take = |app: &App| {
+        let mut boxes = app.shared.mailboxes.lock().expect("mailboxes");
+        let mb = boxes.entry(id).or_default();
+        PollReply {
+            assign: std::mem::take(&mut mb.assign),
+            drop: std::mem::take(&mut mb.drop),
+            stop: std::mem::take(&mut mb.stop),
+            reregister: false,
+        }
+    };
+    let reply = take(&app);
+    if !reply.assign.is_empty() || !reply.drop.is_empty() || !reply.stop.is_empty() {
+        return Ok(Json(reply));
+    }
+    let wait = Duration::from_millis(req.wait_ms).min(MAX_WAIT);
+    let _ = tokio::time::timeout(wait, notified).await;
+    Ok(Json(take(&app)))
+}
+
+async fn report(
+    State(app): State<App>,
+    Path(id): Path<u64>,
+    Json(report): Json<Report>,
+) -> ApiResult<Json<PollReply>> {
+    let reply = app.shared.input(Input::Report { worker: id, report }).await??;
+    Ok(Json(PollReply { reregister: reply == Reply::Reregister, ..PollReply::default() }))
+}

@@ -1,0 +1,133 @@
+//! drover's coordinator: the thin async shell around the solver.
+//!
+//! [`start`] recovers the state from the input log in the data directory,
+//! starts the state thread ([`state`]) and serves the HTTP API ([`api`]) on
+//! one port. Everything listens on loopback unless told otherwise; with a
+//! token configured, every request must present it.
+
+mod api;
+mod state;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use drover_cas::Cas;
+use drover_http::Http;
+use drover_solver::Solver;
+use drover_store::Store;
+
+/// How to run a coordinator.
+#[derive(Clone, Debug)]
+pub struct CoordinatorConfig {
+    /// Where to listen (port 0: any free port).
+    pub listen: SocketAddr,
+    /// Where the state log and uploaded sources live.
+    pub data_dir: PathBuf,
+    /// Required from every client and worker, if set.
+    pub token: Option<String>,
+    /// The scheduling core's settings.
+    pub core: drover_core::Config,
+    /// Size bound of the uploaded-source store (least recently used files are
+    /// dropped beyond it).
+    pub source_cache_bytes: u64,
+    /// Largest single uploaded file.
+    pub max_blob: u64,
+}
+
+impl CoordinatorConfig {
+    /// Defaults: loopback port 7700, data in `./.drover/coordinator`.
+    pub fn new(data_dir: PathBuf) -> CoordinatorConfig {
+        CoordinatorConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7700)),
+            data_dir,
+            token: None,
+            core: drover_core::Config { lease_timeout: drover_core::Millis(15_000), ..Default::default() },
+            source_cache_bytes: 20 << 30,
+            max_blob: 4 << 30,
+        }
+    }
+}
+
+/// Why the coordinator could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum CoordinatorError {
+    /// The data directory is unusable.
+    #[error("data directory {path}: {source}")]
+    DataDir {
+        /// The directory.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The state log failed.
+    #[error(transparent)]
+    Store(#[from] drover_store::StoreError),
+    /// The source store failed.
+    #[error("source store: {0}")]
+    Cas(#[from] drover_cas::CasError),
+    /// The address is taken or not ours.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A running coordinator.
+#[derive(Debug)]
+pub struct Coordinator {
+    addr: SocketAddr,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Coordinator {
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Its base URL.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Serves until the server stops (it does not stop on its own).
+    pub async fn wait(self) {
+        let _ = self.server.await;
+    }
+}
+
+/// Recovers the state and starts serving.
+pub async fn start(config: CoordinatorConfig) -> Result<Coordinator, CoordinatorError> {
+    let dir_err = |source| CoordinatorError::DataDir { path: config.data_dir.display().to_string(), source };
+    std::fs::create_dir_all(&config.data_dir).map_err(dir_err)?;
+    let store = Store::open(&config.data_dir.join("state.db"))?;
+    let blobs = Arc::new(Cas::open(&config.data_dir.join("sources"), config.source_cache_bytes)?);
+    let shared = state::start(store, Solver::new(config.core.clone()))?;
+    let app = api::App {
+        shared,
+        blobs,
+        http: Http::new(config.token.clone(), Duration::from_secs(30)),
+        token: config.token.clone(),
+        max_blob: config.max_blob,
+    };
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| CoordinatorError::Listen { addr: config.listen, source })?;
+    let addr =
+        listener.local_addr().map_err(|source| CoordinatorError::Listen { addr: config.listen, source })?;
+    let router = api::router(app);
+    let server = tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, router).await {
+            tracing::error!("coordinator server stopped: {e}");
+        }
+    });
+    tracing::info!(%addr, "coordinator listening");
+    Ok(Coordinator { addr, server })
+}

@@ -1,0 +1,520 @@
+//! The worker side: starting a job's supervisor ([`Supervisor::start`]),
+//! waiting for it with the job's timeout ([`RunningJob::wait`]), and
+//! cancelling, suspending and resuming it ([`RunningJob`], [`JobHandle`]).
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use tokio::process::{Child, ChildStderr, Command};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::procfs;
+use crate::spec::{JobReport, JobSpec};
+use crate::supervisor::{EXIT_SUPERVISOR_ERROR, READY_LINE};
+
+/// How long [`Supervisor::start`] waits for the supervisor to say it is ready.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// Most passes of [`RunningJob::kill_orphans`].
+const ORPHAN_SWEEP_LIMIT: u32 = 500;
+/// Wait between two passes of [`RunningJob::kill_orphans`].
+const ORPHAN_SWEEP_INTERVAL: Duration = Duration::from_millis(10);
+/// How much of the supervisor's own standard error is kept for messages.
+const STDERR_LIMIT: u64 = 16 * 1024;
+
+/// How a job ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every command exited 0.
+    Succeeded,
+    /// A command exited with a non-zero code; later commands did not run.
+    Failed {
+        /// The failing command's exit code.
+        exit_code: i32,
+    },
+    /// A command was killed by a signal the job did not get from us.
+    Signaled {
+        /// The signal number.
+        signal: i32,
+    },
+    /// The job ran longer than [`JobSpec::timeout`] (not counting suspended
+    /// time) and was terminated.
+    TimedOut,
+    /// The job was terminated ([`RunningJob::terminate`], or a stop signal
+    /// someone else sent to the supervisor) before its commands were done.
+    Cancelled,
+    /// A command could not be started (missing working directory, unopenable
+    /// log file, …), or the supervisor failed; the message says which.
+    SpawnFailed(String),
+}
+
+/// Errors of the worker-side API.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    /// A file the job needs could not be prepared.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The supervisor process could not be started, or did not get ready.
+    #[error("supervisor did not start: {0}")]
+    Supervisor(String),
+    /// The job's supervisor has already exited.
+    #[error("the job is no longer running")]
+    NotRunning,
+    /// Signalling the job's processes failed.
+    #[error("cannot signal the job's processes: {0}")]
+    Signal(#[from] nix::errno::Errno),
+}
+
+/// How to start a job's supervisor process: `program args… <spec file>`.
+/// The program must call [`supervisor_main`](crate::supervisor_main), which
+/// takes the spec file from its last argument.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Supervisor {
+    program: PathBuf,
+    args: Vec<OsString>,
+}
+
+impl Supervisor {
+    /// A supervisor started as `program args… <spec file>`: e.g. the `drover`
+    /// binary with a hidden argument,
+    /// `Supervisor::new(std::env::current_exe()?, vec!["__supervise".into()])`,
+    /// or this crate's `drover-exec-supervisor` binary with no argument.
+    pub fn new(program: PathBuf, args: Vec<OsString>) -> Self {
+        Supervisor { program, args }
+    }
+
+    /// The supervisor's executable.
+    pub fn program(&self) -> &Path {
+        &self.program
+    }
+
+    /// The arguments given before the spec file.
+    pub fn args(&self) -> &[OsString] {
+        &self.args
+    }
+
+    /// Starts a job: writes its spec to a temporary file, starts the
+    /// supervisor and waits until it handles signals (so that
+    /// [`RunningJob::terminate`] can never kill it before it can clean up).
+    ///
+    /// A stale [`JobSpec::outcome_file`] is removed first. Problems with the
+    /// job itself (a missing `cwd`, say) are not errors here: the job then
+    /// ends with [`Outcome::SpawnFailed`].
+    pub async fn start(&self, spec: &JobSpec) -> Result<RunningJob, ExecError> {
+        match std::fs::remove_file(&spec.outcome_file) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => {
+                let context = format!("cannot remove stale outcome file {}", spec.outcome_file.display());
+                return Err(ExecError::Io { context, source });
+            }
+        }
+        let spec_file = write_spec_file(spec)?;
+        let io = |context: &str| {
+            let context = context.to_owned();
+            move |source| ExecError::Io { context, source }
+        };
+        let (control_reader, control) = std::io::pipe().map_err(io("cannot create the control pipe"))?;
+        let mut child = Command::new(&self.program)
+            .args(&self.args)
+            .arg(spec_file.path())
+            .stdin(control_reader)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| ExecError::Supervisor(format!("cannot run {}: {e}", self.program.display())))?;
+        let pid = child.id().ok_or_else(|| ExecError::Supervisor("exited at once".to_owned()))?;
+        let stderr = tokio::spawn(read_limited(child.stderr.take()));
+        let stdout = child.stdout.take();
+        let ready = async move {
+            let mut line = String::new();
+            if let Some(stdout) = stdout {
+                BufReader::new(stdout).read_line(&mut line).await.ok();
+            }
+            line.trim_end() == READY_LINE
+        };
+        let ready = tokio::time::timeout(READY_TIMEOUT, ready).await.unwrap_or(false);
+        drop(spec_file); // read by now, or never
+        if !ready {
+            let _ = child.start_kill();
+            let status = child.wait().await;
+            let stderr = stderr.await.unwrap_or_default();
+            let status = status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
+            return Err(ExecError::Supervisor(format!(
+                "{} did not report ready ({status}): {}",
+                self.program.display(),
+                stderr.trim()
+            )));
+        }
+        let (clock, clock_rx) = watch::channel(Clock::new(Instant::now()));
+        let shared = Arc::new(Shared {
+            pid,
+            exited: AtomicBool::new(false),
+            control: Mutex::new(Some(control)),
+            clock,
+        });
+        Ok(RunningJob {
+            shared,
+            child,
+            clock_rx,
+            stderr: Some(stderr),
+            timeout: spec.timeout,
+            outcome_file: spec.outcome_file.clone(),
+            result: None,
+        })
+    }
+}
+
+fn write_spec_file(spec: &JobSpec) -> Result<tempfile::NamedTempFile, ExecError> {
+    let io = |context: &str| {
+        let context = context.to_owned();
+        move |source| ExecError::Io { context, source }
+    };
+    let mut file = tempfile::Builder::new()
+        .prefix("drover-job-")
+        .suffix(".json")
+        .tempfile()
+        .map_err(io("cannot create the job spec file"))?;
+    let json = serde_json::to_vec(spec).map_err(|e| ExecError::Io {
+        context: "cannot encode the job spec".to_owned(),
+        source: std::io::Error::other(e),
+    })?;
+    file.write_all(&json).and_then(|()| file.flush()).map_err(io("cannot write the job spec file"))?;
+    Ok(file)
+}
+
+async fn read_limited(stream: Option<ChildStderr>) -> String {
+    let mut bytes = Vec::new();
+    if let Some(stream) = stream {
+        let mut limited = stream.take(STDERR_LIMIT);
+        let _ = limited.read_to_end(&mut bytes).await;
+        // Keep draining, so the supervisor never blocks on a full pipe.
+        let mut rest = limited.into_inner();
+        let _ = tokio::io::copy(&mut rest, &mut tokio::io::sink()).await;
+    }
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// The job's timeout clock: running time counts, suspended time does not.
+#[derive(Debug, Clone, Copy)]
+struct Clock {
+    started: Instant,
+    paused: Duration,
+    suspended_since: Option<Instant>,
+    stop: Option<StopReason>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StopReason {
+    TimedOut,
+    Cancelled,
+}
+
+impl Clock {
+    fn new(now: Instant) -> Self {
+        Clock { started: now, paused: Duration::ZERO, suspended_since: None, stop: None }
+    }
+
+    /// Running (not suspended) time so far.
+    fn active(&self, now: Instant) -> Duration {
+        let suspended =
+            self.suspended_since.map_or(Duration::ZERO, |since| now.saturating_duration_since(since));
+        now.saturating_duration_since(self.started).saturating_sub(self.paused + suspended)
+    }
+}
+
+/// State shared by a [`RunningJob`] and its [`JobHandle`]s.
+#[derive(Debug)]
+struct Shared {
+    pid: u32,
+    /// Set once the supervisor has been reaped: its pid may be reused.
+    exited: AtomicBool,
+    /// Write end of the supervisor's control pipe (see the supervisor module).
+    /// Dropping it (with the last handle) makes the supervisor stop the job.
+    control: Mutex<Option<std::io::PipeWriter>>,
+    clock: watch::Sender<Clock>,
+}
+
+impl Shared {
+    fn pid(&self) -> i32 {
+        self.pid as i32
+    }
+
+    fn running(&self) -> Result<(), ExecError> {
+        if self.exited.load(Ordering::Acquire) { Err(ExecError::NotRunning) } else { Ok(()) }
+    }
+
+    fn send_control(&self, byte: u8) {
+        let mut control = self.control.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(pipe) = control.as_mut()
+            && pipe.write_all(&[byte]).is_err()
+        {
+            *control = None;
+        }
+    }
+
+    fn stop(&self, reason: StopReason) {
+        if self.running().is_err() {
+            return;
+        }
+        self.clock.send_modify(|clock| {
+            clock.stop.get_or_insert(reason);
+            if let Some(since) = clock.suspended_since.take() {
+                clock.paused += Instant::now().saturating_duration_since(since);
+            }
+        });
+        // The supervisor forwards SIGTERM, then SIGCONT, to every process of
+        // the job, waits for the grace period, and SIGKILLs what is left.
+        let _ = procfs::signal_pid(self.pid(), Signal::SIGTERM);
+    }
+
+    fn suspend(&self) -> Result<(), ExecError> {
+        self.running()?;
+        // Tell the supervisor first: it starts no new command while
+        // suspended, and stops any command it started meanwhile.
+        self.send_control(b'S');
+        procfs::stop_descendants(self.pid())?;
+        self.clock.send_modify(|clock| {
+            clock.suspended_since.get_or_insert_with(Instant::now);
+        });
+        Ok(())
+    }
+
+    fn resume(&self) -> Result<(), ExecError> {
+        self.running()?;
+        self.send_control(b'R');
+        procfs::continue_descendants(self.pid())?;
+        self.clock.send_modify(|clock| {
+            if let Some(since) = clock.suspended_since.take() {
+                clock.paused += Instant::now().saturating_duration_since(since);
+            }
+        });
+        Ok(())
+    }
+}
+
+/// A started job. [`wait`](Self::wait) for it; [`terminate`](Self::terminate),
+/// [`suspend`](Self::suspend) and [`resume`](Self::resume) it, here or from
+/// other tasks through a [`JobHandle`].
+///
+/// Dropping it (and every [`JobHandle`]) before the job has ended closes the
+/// supervisor's control pipe, which makes the supervisor terminate the job
+/// (SIGTERM, grace, SIGKILL); the supervisor is then reaped by tokio in the
+/// background. The same happens if the worker process dies.
+#[derive(Debug)]
+pub struct RunningJob {
+    shared: Arc<Shared>,
+    child: Child,
+    clock_rx: watch::Receiver<Clock>,
+    stderr: Option<JoinHandle<String>>,
+    timeout: Option<Duration>,
+    outcome_file: PathBuf,
+    result: Option<(Outcome, Option<JobReport>)>,
+}
+
+impl RunningJob {
+    /// The supervisor's process id (also its session and process group id).
+    pub fn pid(&self) -> u32 {
+        self.shared.pid
+    }
+
+    /// A cloneable handle to terminate, suspend or resume the job from other
+    /// tasks while this one waits.
+    pub fn handle(&self) -> JobHandle {
+        JobHandle { shared: Arc::clone(&self.shared) }
+    }
+
+    /// Waits for the job to end and tells how it ended. Also enforces the
+    /// job's timeout, suspended time not counted: when it runs out, the job
+    /// is terminated and the outcome is [`Outcome::TimedOut`] (unless its
+    /// commands had finished by then).
+    ///
+    /// Cancel-safe: dropping the future (in a `select!`, say) loses nothing,
+    /// and calling it again after the end returns the same outcome.
+    pub async fn wait(&mut self) -> Outcome {
+        if let Some((outcome, _)) = &self.result {
+            return outcome.clone();
+        }
+        loop {
+            let due = {
+                let clock = *self.clock_rx.borrow_and_update();
+                match (self.timeout, clock.stop, clock.suspended_since) {
+                    (Some(timeout), None, None) => {
+                        let now = Instant::now();
+                        // None (no deadline) if too far to represent.
+                        now.checked_add(timeout.saturating_sub(clock.active(now)))
+                    }
+                    _ => None,
+                }
+            };
+            tokio::select! {
+                status = self.child.wait() => {
+                    self.shared.exited.store(true, Ordering::Release);
+                    let outcome = self.finish(status).await;
+                    return outcome;
+                }
+                () = sleep_until(due) => {
+                    let clock = *self.clock_rx.borrow();
+                    let timeout = self.timeout.unwrap_or(Duration::MAX);
+                    if clock.stop.is_none() && clock.suspended_since.is_none() && clock.active(Instant::now()) >= timeout {
+                        self.shared.stop(StopReason::TimedOut);
+                    }
+                }
+                _ = self.clock_rx.changed() => {}
+            }
+        }
+    }
+
+    /// The supervisor's report, once [`wait`](Self::wait) has returned (none
+    /// if the supervisor could not write it).
+    pub fn report(&self) -> Option<&JobReport> {
+        self.result.as_ref().and_then(|(_, report)| report.as_ref())
+    }
+
+    /// Asks the supervisor to stop the job (SIGTERM): it forwards SIGTERM to
+    /// every process of the job, waits [`JobSpec::kill_grace`], then SIGKILLs
+    /// what is left. [`wait`](Self::wait) then returns [`Outcome::Cancelled`],
+    /// unless the job had already finished. Does nothing once the job has
+    /// ended.
+    pub fn terminate(&self) {
+        self.shared.stop(StopReason::Cancelled);
+    }
+
+    /// Suspends the job: SIGSTOP to every process under the supervisor (not
+    /// the supervisor itself, which stays responsive), and no new command
+    /// starts until [`resume`](Self::resume). The timeout clock stops.
+    pub fn suspend(&self) -> Result<(), ExecError> {
+        self.shared.suspend()
+    }
+
+    /// Resumes a suspended job: SIGCONT to every process under the
+    /// supervisor. The timeout clock runs again.
+    pub fn resume(&self) -> Result<(), ExecError> {
+        self.shared.resume()
+    }
+
+    async fn finish(&mut self, status: std::io::Result<ExitStatus>) -> Outcome {
+        let report = JobReport::read(&self.outcome_file).ok();
+        if report.is_none() {
+            // The supervisor died without cleaning up (SIGKILLed, say): kill
+            // what it left in its session (processes that left the session
+            // with `setsid` are out of reach).
+            self.kill_orphans().await;
+        }
+        let stop = self.clock_rx.borrow().stop;
+        let outcome = match (&report, stop) {
+            (Some(report), _) if !report.terminated => outcome_of(report),
+            (Some(_), Some(StopReason::TimedOut)) => Outcome::TimedOut,
+            (Some(_), _) => Outcome::Cancelled,
+            // No report: the supervisor died or failed.
+            (None, Some(StopReason::TimedOut)) => Outcome::TimedOut,
+            (None, Some(StopReason::Cancelled)) => Outcome::Cancelled,
+            (None, None) => {
+                let stderr = match self.stderr.take() {
+                    Some(task) => task.await.unwrap_or_default(),
+                    None => String::new(),
+                };
+                let status = match status {
+                    Ok(s) if s.code() == Some(EXIT_SUPERVISOR_ERROR) => "failed".to_owned(),
+                    Ok(s) => s.to_string(),
+                    Err(e) => e.to_string(),
+                };
+                Outcome::SpawnFailed(format!("job supervisor {status}: {}", stderr.trim()))
+            }
+        };
+        self.result = Some((outcome.clone(), report));
+        outcome
+    }
+}
+
+impl RunningJob {
+    /// SIGKILLs the live processes of the dead supervisor's session, pass
+    /// after pass (a killed process's children are reparented and may still
+    /// be running), until none is left or [`ORPHAN_SWEEP_LIMIT`] passes.
+    async fn kill_orphans(&self) {
+        let sid = self.shared.pid();
+        for _ in 0..ORPHAN_SWEEP_LIMIT {
+            if procfs::kill_orphaned_session(sid) == 0 {
+                return;
+            }
+            tokio::time::sleep(ORPHAN_SWEEP_INTERVAL).await;
+        }
+    }
+}
+
+impl Drop for RunningJob {
+    /// A job dropped before it ended is terminated: SIGTERM to the
+    /// supervisor, and its control pipe is closed. Handles stop working, as
+    /// the supervisor is now reaped in the background and its pid may be
+    /// reused.
+    fn drop(&mut self) {
+        if self.result.is_none() {
+            self.shared.stop(StopReason::Cancelled);
+            self.shared.control.lock().unwrap_or_else(PoisonError::into_inner).take();
+        }
+        self.shared.exited.store(true, Ordering::Release);
+    }
+}
+
+fn outcome_of(report: &JobReport) -> Outcome {
+    if let Some(message) = &report.spawn_error {
+        Outcome::SpawnFailed(message.clone())
+    } else if let Some(signal) = report.signal {
+        Outcome::Signaled { signal }
+    } else {
+        match report.exit_code {
+            Some(0) | None => Outcome::Succeeded,
+            Some(exit_code) => Outcome::Failed { exit_code },
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A cloneable handle on a [`RunningJob`], to control it from other tasks.
+/// Same semantics as the methods of the same names on [`RunningJob`].
+#[derive(Debug, Clone)]
+pub struct JobHandle {
+    shared: Arc<Shared>,
+}
+
+impl JobHandle {
+    /// The supervisor's process id.
+    pub fn pid(&self) -> u32 {
+        self.shared.pid
+    }
+
+    /// See [`RunningJob::terminate`].
+    pub fn terminate(&self) {
+        self.shared.stop(StopReason::Cancelled);
+    }
+
+    /// See [`RunningJob::suspend`].
+    pub fn suspend(&self) -> Result<(), ExecError> {
+        self.shared.suspend()
+    }
+
+    /// See [`RunningJob::resume`].
+    pub fn resume(&self) -> Result<(), ExecError> {
+        self.shared.resume()
+    }
+}

@@ -1,0 +1,100 @@
+//! What a job is ([`JobSpec`], handed from the worker to the supervisor as a
+//! JSON file) and what became of it ([`JobReport`], the outcome file the
+//! supervisor writes), plus the environment defaults a job's commands get.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// `PATH` given to a job's commands when [`JobSpec::env`] has none.
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// `TMPDIR` given to a job's commands when [`JobSpec::env`] has none.
+pub const DEFAULT_TMPDIR: &str = "/tmp";
+
+/// One build job to run: its commands and how to run them.
+///
+/// Every command runs as `/bin/sh -c <command>`, one after the other, in
+/// [`cwd`](Self::cwd), stopping at the first one that does not exit 0.
+///
+/// The environment of the commands is **exactly** [`env`](Self::env) (nothing
+/// is inherited from the worker), except that three variables get a default
+/// when the map does not set them:
+///
+/// - `PATH`: [`DEFAULT_PATH`];
+/// - `HOME`: the job's `cwd`;
+/// - `TMPDIR`: [`DEFAULT_TMPDIR`].
+///
+/// Standard input is `/dev/null`; standard output and standard error are
+/// appended to the files [`stdout`](Self::stdout) and
+/// [`stderr`](Self::stderr) (created if missing; they may be the same file).
+/// The supervisor itself adds a line to `stderr` when a command cannot be
+/// started and when it had to kill processes left behind by the job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobSpec {
+    /// Shell commands, run in order with `/bin/sh -c`.
+    pub commands: Vec<String>,
+    /// Working directory of every command. A missing directory makes the job
+    /// end with [`Outcome::SpawnFailed`](crate::Outcome::SpawnFailed).
+    pub cwd: PathBuf,
+    /// The commands' whole environment (see the type's documentation for the
+    /// three defaults).
+    pub env: BTreeMap<String, String>,
+    /// File the commands' standard output is appended to.
+    pub stdout: PathBuf,
+    /// File the commands' standard error is appended to.
+    pub stderr: PathBuf,
+    /// Limit on the job's running time, suspended time not counted. Enforced
+    /// by [`RunningJob::wait`](crate::RunningJob::wait).
+    pub timeout: Option<Duration>,
+    /// How long the job's processes get between SIGTERM and SIGKILL, when the
+    /// job is cancelled or timed out and when processes outlive the job.
+    pub kill_grace: Duration,
+    /// Where the supervisor writes its [`JobReport`] (JSON). Removed by
+    /// [`Supervisor::start`](crate::Supervisor::start) before the job starts.
+    pub outcome_file: PathBuf,
+}
+
+impl JobSpec {
+    /// The environment the commands actually get: [`env`](Self::env) plus the
+    /// `PATH`, `HOME` and `TMPDIR` defaults.
+    pub fn effective_env(&self) -> BTreeMap<String, String> {
+        let mut env = self.env.clone();
+        env.entry("PATH".to_owned()).or_insert_with(|| DEFAULT_PATH.to_owned());
+        env.entry("HOME".to_owned()).or_insert_with(|| self.cwd.to_string_lossy().into_owned());
+        env.entry("TMPDIR".to_owned()).or_insert_with(|| DEFAULT_TMPDIR.to_owned());
+        env
+    }
+}
+
+/// What the supervisor writes to [`JobSpec::outcome_file`] when it is done.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobReport {
+    /// Exit code of the last command that ran (the failing one, if one
+    /// failed); `None` if it was killed by a signal or no command ran.
+    pub exit_code: Option<i32>,
+    /// The signal that killed the last command that ran, if one did.
+    pub signal: Option<i32>,
+    /// Whether the job was stopped (SIGTERM, SIGINT or SIGHUP to the
+    /// supervisor, or the worker went away) before its commands were done.
+    pub terminated: bool,
+    /// Wall-clock duration of every command that was started, in order, in
+    /// milliseconds (suspended time included).
+    pub duration_ms: Vec<u64>,
+    /// Why a command could not be started, if one could not.
+    pub spawn_error: Option<String>,
+    /// How many processes the supervisor had to terminate at the end: those
+    /// still alive after the last command ended (daemons and other leftovers)
+    /// or, for a terminated job, every process of the job at that moment.
+    pub leftover_processes: usize,
+}
+
+impl JobReport {
+    /// Reads a report written by the supervisor.
+    pub fn read(path: &Path) -> std::io::Result<JobReport> {
+        let bytes = std::fs::read(path)?;
+        serde_json::from_slice(&bytes).map_err(std::io::Error::other)
+    }
+}

@@ -1,0 +1,528 @@
+//! The supervisor process: the small synchronous program that runs one job's
+//! commands and makes sure nothing the job started outlives it.
+//!
+//! It is started by [`Supervisor::start`](crate::Supervisor::start) (a
+//! re-executed binary calling [`supervisor_main`]) and:
+//!
+//! 1. blocks SIGTERM, SIGINT, SIGHUP and SIGCHLD and reads them from a
+//!    `signalfd` (no signal handler, so no `unsafe`); starts a new session
+//!    (`setsid`); becomes a child subreaper (`PR_SET_CHILD_SUBREAPER`), so
+//!    every orphaned descendant — including one that called `setsid` or
+//!    `setpgid` to leave the job's process group — is reparented to it;
+//! 2. reads the [`JobSpec`] (JSON file named by its argument), writes `ready`
+//!    on standard output, and runs the commands one by one (`posix_spawn`, so
+//!    that they start with an empty signal mask), each in its own process
+//!    group, stopping at the first that fails;
+//! 3. on a stop request (SIGTERM/SIGINT/SIGHUP, or end of file on the control
+//!    pipe, i.e. the worker is gone) sends SIGTERM then SIGCONT to the running
+//!    command's process group and to every descendant of the supervisor found
+//!    in `/proc` (by parent links from every process's `/proc/<pid>/stat`),
+//!    waits up to [`JobSpec::kill_grace`] for them to exit, then SIGKILLs
+//!    every descendant, sweep after sweep, until it has no child left (a
+//!    process whose parent is killed is reparented to the supervisor, and
+//!    found by the next sweep);
+//! 4. when the commands are done, treats every process still alive the same
+//!    way (a job leaves no daemon behind), reaps every child (`waitpid(-1)`),
+//!    writes the [`JobReport`] to [`JobSpec::outcome_file`] and exits with one
+//!    of the `EXIT_*` codes.
+//!
+//! The control pipe (the supervisor's standard input, when it is a pipe)
+//! carries one byte per request from the worker: `S` (job suspended: start no
+//! new command, stop every descendant) and `R` (job resumed: continue every
+//! descendant). Bytes are read in order, so a quick suspend/resume/suspend
+//! ends suspended.
+
+use std::collections::BTreeMap;
+use std::ffi::{CString, OsString};
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::fd::AsFd;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::spawn::{PosixSpawnAttr, PosixSpawnFileActions, PosixSpawnFlags, posix_spawn};
+use nix::sys::signal::{SigSet, Signal, killpg};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
+
+use crate::procfs;
+use crate::spec::{JobReport, JobSpec};
+
+/// Supervisor exit code: every command exited 0.
+pub const EXIT_SUCCEEDED: i32 = 0;
+/// Supervisor exit code: a command exited with a non-zero code.
+pub const EXIT_FAILED: i32 = 1;
+/// Supervisor exit code: a command was killed by a signal.
+pub const EXIT_SIGNALED: i32 = 2;
+/// Supervisor exit code: the job was stopped by a stop request.
+pub const EXIT_TERMINATED: i32 = 3;
+/// Supervisor exit code: a command could not be started.
+pub const EXIT_SPAWN_FAILED: i32 = 4;
+/// Supervisor exit code: the supervisor itself failed (bad arguments,
+/// unreadable spec, unwritable outcome file); details on its standard error.
+pub const EXIT_SUPERVISOR_ERROR: i32 = 125;
+
+/// The line the supervisor writes on standard output once it handles
+/// signals and control requests.
+pub(crate) const READY_LINE: &str = "ready";
+
+/// Longest wait between two looks at the children when nothing is signalled.
+const POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// Wait between two SIGKILL sweeps while processes are still dying.
+const KILL_INTERVAL: Duration = Duration::from_millis(10);
+/// How long SIGKILL sweeps go on when every process left refuses signals.
+const GIVE_UP_AFTER: Duration = Duration::from_secs(10);
+
+/// Entry point of the supervisor process.
+///
+/// The supervisor is started as `program args… <spec file>` (see
+/// [`Supervisor::new`](crate::Supervisor::new)): the path of the [`JobSpec`]
+/// JSON file is always the **last** command-line argument, whatever comes
+/// before it. Call it from `main` and exit with the code it returns:
+///
+/// ```ignore
+/// if std::env::args_os().nth(1).is_some_and(|a| a == "__supervise") {
+///     std::process::exit(drover_exec::supervisor_main());
+/// }
+/// ```
+///
+/// It must be called before the program starts any thread (a tokio runtime,
+/// say), since it blocks signals for the calling thread only.
+pub fn supervisor_main() -> i32 {
+    // Skip the program name: with no argument at all there is no spec.
+    let spec_path = std::env::args_os().skip(1).last();
+    match run(spec_path) {
+        Ok(code) => code,
+        Err(message) => {
+            let _ = writeln!(std::io::stderr(), "drover-exec supervisor: {message}");
+            EXIT_SUPERVISOR_ERROR
+        }
+    }
+}
+
+fn run(spec_path: Option<OsString>) -> Result<i32, String> {
+    // Signals first: until they are blocked, a SIGTERM would kill us outright
+    // (harmless only because nothing is started yet).
+    let mut mask = SigSet::empty();
+    for signal in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP, Signal::SIGCHLD] {
+        mask.add(signal);
+    }
+    mask.thread_block().map_err(|e| format!("cannot block signals: {e}"))?;
+    let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
+        .map_err(|e| format!("cannot create a signalfd: {e}"))?;
+    // A new session also detaches the job from the worker's terminal. This
+    // fails only if we already lead a process group; we then keep it.
+    let _ = nix::unistd::setsid();
+    nix::sys::prctl::set_child_subreaper(true)
+        .map_err(|e| format!("cannot become a child subreaper: {e}"))?;
+
+    let spec_path = PathBuf::from(spec_path.ok_or("expected an argument: the job spec file")?);
+    let spec_name = spec_path.display();
+    let bytes = std::fs::read(&spec_path).map_err(|e| format!("cannot read job spec {spec_name}: {e}"))?;
+    let mut spec: JobSpec =
+        serde_json::from_slice(&bytes).map_err(|e| format!("bad job spec {spec_name}: {e}"))?;
+    // The supervisor changes directory to run commands: pin relative paths
+    // to the directory it started in.
+    for path in [&mut spec.cwd, &mut spec.stdout, &mut spec.stderr, &mut spec.outcome_file] {
+        *path = std::path::absolute(&*path).map_err(|e| format!("bad path {}: {e}", path.display()))?;
+    }
+
+    let control = control_pipe();
+    let mut out = std::io::stdout();
+    writeln!(out, "{READY_LINE}")
+        .and_then(|()| out.flush())
+        .map_err(|e| format!("cannot report ready: {e}"))?;
+
+    let mut sup = Supervisor {
+        me: std::process::id() as i32,
+        signals,
+        control,
+        stop_requests: 0,
+        held: false,
+        current: None,
+        current_status: None,
+        no_children: false,
+        grace: spec.kill_grace,
+        stderr_log: None,
+    };
+    let report = sup.run_job(&spec);
+    write_report(&spec.outcome_file, &report)?;
+    Ok(exit_code(&report))
+}
+
+/// The worker's control pipe: our standard input if it is a pipe (it is not
+/// when the supervisor is run by hand, and end of file then means nothing).
+fn control_pipe() -> Option<File> {
+    let fd = std::io::stdin().as_fd().try_clone_to_owned().ok()?;
+    let file = File::from(fd);
+    let is_pipe = file.metadata().map(|m| m.file_type().is_fifo()).unwrap_or(false);
+    is_pipe.then_some(file)
+}
+
+fn exit_code(report: &JobReport) -> i32 {
+    if report.spawn_error.is_some() {
+        EXIT_SPAWN_FAILED
+    } else if report.terminated {
+        EXIT_TERMINATED
+    } else if report.signal.is_some() {
+        EXIT_SIGNALED
+    } else if report.exit_code.is_some_and(|c| c != 0) {
+        EXIT_FAILED
+    } else {
+        EXIT_SUCCEEDED
+    }
+}
+
+/// Writes the report next to its final place, then renames it there, so the
+/// worker never reads half a file.
+fn write_report(path: &Path, report: &JobReport) -> Result<(), String> {
+    let json = serde_json::to_vec(report).map_err(|e| format!("cannot encode the report: {e}"))?;
+    let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
+    tmp_name.push(".tmp");
+    let tmp = path.with_file_name(tmp_name);
+    std::fs::write(&tmp, json)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| format!("cannot write the outcome file {}: {e}", path.display()))
+}
+
+/// How a command ended.
+#[derive(Debug, Clone, Copy)]
+enum Status {
+    Exited(i32),
+    Signaled(i32),
+}
+
+#[derive(Debug)]
+struct Supervisor {
+    me: i32,
+    signals: SignalFd,
+    control: Option<File>,
+    /// Stop requests received so far (signals, or the worker going away).
+    stop_requests: u32,
+    /// Suspended by the worker: start no new command.
+    held: bool,
+    /// The running command (pid, which is also its process group).
+    current: Option<i32>,
+    /// How the running command ended, once reaped.
+    current_status: Option<Status>,
+    /// `waitpid` said we have no child at all.
+    no_children: bool,
+    grace: Duration,
+    stderr_log: Option<File>,
+}
+
+impl Supervisor {
+    fn run_job(&mut self, spec: &JobSpec) -> JobReport {
+        let mut report = JobReport::default();
+        let logs = open_log(&spec.stdout).and_then(|out| Ok((out, open_log(&spec.stderr)?)));
+        let (stdout_log, stderr_log) = match logs {
+            Ok(logs) => logs,
+            Err(message) => {
+                report.spawn_error = Some(message);
+                return report;
+            }
+        };
+        self.stderr_log = stderr_log.try_clone().ok();
+        let env = spec.effective_env();
+
+        for (index, command) in spec.commands.iter().enumerate() {
+            // Handle whatever is pending first: a suspend request sent while
+            // the previous command still ran must hold this one back.
+            self.pump(Duration::ZERO);
+            while self.held && self.stop_requests == 0 {
+                self.pump(POLL_INTERVAL);
+                self.reap();
+            }
+            if self.stop_requests > 0 {
+                report.terminated = true;
+                break;
+            }
+            let started = Instant::now();
+            let pid = match spawn_command(command, &spec.cwd, &env, &stdout_log, &stderr_log) {
+                Ok(pid) => pid,
+                Err(error) => {
+                    let message = format!("cannot start command {} (`{command}`): {error}", index + 1);
+                    self.log(&message);
+                    report.spawn_error = Some(message);
+                    break;
+                }
+            };
+            self.current = Some(pid);
+            self.current_status = None;
+            while self.current_status.is_none() {
+                if self.stop_requests > 0 {
+                    report.terminated = true;
+                    report.leftover_processes = self.shut_down();
+                    break;
+                }
+                self.pump(POLL_INTERVAL);
+                self.reap();
+            }
+            report.duration_ms.push(u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX));
+            let status = self.current_status.take();
+            self.current = None;
+            match status {
+                Some(Status::Exited(code)) => report.exit_code = Some(code),
+                Some(Status::Signaled(signal)) => report.signal = Some(signal),
+                // Only when a process we did not start was given our
+                // child's status, which cannot happen: count it as killed.
+                None => report.signal = Some(Signal::SIGKILL as i32),
+            }
+            if report.terminated || report.exit_code != Some(0) {
+                break;
+            }
+        }
+
+        if !report.terminated {
+            self.reap();
+            let left = procfs::descendants(self.me).iter().filter(|p| p.alive()).count();
+            if left > 0 {
+                self.log(&format!(
+                    "drover: {left} process(es) still running after the job's commands ended; terminating them"
+                ));
+                report.leftover_processes = self.shut_down();
+            }
+        }
+        // Whatever happened, leave no child (and so no descendant) behind.
+        self.kill_all();
+        report
+    }
+
+    /// Appends a line to the job's stderr log.
+    fn log(&mut self, message: &str) {
+        if let Some(log) = &mut self.stderr_log {
+            let _ = writeln!(log, "{message}");
+        }
+    }
+
+    /// SIGTERM (then SIGCONT, so stopped processes see it) to every
+    /// descendant and to the running command's process group; waits for them
+    /// to exit for the grace period (cut short by a further stop request);
+    /// then SIGKILLs whatever is left. Returns how many processes were alive.
+    fn shut_down(&mut self) -> usize {
+        let requests_before = self.stop_requests;
+        self.held = false;
+        let command_group = self.current.filter(|_| self.current_status.is_none());
+        let count = procfs::descendants(self.me).iter().filter(|p| p.alive()).count();
+        for signal in [Signal::SIGTERM, Signal::SIGCONT] {
+            if let Some(group) = command_group {
+                let _ = killpg(Pid::from_raw(group), signal);
+            }
+            procfs::signal_descendants(self.me, signal);
+        }
+        // No deadline if the grace period is too long to represent.
+        let deadline = Instant::now().checked_add(self.grace);
+        loop {
+            self.reap();
+            if self.no_children {
+                return count;
+            }
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) || self.stop_requests > requests_before {
+                break;
+            }
+            self.pump(deadline.map_or(POLL_INTERVAL, |d| POLL_INTERVAL.min(d - now)));
+        }
+        self.kill_all();
+        count
+    }
+
+    /// SIGKILLs every descendant, again and again, until no child is left.
+    /// Orphans of killed processes are reparented to us (subreaper), so the
+    /// next sweep finds them as our children.
+    ///
+    /// Processes that refuse signals (another user's, e.g. after a setuid
+    /// `exec`) cannot be killed: once nothing but those is left for
+    /// [`GIVE_UP_AFTER`], they are logged and left alone rather than waited
+    /// for forever.
+    fn kill_all(&mut self) {
+        let mut stuck_since: Option<Instant> = None;
+        loop {
+            self.reap();
+            if self.no_children {
+                return;
+            }
+            let (signalled, refused) = procfs::signal_descendants(self.me, Signal::SIGKILL);
+            if signalled == 0 && refused > 0 {
+                let since = *stuck_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= GIVE_UP_AFTER {
+                    self.log(&format!(
+                        "drover: cannot kill {refused} process(es) of the job (permission denied)"
+                    ));
+                    return;
+                }
+            } else {
+                stuck_since = None;
+            }
+            self.pump(KILL_INTERVAL);
+        }
+    }
+
+    /// Reaps every child that has exited, recording the running command's
+    /// status, and notes whether any child is left.
+    fn reap(&mut self) {
+        loop {
+            match waitpid(None::<Pid>, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) => {
+                    self.no_children = false;
+                    return;
+                }
+                Ok(WaitStatus::Exited(pid, code)) => self.record(pid, Status::Exited(code)),
+                Ok(WaitStatus::Signaled(pid, signal, _)) => self.record(pid, Status::Signaled(signal as i32)),
+                Ok(_) | Err(Errno::EINTR) => {}
+                Err(Errno::ECHILD) => {
+                    self.no_children = true;
+                    return;
+                }
+                Err(_) => {
+                    self.no_children = false;
+                    return;
+                }
+            }
+        }
+    }
+
+    fn record(&mut self, pid: Pid, status: Status) {
+        if self.current == Some(pid.as_raw()) {
+            self.current_status = Some(status);
+        }
+    }
+
+    /// Waits up to `timeout` for a signal or a control byte, and handles
+    /// what arrived. Children are reaped by the caller.
+    fn pump(&mut self, timeout: Duration) {
+        let ms = u16::try_from(timeout.as_millis()).unwrap_or(u16::MAX);
+        let (signal_ready, control_ready) = {
+            let mut fds = vec![PollFd::new(self.signals.as_fd(), PollFlags::POLLIN)];
+            if let Some(control) = &self.control {
+                fds.push(PollFd::new(control.as_fd(), PollFlags::POLLIN));
+            }
+            if poll(&mut fds, PollTimeout::from(ms)).is_err() {
+                return;
+            }
+            let ready = |fd: &PollFd<'_>| fd.revents().is_some_and(|r| !r.is_empty());
+            (ready(&fds[0]), fds.get(1).is_some_and(ready))
+        };
+        if signal_ready {
+            while let Ok(Some(info)) = self.signals.read_signal() {
+                let signo = i32::try_from(info.ssi_signo).unwrap_or(0);
+                if [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP].iter().any(|s| *s as i32 == signo) {
+                    self.stop_requests += 1;
+                }
+            }
+        }
+        if control_ready {
+            self.read_control();
+        }
+    }
+
+    fn read_control(&mut self) {
+        let Some(control) = &mut self.control else { return };
+        let mut buf = [0u8; 64];
+        match control.read(&mut buf) {
+            Ok(0) | Err(_) => {
+                // The worker closed the pipe: it dropped the job or died.
+                self.control = None;
+                self.stop_requests += 1;
+            }
+            Ok(n) => {
+                for byte in &buf[..n] {
+                    match byte {
+                        b'S' if self.stop_requests == 0 => {
+                            self.held = true;
+                            let _ = procfs::stop_descendants(self.me);
+                        }
+                        b'R' => {
+                            self.held = false;
+                            let _ = procfs::continue_descendants(self.me);
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn open_log(path: &Path) -> Result<File, String> {
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| format!("cannot open log file {}: {e}", path.display()))
+}
+
+/// Standard signals whose disposition a command gets reset to the default
+/// (the Rust runtime ignores SIGPIPE; the worker may have ignored others).
+const RESET_SIGNALS: [Signal; 13] = [
+    Signal::SIGHUP,
+    Signal::SIGINT,
+    Signal::SIGQUIT,
+    Signal::SIGPIPE,
+    Signal::SIGTERM,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
+    Signal::SIGCHLD,
+    Signal::SIGALRM,
+    Signal::SIGTSTP,
+    Signal::SIGTTIN,
+    Signal::SIGTTOU,
+    Signal::SIGXFSZ,
+];
+
+/// Starts `/bin/sh -c <command>` in `cwd` with exactly `env`, stdin from
+/// `/dev/null` and the given logs, in a process group of its own, with an
+/// empty signal mask and default signal dispositions; returns its pid.
+///
+/// `posix_spawn` rather than `std::process::Command`: std makes children
+/// inherit the parent's signal mask, and ours blocks SIGTERM (read from a
+/// signalfd), which the commands must not inherit; resetting the mask in a
+/// `pre_exec` hook would need `unsafe`. `posix_spawn` has no working
+/// directory attribute (short of a glibc extension nix does not wrap), so
+/// the supervisor, which is single-threaded, moves into `cwd` itself.
+fn spawn_command(
+    command: &str,
+    cwd: &Path,
+    env: &BTreeMap<String, String>,
+    stdout: &File,
+    stderr: &File,
+) -> Result<i32, String> {
+    let cstring = |s: String| CString::new(s).map_err(|_| "it contains a NUL byte".to_owned());
+    let args = [cstring("/bin/sh".to_owned())?, cstring("-c".to_owned())?, cstring(command.to_owned())?];
+    let envp = env.iter().map(|(k, v)| cstring(format!("{k}={v}"))).collect::<Result<Vec<_>, _>>()?;
+    std::env::set_current_dir(cwd).map_err(|e| {
+        if cwd.is_dir() {
+            format!("cannot enter working directory {}: {e}", cwd.display())
+        } else {
+            format!("working directory {} does not exist or is not a directory", cwd.display())
+        }
+    })?;
+    let dev_null = File::open("/dev/null").map_err(|e| format!("cannot open /dev/null: {e}"))?;
+
+    let spawn = || -> nix::Result<Pid> {
+        let mut actions = PosixSpawnFileActions::init()?;
+        actions.add_dup2(dev_null.as_raw_fd(), 0)?;
+        actions.add_dup2(stdout.as_raw_fd(), 1)?;
+        actions.add_dup2(stderr.as_raw_fd(), 2)?;
+        let mut attr = PosixSpawnAttr::init()?;
+        attr.set_flags(
+            PosixSpawnFlags::POSIX_SPAWN_SETPGROUP
+                | PosixSpawnFlags::POSIX_SPAWN_SETSIGMASK
+                | PosixSpawnFlags::POSIX_SPAWN_SETSIGDEF,
+        )?;
+        attr.set_pgroup(Pid::from_raw(0))?;
+        attr.set_sigmask(&SigSet::empty())?;
+        let mut defaults = SigSet::empty();
+        for signal in RESET_SIGNALS {
+            defaults.add(signal);
+        }
+        attr.set_sigdefault(&defaults)?;
+        posix_spawn(c"/bin/sh", &actions, &attr, &args, &envp)
+    };
+    spawn().map(Pid::as_raw).map_err(|e| format!("posix_spawn of /bin/sh failed: {e}"))
+}

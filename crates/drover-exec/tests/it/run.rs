@@ -1,0 +1,147 @@
+//! Jobs that run to their end: output, working directory and environment,
+//! failures, signals, spawn failures, and the supervisor's report.
+
+use std::collections::BTreeSet;
+
+use drover_exec::{ExecError, JobSpec, Outcome, Supervisor};
+
+use crate::support::{Fixture, TOKEN_VAR, assert_no_survivors, finish, supervisor};
+
+#[tokio::test]
+async fn a_multi_command_job_succeeds_in_its_cwd_with_its_env() {
+    let fx = Fixture::new();
+    let mut spec = fx.spec(&["echo one", "echo two >&2", "pwd", "echo \"greeting=$GREETING\"", "env"]);
+    spec.env.insert("GREETING".to_owned(), "hello world".to_owned());
+    let mut job = supervisor().start(&spec).await.expect("start");
+    assert_eq!(finish(&mut job).await, Outcome::Succeeded);
+
+    let out = fx.stdout();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "one");
+    assert_eq!(lines[1], fx.work().display().to_string(), "pwd");
+    assert_eq!(lines[2], "greeting=hello world");
+    assert_eq!(fx.stderr(), "two\n");
+
+    // The environment is exactly the spec's, plus the documented defaults
+    // (and what sh itself exports).
+    let vars: BTreeSet<&str> = lines[3..].iter().filter_map(|l| l.split_once('=')).map(|(k, _)| k).collect();
+    let allowed =
+        BTreeSet::from(["GREETING", TOKEN_VAR, "PATH", "HOME", "TMPDIR", "PWD", "OLDPWD", "SHLVL", "_"]);
+    assert!(vars.is_subset(&allowed), "unexpected variables: {:?}", vars.difference(&allowed));
+    for required in ["GREETING", TOKEN_VAR, "PATH", "HOME", "TMPDIR"] {
+        assert!(vars.contains(required), "{required} missing from {vars:?}");
+    }
+    assert!(out.contains(&format!("HOME={}\n", fx.work().display())));
+    assert!(out.contains(&format!("PATH={}\n", drover_exec::DEFAULT_PATH)));
+
+    let report = job.report().expect("report");
+    assert_eq!(report.duration_ms.len(), 5);
+    assert_eq!(report.exit_code, Some(0));
+    assert!(!report.terminated);
+    assert_eq!(report.leftover_processes, 0);
+    assert_no_survivors(&fx);
+}
+
+#[tokio::test]
+async fn given_path_home_and_tmpdir_are_kept() {
+    let fx = Fixture::new();
+    let mut spec = fx.spec(&["echo \"$PATH|$HOME|$TMPDIR\""]);
+    spec.env.insert("PATH".to_owned(), "/bin:/usr/bin".to_owned());
+    spec.env.insert("HOME".to_owned(), "/home/nobody".to_owned());
+    spec.env.insert("TMPDIR".to_owned(), "/var/tmp".to_owned());
+    let mut job = supervisor().start(&spec).await.expect("start");
+    assert_eq!(finish(&mut job).await, Outcome::Succeeded);
+    assert_eq!(fx.stdout(), "/bin:/usr/bin|/home/nobody|/var/tmp\n");
+}
+
+#[tokio::test]
+async fn logs_are_appended_to() {
+    let fx = Fixture::new();
+    std::fs::write(fx.path("stdout.log"), "earlier\n").unwrap();
+    let mut job = supervisor().start(&fx.spec(&["echo later"])).await.expect("start");
+    assert_eq!(finish(&mut job).await, Outcome::Succeeded);
+    assert_eq!(fx.stdout(), "earlier\nlater\n");
+}
+
+#[tokio::test]
+async fn a_failing_command_stops_the_job_with_its_exit_code() {
+    let fx = Fixture::new();
+    let spec = fx.spec(&["echo before", "echo failing; exit 3", "echo after"]);
+    let mut job = supervisor().start(&spec).await.expect("start");
+    assert_eq!(finish(&mut job).await, Outcome::Failed { exit_code: 3 });
+    assert_eq!(fx.stdout(), "before\nfailing\n");
+    let report = job.report().expect("report");
+    assert_eq!(report.duration_ms.len(), 2);
+    assert_eq!(report.exit_code, Some(3));
+    // Waiting again gives the same answer.
+    assert_eq!(job.wait().await, Outcome::Failed { exit_code: 3 });
+}
+
+#[tokio::test]
+async fn a_command_killed_by_a_signal_is_reported() {
+    let fx = Fixture::new();
+    let mut job = supervisor().start(&fx.spec(&["kill -KILL $$"])).await.expect("start");
+    assert_eq!(finish(&mut job).await, Outcome::Signaled { signal: 9 });
+}
+
+#[tokio::test]
+async fn a_missing_cwd_is_a_spawn_failure_with_a_clear_message() {
+    let fx = Fixture::new();
+    let mut spec = fx.spec(&["echo never"]);
+    spec.cwd = fx.path("missing-dir");
+    let mut job = supervisor().start(&spec).await.expect("start");
+    let outcome = finish(&mut job).await;
+    let Outcome::SpawnFailed(message) = outcome else { panic!("expected SpawnFailed, got {outcome:?}") };
+    assert!(message.contains("working directory"), "{message}");
+    assert!(message.contains("missing-dir"), "{message}");
+    assert!(message.contains("does not exist"), "{message}");
+    assert!(fx.stderr().contains(&message), "the message is also in the job's stderr log");
+    assert_eq!(fx.stdout(), "");
+}
+
+#[tokio::test]
+async fn an_empty_job_succeeds() {
+    let fx = Fixture::new();
+    let mut job = supervisor().start(&fx.spec(&[])).await.expect("start");
+    assert_eq!(finish(&mut job).await, Outcome::Succeeded);
+}
+
+#[tokio::test]
+async fn a_program_that_is_no_supervisor_fails_to_start() {
+    let fx = Fixture::new();
+    let err = Supervisor::new("/bin/true".into(), Vec::new()).start(&fx.spec(&["echo"])).await.unwrap_err();
+    assert!(matches!(err, ExecError::Supervisor(_)), "{err}");
+    let err = Supervisor::new(fx.path("no-such-binary"), vec!["__supervise".into()])
+        .start(&fx.spec(&["echo"]))
+        .await;
+    assert!(matches!(err, Err(ExecError::Supervisor(_))), "{err:?}");
+}
+
+#[tokio::test]
+async fn an_unwritable_outcome_file_is_reported_as_a_supervisor_failure() {
+    let fx = Fixture::new();
+    let mut spec = fx.spec(&["echo hi"]);
+    spec.outcome_file = fx.path("missing-dir/outcome.json");
+    let mut job = supervisor().start(&spec).await.expect("start");
+    let outcome = finish(&mut job).await;
+    let Outcome::SpawnFailed(message) = outcome else { panic!("expected SpawnFailed, got {outcome:?}") };
+    assert!(message.contains("outcome file"), "{message}");
+}
+
+#[tokio::test]
+async fn extreme_timeout_and_grace_are_accepted() {
+    let fx = Fixture::new();
+    let mut spec = fx.spec(&["true"]);
+    spec.timeout = Some(std::time::Duration::MAX);
+    spec.kill_grace = std::time::Duration::MAX;
+    let mut job = supervisor().start(&spec).await.expect("start");
+    assert_eq!(finish(&mut job).await, Outcome::Succeeded);
+
+    // Terminated, the job exits on SIGTERM: no need to wait for the grace.
+    let spec = JobSpec { commands: vec!["sleep 1000 & echo up > ready; wait".to_owned()], ..spec };
+    let mut job = supervisor().start(&spec).await.expect("start");
+    fx.wait_for_file("ready");
+    job.terminate();
+    assert_eq!(finish(&mut job).await, Outcome::Cancelled);
+    assert_no_survivors(&fx);
+}

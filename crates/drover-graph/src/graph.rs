@@ -1,0 +1,216 @@
+//! Cross-job checks and ordering: unique names, known `needs`, no
+//! self-dependency, no dependency cycle (each cycle named, `a -> b -> a`),
+//! and the topological order jobs are returned in (dependencies first, ties in
+//! file order).
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+
+use crate::error::Diagnostics;
+use crate::schema::JobSpec;
+use crate::suggest::did_you_mean;
+
+/// Checks names and `needs`. Returns, for each job, the indices of the jobs
+/// it needs (only edges that point at a known, other job), and reports every
+/// dependency cycle among them.
+pub(crate) fn check(jobs: &[JobSpec], diags: &mut Diagnostics) -> Vec<Vec<usize>> {
+    let mut index: BTreeMap<&str, usize> = BTreeMap::new();
+    for (i, job) in jobs.iter().enumerate() {
+        let Some(name) = &job.name else { continue };
+        match index.get(name.value.as_str()) {
+            Some(&first) => diags.push(
+                Some(name.line),
+                Some(&name.value),
+                format!("duplicate job name {:?} (first defined at line {})", name.value, jobs[first].line),
+            ),
+            None => {
+                index.insert(&name.value, i);
+            }
+        }
+    }
+
+    let mut edges = vec![Vec::new(); jobs.len()];
+    for (i, job) in jobs.iter().enumerate() {
+        let label = job.label();
+        for (n, need) in job.needs.iter().enumerate() {
+            if job.needs[..n].iter().any(|earlier| earlier.value == need.value) {
+                diags.push(Some(need.line), label, format!("{:?} is listed twice in needs", need.value));
+            } else if label == Some(need.value.as_str()) {
+                diags.push(Some(need.line), label, "job depends on itself");
+            } else if let Some(&target) = index.get(need.value.as_str()) {
+                edges[i].push(target);
+            } else {
+                let hint = did_you_mean(&need.value, index.keys().copied());
+                diags.push(Some(need.line), label, format!("unknown dependency {:?}{hint}", need.value));
+            }
+        }
+    }
+
+    for cycle in cycles(&edges) {
+        let names: Vec<&str> = cycle.iter().map(|&i| jobs[i].label().unwrap_or("?")).collect();
+        let first = &jobs[cycle[0]];
+        diags.push(
+            Some(first.line),
+            first.label(),
+            format!("dependency cycle: {} -> {}", names.join(" -> "), names[0]),
+        );
+    }
+    edges
+}
+
+/// One cycle per strongly connected component with more than one job: the
+/// component's first job (in file order), then a shortest path back to it.
+fn cycles(edges: &[Vec<usize>]) -> Vec<Vec<usize>> {
+    let component = components(edges);
+    let mut sizes = vec![0usize; edges.len()];
+    for &c in &component {
+        sizes[c] += 1;
+    }
+    let mut seen = vec![false; edges.len()];
+    let mut found = Vec::new();
+    for start in 0..edges.len() {
+        let c = component[start];
+        if sizes[c] < 2 || seen[c] {
+            continue;
+        }
+        seen[c] = true;
+        // Breadth-first search from `start` inside the component, back to it.
+        let mut parent: Vec<Option<usize>> = vec![None; edges.len()];
+        let mut queue = std::collections::VecDeque::from([start]);
+        let mut last = None;
+        'search: while let Some(at) = queue.pop_front() {
+            for &next in &edges[at] {
+                if component[next] != c {
+                    continue;
+                }
+                if next == start {
+                    last = Some(at);
+                    break 'search;
+                }
+                if parent[next].is_none() && next != start {
+                    parent[next] = Some(at);
+                    queue.push_back(next);
+                }
+            }
+        }
+        let mut path = Vec::new();
+        let mut at = last;
+        while let Some(node) = at {
+            path.push(node);
+            at = if node == start { None } else { parent[node] };
+        }
+        path.reverse();
+        found.push(path);
+    }
+    found
+}
+
+/// Tarjan's strongly connected components (iterative): a component number
+/// for each node.
+fn components(edges: &[Vec<usize>]) -> Vec<usize> {
+    const UNSEEN: usize = usize::MAX;
+    let n = edges.len();
+    let mut order = vec![UNSEEN; n];
+    let mut low = vec![0; n];
+    let mut on_stack = vec![false; n];
+    let mut stack = Vec::new();
+    let mut component = vec![UNSEEN; n];
+    let mut next_order = 0;
+    let mut next_component = 0;
+    for root in 0..n {
+        if order[root] != UNSEEN {
+            continue;
+        }
+        // (node, index of the next edge to follow)
+        let mut calls = vec![(root, 0)];
+        order[root] = next_order;
+        low[root] = next_order;
+        next_order += 1;
+        stack.push(root);
+        on_stack[root] = true;
+        while let Some(&mut (node, ref mut edge)) = calls.last_mut() {
+            if let Some(&next) = edges[node].get(*edge) {
+                *edge += 1;
+                if order[next] == UNSEEN {
+                    order[next] = next_order;
+                    low[next] = next_order;
+                    next_order += 1;
+                    stack.push(next);
+                    on_stack[next] = true;
+                    calls.push((next, 0));
+                } else if on_stack[next] {
+                    low[node] = low[node].min(order[next]);
+                }
+                continue;
+            }
+            calls.pop();
+            if let Some(&(parent, _)) = calls.last() {
+                low[parent] = low[parent].min(low[node]);
+            }
+            if low[node] == order[node] {
+                while let Some(member) = stack.pop() {
+                    on_stack[member] = false;
+                    component[member] = next_component;
+                    if member == node {
+                        break;
+                    }
+                }
+                next_component += 1;
+            }
+        }
+    }
+    component
+}
+
+/// Job indices with every job after the jobs it needs; among jobs that are
+/// ready at the same time, the earlier one in the file first. `edges` must be
+/// acyclic.
+pub(crate) fn topological_order(edges: &[Vec<usize>]) -> Vec<usize> {
+    let mut waiting: Vec<usize> = edges.iter().map(Vec::len).collect();
+    let mut dependents = vec![Vec::new(); edges.len()];
+    for (job, needs) in edges.iter().enumerate() {
+        for &need in needs {
+            dependents[need].push(job);
+        }
+    }
+    let mut ready: BinaryHeap<Reverse<usize>> =
+        waiting.iter().enumerate().filter(|&(_, &w)| w == 0).map(|(i, _)| Reverse(i)).collect();
+    let mut order = Vec::with_capacity(edges.len());
+    while let Some(Reverse(job)) = ready.pop() {
+        order.push(job);
+        for &dependent in &dependents[job] {
+            waiting[dependent] -= 1;
+            if waiting[dependent] == 0 {
+                ready.push(Reverse(dependent));
+            }
+        }
+    }
+    order
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topological_order_keeps_file_order_for_ties() {
+        // 0 needs 2; 1 needs nothing; 2 needs nothing; 3 needs 0 and 1.
+        let edges = vec![vec![2], vec![], vec![], vec![0, 1]];
+        assert_eq!(topological_order(&edges), vec![1, 2, 0, 3]);
+    }
+
+    #[test]
+    fn one_cycle_per_component() {
+        // 0 -> 1 -> 2 -> 0, and 3 <-> 4, and 5 alone needing 0.
+        let edges = vec![vec![1], vec![2], vec![0], vec![4], vec![3], vec![0]];
+        assert_eq!(cycles(&edges), vec![vec![0, 1, 2], vec![3, 4]]);
+        assert!(cycles(&[vec![], vec![0]]).is_empty());
+    }
+
+    #[test]
+    fn shortest_cycle_through_the_first_job() {
+        // 0 -> 1 -> 2 -> 3 -> 0 and the shortcut 1 -> 3.
+        let edges = vec![vec![1], vec![2, 3], vec![3], vec![0]];
+        assert_eq!(cycles(&edges), vec![vec![0, 1, 3]]);
+    }
+}

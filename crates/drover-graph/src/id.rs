@@ -1,0 +1,207 @@
+//! Job IDs: the BLAKE3 hash of a canonical encoding of everything that
+//! determines a job's output, which makes the ID the job's cache key.
+//!
+//! Hashed, in this order, after the version tag `drover-job-v1`: the commands
+//! in order, the environment, the resource class (CPU millicores, memory
+//! bytes, tokens, exclusive tokens, labels), the `(path, digest, executable)`
+//! of every source the job sees, and the `(name, id)` of every dependency.
+//! Maps and sets are hashed sorted; dependencies by name. Every string is
+//! prefixed by its byte length and every list by its length, and integers
+//! are fixed-width little-endian, so no two different jobs share an encoding.
+//!
+//! Not hashed: the job's own name, the build name, priority, timeout, retries
+//! and the line; so the same job in another file, or renamed, keeps its ID.
+//! Any change to this encoding must change the version tag.
+
+use std::collections::BTreeMap;
+
+use crate::{Digest, SourceFile};
+
+/// Version tag of the encoding, hashed first.
+const VERSION: &str = "drover-job-v1";
+
+/// What a job's ID is computed from.
+#[derive(Debug)]
+pub(crate) struct JobKey<'a> {
+    pub(crate) commands: &'a [String],
+    pub(crate) env: &'a BTreeMap<String, String>,
+    pub(crate) cpu_millis: u64,
+    pub(crate) memory: u64,
+    pub(crate) tokens: &'a BTreeMap<String, u64>,
+    pub(crate) exclusive: &'a [String],
+    pub(crate) labels: &'a BTreeMap<String, String>,
+    /// The sources the job sees, in any order.
+    pub(crate) sources: Vec<&'a SourceFile>,
+    /// `(dependency name, dependency id)`, in any order.
+    pub(crate) deps: Vec<(&'a str, Digest)>,
+}
+
+impl JobKey<'_> {
+    pub(crate) fn id(mut self) -> Digest {
+        let mut out = Encoder(blake3::Hasher::new());
+        out.str(VERSION);
+
+        out.str("commands");
+        out.len(self.commands.len());
+        for command in self.commands {
+            out.str(command);
+        }
+
+        out.str("env");
+        out.len(self.env.len());
+        for (key, value) in self.env {
+            out.str(key);
+            out.str(value);
+        }
+
+        out.str("resources");
+        out.u64(self.cpu_millis);
+        out.u64(self.memory);
+        out.len(self.tokens.len());
+        for (token, count) in self.tokens {
+            out.str(token);
+            out.u64(*count);
+        }
+        let mut exclusive: Vec<&str> = self.exclusive.iter().map(String::as_str).collect();
+        exclusive.sort_unstable();
+        exclusive.dedup();
+        out.len(exclusive.len());
+        for token in exclusive {
+            out.str(token);
+        }
+        out.len(self.labels.len());
+        for (key, value) in self.labels {
+            out.str(key);
+            out.str(value);
+        }
+
+        out.str("sources");
+        self.sources.sort_unstable_by(|a, b| a.path.cmp(&b.path));
+        out.len(self.sources.len());
+        for source in &self.sources {
+            out.str(&source.path);
+            out.0.update(&source.digest.0);
+            out.0.update(&[u8::from(source.executable)]);
+        }
+
+        out.str("deps");
+        self.deps.sort_unstable();
+        out.len(self.deps.len());
+        for (name, id) in &self.deps {
+            out.str(name);
+            out.0.update(&id.0);
+        }
+        out.0.finalize().into()
+    }
+}
+
+struct Encoder(blake3::Hasher);
+
+impl Encoder {
+    fn u64(&mut self, value: u64) {
+        self.0.update(&value.to_le_bytes());
+    }
+
+    fn len(&mut self, len: usize) {
+        // usize is at most 64 bits on every supported target.
+        self.u64(u64::try_from(len).unwrap_or(u64::MAX));
+    }
+
+    fn str(&mut self, text: &str) {
+        self.len(text.len());
+        self.0.update(text.as_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::digest_bytes;
+
+    fn lp(out: &mut Vec<u8>, text: &str) {
+        out.extend_from_slice(&(text.len() as u64).to_le_bytes());
+        out.extend_from_slice(text.as_bytes());
+    }
+
+    /// The encoding, spelled out byte by byte: a change here changes every
+    /// cache key and needs a new version tag.
+    #[test]
+    fn encoding_is_exactly_as_documented() {
+        let source =
+            SourceFile { path: "src/a.c".into(), digest: digest_bytes(b"int a;"), size: 6, executable: true };
+        let dep_id = digest_bytes(b"dep");
+        let commands = vec!["cc -c a.c".to_owned(), "true".to_owned()];
+        let env = BTreeMap::from([("Z".to_owned(), "1".to_owned()), ("A".to_owned(), "2".to_owned())]);
+        let tokens = BTreeMap::from([("net".to_owned(), 1u64)]);
+        let exclusive = vec!["net".to_owned()];
+        let labels = BTreeMap::from([("os".to_owned(), "linux".to_owned())]);
+        let key = JobKey {
+            commands: &commands,
+            env: &env,
+            cpu_millis: 500,
+            memory: 1 << 20,
+            tokens: &tokens,
+            exclusive: &exclusive,
+            labels: &labels,
+            sources: vec![&source],
+            deps: vec![("lib", dep_id)],
+        };
+
+        let mut expected = Vec::new();
+        lp(&mut expected, "drover-job-v1");
+        lp(&mut expected, "commands");
+        expected.extend_from_slice(&2u64.to_le_bytes());
+        lp(&mut expected, "cc -c a.c");
+        lp(&mut expected, "true");
+        lp(&mut expected, "env");
+        expected.extend_from_slice(&2u64.to_le_bytes());
+        for text in ["A", "2", "Z", "1"] {
+            lp(&mut expected, text);
+        }
+        lp(&mut expected, "resources");
+        expected.extend_from_slice(&500u64.to_le_bytes());
+        expected.extend_from_slice(&(1u64 << 20).to_le_bytes());
+        expected.extend_from_slice(&1u64.to_le_bytes());
+        lp(&mut expected, "net");
+        expected.extend_from_slice(&1u64.to_le_bytes());
+        expected.extend_from_slice(&1u64.to_le_bytes());
+        lp(&mut expected, "net");
+        expected.extend_from_slice(&1u64.to_le_bytes());
+        lp(&mut expected, "os");
+        lp(&mut expected, "linux");
+        lp(&mut expected, "sources");
+        expected.extend_from_slice(&1u64.to_le_bytes());
+        lp(&mut expected, "src/a.c");
+        expected.extend_from_slice(&source.digest.0);
+        expected.push(1);
+        lp(&mut expected, "deps");
+        expected.extend_from_slice(&1u64.to_le_bytes());
+        lp(&mut expected, "lib");
+        expected.extend_from_slice(&dep_id.0);
+
+        assert_eq!(key.id(), digest_bytes(&expected));
+    }
+
+    #[test]
+    fn length_prefixes_keep_boundaries() {
+        let empty = BTreeMap::new();
+        let no_tokens = BTreeMap::new();
+        let id = |commands: &[String]| {
+            JobKey {
+                commands,
+                env: &empty,
+                cpu_millis: 1000,
+                memory: 0,
+                tokens: &no_tokens,
+                exclusive: &[],
+                labels: &empty,
+                sources: Vec::new(),
+                deps: Vec::new(),
+            }
+            .id()
+        };
+        assert_ne!(id(&["ab".into(), "c".into()]), id(&["a".into(), "bc".into()]));
+        assert_ne!(id(&["abc".into()]), id(&["ab".into(), "c".into()]));
+        assert_ne!(id(&[]), id(&[String::new()]));
+    }
+}

@@ -1,0 +1,185 @@
+//! Source files: expanding the `sources` globs against the build directory,
+//! selecting a job's `inputs` among them, and hashing them.
+//!
+//! The walk only descends into directories a pattern can still match, never
+//! follows a symbolic link to a directory, and accepts a symbolic link to a
+//! file only when its target is inside the build directory.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Diagnostics, GraphError};
+use crate::glob::{Pattern, States};
+use crate::schema::Located;
+use crate::{SourceFile, digest};
+
+/// Expands every `sources` pattern under `root`: the sorted, deduplicated
+/// relative paths of the files matched. A pattern that is invalid or matches
+/// no file is a diagnostic; an unreadable directory is an error.
+pub(crate) fn expand(
+    root: &Path,
+    patterns: &[Located<String>],
+    diags: &mut Diagnostics,
+) -> Result<Vec<String>, GraphError> {
+    let mut walker = Walker { root, canonical_root: None, found: Vec::new(), problems: Vec::new() };
+    let mut all = Vec::new();
+    for located in patterns {
+        let pattern = match Pattern::parse(&located.value) {
+            Ok(pattern) => pattern,
+            Err(error) => {
+                diags.push(Some(located.line), None, format!("source pattern {:?} {error}", located.value));
+                continue;
+            }
+        };
+        walker.walk(&pattern, root, "", &pattern.start())?;
+        for problem in walker.problems.drain(..) {
+            diags.push(Some(located.line), None, problem);
+        }
+        if walker.found.is_empty() {
+            let hint = match pattern.literal_path() {
+                Some(path) if root.join(&path).is_dir() => format!(" (it is a directory: use \"{path}/**\")"),
+                _ => String::new(),
+            };
+            diags.push(
+                Some(located.line),
+                None,
+                format!("source pattern {:?} matches no file{hint}", located.value),
+            );
+        }
+        all.append(&mut walker.found);
+    }
+    all.sort_unstable();
+    all.dedup();
+    Ok(all)
+}
+
+struct Walker<'a> {
+    root: &'a Path,
+    canonical_root: Option<PathBuf>,
+    /// Files matched by the current pattern.
+    found: Vec<String>,
+    /// Problems met while matching the current pattern.
+    problems: Vec<String>,
+}
+
+impl Walker<'_> {
+    fn walk(&mut self, pattern: &Pattern, dir: &Path, rel: &str, states: &States) -> Result<(), GraphError> {
+        let io_error = |source| GraphError::Io { path: dir.to_owned(), source };
+        let mut entries =
+            fs::read_dir(dir).and_then(Iterator::collect::<io::Result<Vec<_>>>).map_err(io_error)?;
+        entries.sort_by_key(fs::DirEntry::file_name);
+        for entry in entries {
+            let file_name = entry.file_name();
+            let lossy = file_name.to_string_lossy();
+            let next = pattern.step(states, &lossy);
+            if next.is_dead() {
+                continue;
+            }
+            let rel_path = if rel.is_empty() { lossy.to_string() } else { format!("{rel}/{lossy}") };
+            if file_name.to_str().is_none() {
+                self.problems.push(format!("source path {rel_path:?} is not valid UTF-8"));
+                continue;
+            }
+            let path = entry.path();
+            let file_type =
+                entry.file_type().map_err(|source| GraphError::Io { path: path.clone(), source })?;
+            if file_type.is_dir() {
+                self.walk(pattern, &path, &rel_path, &next)?;
+            } else if !pattern.accepts(&next) {
+                continue;
+            } else if file_type.is_file() {
+                self.found.push(rel_path);
+            } else if file_type.is_symlink() {
+                self.symlink(&path, rel_path)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A matched symbolic link: kept if it leads to a file inside the root.
+    fn symlink(&mut self, path: &Path, rel_path: String) -> Result<(), GraphError> {
+        let target = match fs::canonicalize(path) {
+            Ok(target) => target,
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {
+                self.problems.push(format!("source {rel_path:?} is a dangling symbolic link"));
+                return Ok(());
+            }
+            Err(source) => return Err(GraphError::Io { path: path.to_owned(), source }),
+        };
+        let root = match &self.canonical_root {
+            Some(root) => root,
+            None => {
+                let root = fs::canonicalize(self.root)
+                    .map_err(|source| GraphError::Io { path: self.root.to_owned(), source })?;
+                self.canonical_root.insert(root)
+            }
+        };
+        if !target.starts_with(root) {
+            self.problems.push(format!(
+                "source {rel_path:?} is a symbolic link to {}, outside the build directory",
+                target.display()
+            ));
+        } else if target.is_file() {
+            self.found.push(rel_path);
+        }
+        Ok(())
+    }
+}
+
+/// The sources matched by each of a job's `inputs` patterns (sorted, without
+/// repeats). Each pattern must be valid and match at least one source.
+pub(crate) fn select(
+    sources: &[String],
+    inputs: &[Located<String>],
+    job: Option<&str>,
+    diags: &mut Diagnostics,
+) -> Vec<String> {
+    let mut selected = Vec::new();
+    for located in inputs {
+        match Pattern::parse(&located.value) {
+            Err(error) => {
+                diags.push(Some(located.line), job, format!("inputs pattern {:?} {error}", located.value))
+            }
+            Ok(pattern) => {
+                let before = selected.len();
+                selected.extend(sources.iter().filter(|path| pattern.matches(path)).cloned());
+                if selected.len() == before {
+                    diags.push(
+                        Some(located.line),
+                        job,
+                        format!("inputs pattern {:?} matches no source", located.value),
+                    );
+                }
+            }
+        }
+    }
+    selected.sort_unstable();
+    selected.dedup();
+    selected
+}
+
+/// Hashes each source file (relative to `root`).
+pub(crate) fn hash(root: &Path, paths: Vec<String>) -> Result<Vec<SourceFile>, GraphError> {
+    paths
+        .into_iter()
+        .map(|path| {
+            let full = root.join(&path);
+            let io_error = |source| GraphError::Io { path: full.clone(), source };
+            let (digest, size) = digest::digest_file_sized(&full).map_err(io_error)?;
+            let metadata = fs::metadata(&full).map_err(io_error)?;
+            Ok(SourceFile { path, digest, size, executable: is_executable(&metadata) })
+        })
+        .collect()
+}
+
+#[cfg(unix)]
+fn is_executable(metadata: &fs::Metadata) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    metadata.permissions().mode() & 0o111 != 0
+}
+
+#[cfg(not(unix))]
+fn is_executable(_metadata: &fs::Metadata) -> bool {
+    false
+}

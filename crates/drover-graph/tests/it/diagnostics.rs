@@ -1,0 +1,616 @@
+//! Every kind of diagnostic, each at its exact line and with its job, and
+//! several problems reported together in line order.
+
+use std::path::Path;
+
+use drover_graph::{Diagnostic, GraphError, MAX_FILE_BYTES, MAX_JOBS, load, parse_str};
+
+use crate::common::{Dir, at, errors_of, only};
+
+#[test]
+fn unknown_keys_suggest_the_closest_key() {
+    let dir = Dir::new();
+    let yaml = "\
+nmae: x
+jobs:
+  - name: a
+    rn: x
+    run: x
+    resources: {cpus: 2}
+    frobnicate: 1
+";
+    assert_eq!(
+        dir.errors(yaml),
+        [
+            at(1, None, "unknown key \"nmae\" (did you mean \"name\"?)"),
+            at(4, Some("a"), "unknown key \"rn\" in job (did you mean \"run\"?)"),
+            at(6, Some("a"), "unknown key \"cpus\" in resources (did you mean \"cpu\"?)"),
+            at(
+                7,
+                Some("a"),
+                "unknown key \"frobnicate\" in job (expected one of: name, run, env, needs, inputs, \
+                 resources, exclusive, labels, priority, timeout, retries)"
+            ),
+        ]
+    );
+}
+
+#[test]
+fn wrong_types() {
+    let dir = Dir::new();
+    let yaml = "\
+sources: src/**
+max_parallel: many
+jobs:
+  - name: a
+    run: 5
+    env: [A]
+    needs: b
+    priority: high
+    retries: 1.5
+    labels: {os: [linux]}
+  - name: b
+    run: [x, 7]
+  - 42
+";
+    assert_eq!(
+        dir.errors(yaml),
+        [
+            at(1, None, "\"sources\" must be a list of strings, found a string"),
+            at(2, None, "\"max_parallel\" must be an integer, found a string"),
+            at(5, Some("a"), "\"run\" must be a string or a list of strings, found an integer"),
+            at(6, Some("a"), "\"env\" must be a mapping, found a list"),
+            at(7, Some("a"), "\"needs\" must be a list of strings, found a string"),
+            at(8, Some("a"), "\"priority\" must be an integer, found a string"),
+            at(9, Some("a"), "\"retries\" must be an integer, found a number"),
+            at(10, Some("a"), "\"labels.os\" must be a string, number or boolean, found a list"),
+            at(12, Some("b"), "\"run entry\" must be a string, found an integer"),
+            at(13, None, "a job must be a mapping, found an integer"),
+        ]
+    );
+}
+
+#[test]
+fn out_of_range_numbers() {
+    let dir = Dir::new();
+    let yaml = "\
+max_parallel: 0
+jobs:
+  - name: a
+    run: x
+    priority: 3000000000
+    retries: -1
+    resources: {tokens: {net: -2}}
+";
+    assert_eq!(
+        dir.errors(yaml),
+        [
+            at(1, None, "\"max_parallel\" must be an integer from 1 to 4294967295, got 0"),
+            at(
+                5,
+                Some("a"),
+                "\"priority\" must be an integer from -2147483648 to 2147483647, got 3000000000"
+            ),
+            at(6, Some("a"), "\"retries\" must be an integer from 0 to 4294967295, got -1"),
+            at(
+                7,
+                Some("a"),
+                "\"resources.tokens.net\" must be an integer from 0 to 18446744073709551615, got -2"
+            ),
+        ]
+    );
+}
+
+#[test]
+fn missing_name_and_run() {
+    let dir = Dir::new();
+    let yaml = "\
+jobs:
+  - run: x
+  - name: b
+  - name: c
+    run: []
+  - name: d
+    run: ['  ']
+";
+    assert_eq!(
+        dir.errors(yaml),
+        [
+            at(2, None, "job has no \"name\""),
+            at(3, Some("b"), "job has no \"run\""),
+            at(5, Some("c"), "\"run\" must list at least one command"),
+            at(7, Some("d"), "empty command in \"run\""),
+        ]
+    );
+}
+
+#[test]
+fn invalid_job_names() {
+    let dir = Dir::new();
+    let yaml = "jobs:\n  - name: 'a b'\n    run: x\n  - name: '..'\n    run: x\n";
+    assert_eq!(
+        dir.errors(yaml),
+        [
+            at(
+                2,
+                Some("a b"),
+                "invalid job name \"a b\": ' ' is not allowed (use letters, digits, '.', '_' and '-')"
+            ),
+            at(4, Some(".."), "invalid job name \"..\""),
+        ]
+    );
+}
+
+#[test]
+fn duplicate_job_names_point_at_the_second() {
+    let dir = Dir::new();
+    let yaml = "\
+jobs:
+  - name: a
+    run: x
+  - name: b
+    run: x
+  - name: a
+    run: y
+";
+    assert_eq!(
+        only(dir.errors(yaml)),
+        at(6, Some("a"), "duplicate job name \"a\" (first defined at line 2)")
+    );
+}
+
+#[test]
+fn duplicate_keys() {
+    let dir = Dir::new();
+    let yaml = "jobs:\n  - name: a\n    run: x\n    env: {A: 1, A: 2}\n    run: y\n";
+    assert_eq!(
+        dir.errors(yaml),
+        [
+            at(4, Some("a"), "duplicate key \"A\" (first at line 4)"),
+            at(5, Some("a"), "duplicate key \"run\" (first at line 3)"),
+        ]
+    );
+}
+
+#[test]
+fn unknown_needs_suggest_a_job() {
+    let dir = Dir::new();
+    let yaml = "\
+jobs:
+  - name: compile-a
+    run: x
+  - name: app
+    needs: [compil-a, zzz]
+    run: x
+";
+    assert_eq!(
+        dir.errors(yaml),
+        [
+            at(5, Some("app"), "unknown dependency \"compil-a\" (did you mean \"compile-a\"?)"),
+            at(5, Some("app"), "unknown dependency \"zzz\""),
+        ]
+    );
+}
+
+#[test]
+fn needs_listed_twice() {
+    let dir = Dir::new();
+    let yaml = "jobs:\n  - name: a\n    run: x\n  - name: b\n    needs:\n      - a\n      - a\n    run: x\n";
+    assert_eq!(only(dir.errors(yaml)), at(7, Some("b"), "\"a\" is listed twice in needs"));
+}
+
+#[test]
+fn self_dependency() {
+    let dir = Dir::new();
+    let yaml = "jobs:\n  - name: a\n    needs:\n      - a\n    run: x\n";
+    assert_eq!(only(dir.errors(yaml)), at(4, Some("a"), "job depends on itself"));
+}
+
+#[test]
+fn dependency_cycles_are_named() {
+    let dir = Dir::new();
+    let yaml = "\
+jobs:
+  - name: ok
+    run: x
+  - name: a
+    needs: [b]
+    run: x
+  - name: b
+    needs: [ok, c]
+    run: x
+  - name: c
+    needs: [a]
+    run: x
+  - name: x
+    needs: [y]
+    run: x
+  - name: y
+    needs: [x]
+    run: x
+";
+    assert_eq!(
+        dir.errors(yaml),
+        [
+            at(4, Some("a"), "dependency cycle: a -> b -> c -> a"),
+            at(13, Some("x"), "dependency cycle: x -> y -> x"),
+        ]
+    );
+}
+
+#[test]
+fn bad_resources_and_durations() {
+    let dir = Dir::new();
+    let yaml = "\
+jobs:
+  - name: a
+    run: x
+    resources:
+      cpu: lots
+      memory: 12Qi
+    timeout: 30
+  - name: b
+    run: x
+    resources: {cpu: 0.0001, memory: -1}
+    timeout: 1h30x
+";
+    assert_eq!(
+        dir.errors(yaml),
+        [
+            at(
+                5,
+                Some("a"),
+                "invalid cpu \"lots\": expected a number of cores (1, 0.5) or millicores (\"500m\")"
+            ),
+            at(6, Some("a"), "invalid memory \"12Qi\": expected a size like 1024, 512Mi, 1Gi, 100M or 2G"),
+            at(
+                7,
+                Some("a"),
+                "invalid timeout \"30\": missing unit (expected a duration like 500ms, 30s, 10m, 1h or 1h30m)"
+            ),
+            at(10, Some("b"), "invalid cpu 0.0001: not a whole number of millicores"),
+            at(10, Some("b"), "invalid memory -1: must be a non-negative number of bytes"),
+            at(
+                11,
+                Some("b"),
+                "invalid timeout \"1h30x\": expected a duration like 500ms, 30s, 10m, 1h or 1h30m"
+            ),
+        ]
+    );
+}
+
+#[test]
+fn resource_spellings() {
+    let dir = Dir::new();
+    let yaml = "\
+jobs:
+  - name: a
+    run: x
+    resources: {cpu: '500m', memory: 100M}
+    timeout: 1h30m
+  - name: b
+    run: x
+    resources: {cpu: 0.25, memory: 1024}
+    timeout: 500ms
+";
+    let build = dir.parse(yaml);
+    assert_eq!((build.jobs[0].cpu_millis, build.jobs[0].memory), (500, 100_000_000));
+    assert_eq!(build.jobs[0].timeout_ms, Some(5_400_000));
+    assert_eq!((build.jobs[1].cpu_millis, build.jobs[1].memory), (250, 1024));
+    assert_eq!(build.jobs[1].timeout_ms, Some(500));
+}
+
+#[test]
+fn exclusive_tokens_must_be_requested() {
+    let dir = Dir::new();
+    let yaml = "\
+jobs:
+  - name: a
+    run: x
+    resources: {tokens: {gpu: 1}}
+    exclusive: [gpu, network]
+";
+    assert_eq!(
+        only(dir.errors(yaml)),
+        at(
+            5,
+            Some("a"),
+            "exclusive token \"network\" is not in resources.tokens (add `tokens: {network: 1}`)"
+        )
+    );
+}
+
+#[test]
+fn bad_placeholders() {
+    let dir = Dir::new();
+    let yaml = "\
+jobs:
+  - name: lib
+    run: x
+  - name: app
+    needs: [lib]
+    run:
+      - cc {{dep:lib}}/a.o -o {{out}}/app
+      - echo {{source}}
+      - cp {{dep:other}} {{out}}
+      - echo {{src
+    env:
+      OUT: '{{dep:}}'
+";
+    assert_eq!(
+        dir.errors(yaml),
+        [
+            at(
+                8,
+                Some("app"),
+                "unknown placeholder \"{{source}}\" (expected {{src}}, {{out}} or {{dep:NAME}})"
+            ),
+            at(9, Some("app"), "placeholder \"{{dep:other}}\" names \"other\", which is not in needs"),
+            at(10, Some("app"), "unterminated placeholder: \"{{\" without a closing \"}}\""),
+            at(12, Some("app"), "env \"OUT\": placeholder \"{{dep:}}\" names no job"),
+        ]
+    );
+}
+
+#[test]
+fn sources_glob_matching_nothing() {
+    let dir = Dir::with(&[("src/a.c", "a"), ("lib/x.c", "x")]);
+    let yaml = "\
+sources:
+  - src/*.c
+  - docs/**
+  - lib
+jobs:
+  - name: a
+    run: x
+";
+    assert_eq!(
+        dir.errors(yaml),
+        [
+            at(3, None, "source pattern \"docs/**\" matches no file"),
+            at(4, None, "source pattern \"lib\" matches no file (it is a directory: use \"lib/**\")"),
+        ]
+    );
+}
+
+#[test]
+fn inputs_glob_matching_no_source() {
+    // `other.c` exists on disk but is not a source of the build.
+    let dir = Dir::with(&[("src/a.c", "a"), ("other.c", "o")]);
+    let yaml = "\
+sources: [src/**]
+jobs:
+  - name: a
+    run: x
+    inputs:
+      - src/a.c
+      - other.c
+";
+    assert_eq!(only(dir.errors(yaml)), at(7, Some("a"), "inputs pattern \"other.c\" matches no source"));
+}
+
+#[test]
+fn paths_escaping_the_build_directory() {
+    let outer = Dir::with(&[("secret", "s"), ("project/src/a.c", "a")]);
+    let root = outer.path().join("project");
+    let yaml = "\
+sources:
+  - src/**
+  - ../secret
+  - /etc/passwd
+  - src/../../secret
+jobs:
+  - name: a
+    run: x
+    inputs: [../secret]
+";
+    let errors = errors_of(parse_str(Path::new("drover.yaml"), yaml, &root));
+    assert_eq!(
+        errors,
+        [
+            at(3, None, "source pattern \"../secret\" contains \"..\" and would escape the build directory"),
+            at(
+                4,
+                None,
+                "source pattern \"/etc/passwd\" is an absolute path; it must be relative to the build directory"
+            ),
+            at(
+                5,
+                None,
+                "source pattern \"src/../../secret\" contains \"..\" and would escape the build directory"
+            ),
+            at(
+                9,
+                Some("a"),
+                "inputs pattern \"../secret\" contains \"..\" and would escape the build directory"
+            ),
+        ]
+    );
+}
+
+#[cfg(unix)]
+#[test]
+fn symbolic_links_leading_outside_are_refused() {
+    let outer = Dir::with(&[("secret", "s"), ("project/src/a.c", "a")]);
+    let root = outer.path().join("project");
+    std::os::unix::fs::symlink(outer.path().join("secret"), root.join("src/leak")).expect("symlink");
+    std::os::unix::fs::symlink(root.join("nowhere"), root.join("src/dangling")).expect("symlink");
+    let errors =
+        errors_of(parse_str(Path::new("drover.yaml"), "sources: [src/**]\njobs: [{name: a, run: x}]", &root));
+    assert_eq!(errors.len(), 2, "{errors:#?}");
+    assert_eq!(errors[0], at(1, None, "source \"src/dangling\" is a dangling symbolic link"));
+    let (line, job, message) = &errors[1];
+    assert_eq!((*line, job), (Some(1), &None));
+    assert!(message.starts_with("source \"src/leak\" is a symbolic link to "), "{message}");
+    assert!(message.ends_with(", outside the build directory"), "{message}");
+}
+
+#[test]
+fn yaml_syntax_error_has_the_parser_line() {
+    let dir = Dir::new();
+    let yaml = "jobs:\n  - name: a\n    run: [x,\n";
+    let (line, job, message) = only(dir.errors(yaml));
+    assert_eq!((line, job), (Some(3), None));
+    assert!(message.starts_with("YAML syntax error: "), "{message}");
+}
+
+#[test]
+fn toml_syntax_error_has_the_parser_line() {
+    let dir = Dir::new();
+    let toml = "[[jobs]]\nname = \"a\"\nrun = = \"x\"\n";
+    let (line, job, message) = only(errors_of(dir.parse_as("drover.toml", toml)));
+    assert_eq!((line, job), (Some(3), None));
+    assert!(message.starts_with("TOML syntax error: "), "{message}");
+}
+
+#[test]
+fn toml_diagnostics_have_lines_and_jobs() {
+    let dir = Dir::new();
+    let toml = "\
+[[jobs]]
+name = \"a\"
+run = \"x\"
+needs = [\"b\"]
+
+[[jobs]]
+name = \"b\"
+run = \"y\"
+needs = [\"a\"]
+[jobs.resources]
+memory = \"lots\"
+";
+    assert_eq!(
+        errors_of(dir.parse_as("drover.toml", toml)),
+        [
+            at(1, Some("a"), "dependency cycle: a -> b -> a"),
+            at(11, Some("b"), "invalid memory \"lots\": expected a size like 1024, 512Mi, 1Gi, 100M or 2G"),
+        ]
+    );
+}
+
+#[test]
+fn empty_and_missing_jobs() {
+    let dir = Dir::new();
+    assert_eq!(only(dir.errors("name: x\njobs: []\n")), at(2, None, "\"jobs\" is empty"));
+    assert_eq!(only(dir.errors("name: x\n")), at(1, None, "missing \"jobs\""));
+    assert_eq!(only(dir.errors("")), at(1, None, "build file is empty"));
+    assert_eq!(only(dir.errors("- a\n")), at(1, None, "build file must be a mapping, found a list"));
+}
+
+#[test]
+fn oversized_build_files_are_refused() {
+    let dir = Dir::new();
+    let limit = usize::try_from(MAX_FILE_BYTES).expect("fits");
+    // A valid file padded with a comment to one byte over the limit.
+    let mut text = String::from("jobs: [{name: a, run: x}]\n#");
+    text.push_str(&"x".repeat(limit + 1 - text.len()));
+    let refused = (None, None, "build file is larger than 16 MiB; refusing to read it".to_owned());
+    assert_eq!(only(errors_of(dir.parse_as("drover.yaml", &text))), refused);
+    let path = dir.write("drover.yaml", &text);
+    assert_eq!(only(errors_of(load(&path))), refused);
+    // At the limit exactly, it is read.
+    text.pop();
+    assert_eq!(text.len(), limit);
+    assert!(dir.parse_as("drover.yaml", &text).is_ok());
+}
+
+#[test]
+fn too_many_jobs_are_refused() {
+    let dir = Dir::new();
+    let mut yaml = String::from("name: many\njobs:\n");
+    let mut toml = String::from("name = \"many\"\n");
+    for i in 0..MAX_JOBS {
+        yaml.push_str(&format!("- {{name: j{i}, run: x}}\n"));
+        toml.push_str(&format!("[[jobs]]\nname = \"j{i}\"\nrun = \"x\"\n"));
+    }
+    // At the limit, the build is accepted, in YAML too (whose parser has a
+    // node budget of its own that must leave room for this many jobs).
+    let build = dir.parse(&yaml);
+    assert_eq!(build.jobs.len(), MAX_JOBS);
+    // One more is refused. (The check runs on the document tree, the same for
+    // both formats; TOML is used here because it parses faster.)
+    toml.push_str("[[jobs]]\nname = \"one-more\"\nrun = \"x\"\n");
+    let refused = at(2, None, "too many jobs: 100001 (at most 100000 are allowed)");
+    assert_eq!(only(errors_of(dir.parse_as("drover.toml", &toml))), refused);
+}
+
+#[test]
+fn not_utf8() {
+    let dir = Dir::new();
+    let path = dir.path().join("drover.yaml");
+    std::fs::write(&path, b"jobs:\n  - name: \xff\n").expect("write");
+    assert_eq!(only(errors_of(load(&path))), at(2, None, "build file is not valid UTF-8"));
+}
+
+#[test]
+fn every_problem_at_once_in_line_order() {
+    let dir = Dir::with(&[("src/a.c", "a")]);
+    let yaml = "\
+sources: [src/**, nothing/*]
+jobs:
+  - name: app
+    needs: [lib]
+    run: ['cc {{dep:lib}} {{dep:compile}} -o {{out}}/app']
+    resources: {memory: 5 apples}
+  - name: lib
+    run: x
+    timeout: soon
+    colour: red
+  - name: app
+    run: x
+";
+    let result = dir.parse_as("drover.yaml", yaml);
+    let Err(GraphError::Invalid(diagnostics)) = &result else { panic!("expected diagnostics: {result:?}") };
+    let shown: Vec<String> = diagnostics.iter().map(Diagnostic::to_string).collect();
+    assert_eq!(
+        shown,
+        [
+            "drover.yaml:1: source pattern \"nothing/*\" matches no file",
+            "drover.yaml:5: job \"app\": placeholder \"{{dep:compile}}\" names \"compile\", which is not in needs",
+            "drover.yaml:6: job \"app\": invalid memory \"5 apples\": expected a size like 1024, 512Mi, 1Gi, 100M or 2G",
+            "drover.yaml:9: job \"lib\": invalid timeout \"soon\": expected a duration like 500ms, 30s, 10m, 1h or 1h30m",
+            "drover.yaml:10: job \"lib\": unknown key \"colour\" in job (expected one of: name, run, env, needs, \
+             inputs, resources, exclusive, labels, priority, timeout, retries)",
+            "drover.yaml:11: job \"app\": duplicate job name \"app\" (first defined at line 3)",
+        ]
+    );
+    // The error's own display is every diagnostic, one per line.
+    let whole = result.expect_err("invalid").to_string();
+    assert_eq!(whole, shown.join("\n"));
+}
+
+#[test]
+fn unreadable_build_file_is_an_io_error() {
+    let dir = Dir::new();
+    let missing = dir.path().join("missing.yaml");
+    match load(&missing) {
+        Err(GraphError::Io { path, source }) => {
+            assert_eq!(path, missing);
+            assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
+        }
+        other => panic!("expected an I/O error, got {other:?}"),
+    }
+}
+
+/// `/proc/self/mem` is a regular file that fails to read from offset 0 (the
+/// address is not mapped), even for root: a real unreadable source.
+#[cfg(target_os = "linux")]
+#[test]
+fn unreadable_source_is_an_io_error_with_its_path() {
+    let root = Path::new("/proc/self");
+    match parse_str(Path::new("drover.yaml"), "sources: [mem]\njobs: [{name: a, run: x}]", root) {
+        Err(GraphError::Io { path, .. }) => assert_eq!(path, root.join("mem")),
+        other => panic!("expected an I/O error, got {other:?}"),
+    }
+}
+
+#[test]
+fn unreadable_source_directory_is_an_io_error() {
+    // The root is a file, so it cannot be listed.
+    let dir = Dir::with(&[("file", "x")]);
+    let root = dir.path().join("file");
+    match parse_str(Path::new("drover.yaml"), "sources: ['*']\njobs: [{name: a, run: x}]", &root) {
+        Err(GraphError::Io { path, .. }) => assert_eq!(path, root),
+        other => panic!("expected an I/O error, got {other:?}"),
+    }
+}

@@ -1,0 +1,127 @@
+//! Source globs against a real directory tree, and `inputs` globs against
+//! the build's sources.
+
+use crate::common::Dir;
+
+fn tree() -> Dir {
+    Dir::with(&[
+        ("src/a.c", "a"),
+        ("src/b.h", "b"),
+        ("src/nested/c.c", "c"),
+        ("src/nested/deeper/d.c", "d"),
+        ("src/.hidden/e.c", "e"),
+        ("src/.f.c", "f"),
+        ("include/x.h", "x"),
+        ("include/y.h", "y"),
+        ("include/sub/z.h", "z"),
+        ("top.h", "t"),
+        ("README", "r"),
+        (".env", "secret"),
+        (".drover/cache", "cache"),
+        (".git/config", "git"),
+    ])
+}
+
+fn sources(patterns: &str) -> Vec<String> {
+    sources_in(&tree(), patterns)
+}
+
+fn sources_in(dir: &Dir, patterns: &str) -> Vec<String> {
+    let yaml = format!("sources: {patterns}\njobs: [{{name: a, run: x}}]\n");
+    dir.parse(&yaml).sources.into_iter().map(|source| source.path).collect()
+}
+
+#[test]
+fn double_star_matches_nested_files() {
+    assert_eq!(sources("[src/**]"), ["src/a.c", "src/b.h", "src/nested/c.c", "src/nested/deeper/d.c"]);
+    assert_eq!(sources("['**/*.c']"), ["src/a.c", "src/nested/c.c", "src/nested/deeper/d.c"]);
+    assert_eq!(sources("[src/**/deeper/*]"), ["src/nested/deeper/d.c"]);
+}
+
+#[test]
+fn single_star_does_not_cross_a_slash() {
+    assert_eq!(sources("['*.h']"), ["top.h"]);
+    assert_eq!(sources("[include/*.h]"), ["include/x.h", "include/y.h"]);
+    assert_eq!(sources("['*/*.h']"), ["include/x.h", "include/y.h", "src/b.h"]);
+    assert_eq!(sources("['include/?.h']"), ["include/x.h", "include/y.h"]);
+}
+
+#[test]
+fn hidden_files_and_the_drover_directory_need_naming() {
+    let everything = sources("['**']");
+    assert_eq!(
+        everything,
+        [
+            "README",
+            "include/sub/z.h",
+            "include/x.h",
+            "include/y.h",
+            "src/a.c",
+            "src/b.h",
+            "src/nested/c.c",
+            "src/nested/deeper/d.c",
+            "top.h",
+        ]
+    );
+    assert_eq!(sources("[.env, .drover/cache, 'src/.*']"), [".drover/cache", ".env", "src/.f.c"]);
+    assert_eq!(sources("['.drover/**', 'src/.hidden/*']"), [".drover/cache", "src/.hidden/e.c"]);
+}
+
+#[test]
+fn patterns_are_merged_sorted_and_deduplicated() {
+    assert_eq!(
+        sources("[top.h, 'src/*.c', 'src/**', ./top.h]"),
+        ["src/a.c", "src/b.h", "src/nested/c.c", "src/nested/deeper/d.c", "top.h",]
+    );
+}
+
+#[test]
+fn sources_have_digests_and_sizes() {
+    let build = tree().parse("sources: [README]\njobs: [{name: a, run: x}]\n");
+    assert_eq!(build.sources.len(), 1);
+    assert_eq!(build.sources[0].digest, drover_graph::digest_bytes(b"r"));
+    assert_eq!(build.sources[0].size, 1);
+    let on_disk = drover_graph::digest_file(tree().path().join("README")).expect("readable");
+    assert_eq!(on_disk, build.sources[0].digest);
+}
+
+#[test]
+fn no_sources_is_fine() {
+    assert!(tree().parse("jobs: [{name: a, run: x}]\n").sources.is_empty());
+}
+
+#[cfg(unix)]
+#[test]
+fn symbolic_links_inside_the_root() {
+    let dir = tree();
+    std::os::unix::fs::symlink(dir.path().join("top.h"), dir.path().join("src/link.h")).expect("symlink");
+    // A linked directory is not descended into (no loops, no duplicates).
+    std::os::unix::fs::symlink(dir.path().join("include"), dir.path().join("src/inc")).expect("symlink");
+    assert_eq!(
+        sources_in(&dir, "[src/**]"),
+        ["src/a.c", "src/b.h", "src/link.h", "src/nested/c.c", "src/nested/deeper/d.c",]
+    );
+}
+
+#[test]
+fn inputs_select_among_sources() {
+    let yaml = "\
+sources: [src/**, include/*.h]
+jobs:
+  - name: a
+    run: x
+    inputs: ['src/*.c', 'include/**', src/a.c]
+  - name: b
+    run: x
+    inputs: []
+  - name: c
+    run: x
+";
+    let build = tree().parse(yaml);
+    assert_eq!(
+        build.jobs[0].inputs,
+        Some(vec!["include/x.h".into(), "include/y.h".into(), "src/a.c".into()])
+    );
+    assert_eq!(build.jobs[1].inputs, Some(vec![]));
+    assert_eq!(build.jobs[2].inputs, None);
+}

@@ -1,0 +1,251 @@
+//! drover's HTTP/JSON client: a thin layer over hyper that adds the bearer
+//! token, JSON bodies, readable errors (the server's `{"error": ...}` body),
+//! time limits, and streaming downloads and uploads.
+
+use std::path::Path;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::{Stream, TryStreamExt};
+use http_body_util::{BodyExt, BodyStream, Full, StreamBody, combinators::BoxBody};
+use hyper::body::Frame;
+use hyper::{Method, Request, StatusCode, header};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::io::AsyncRead;
+
+type Body = BoxBody<Bytes, std::io::Error>;
+
+/// A failed request.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    /// The server could not be reached or the connection broke.
+    #[error("cannot reach {url}: {message}")]
+    Connect {
+        /// The URL.
+        url: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// The server answered with an error status.
+    #[error("{url}: {status}: {message}")]
+    Status {
+        /// The URL.
+        url: String,
+        /// The HTTP status.
+        status: u16,
+        /// The server's explanation.
+        message: String,
+    },
+    /// The request took longer than its limit.
+    #[error("{url}: no answer within {secs}s")]
+    Timeout {
+        /// The URL.
+        url: String,
+        /// The limit.
+        secs: u64,
+    },
+    /// The answer was not what was expected.
+    #[error("{url}: bad response: {message}")]
+    Decode {
+        /// The URL.
+        url: String,
+        /// What was wrong.
+        message: String,
+    },
+    /// A local file could not be read.
+    #[error("{path}: {source}")]
+    File {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl HttpError {
+    /// The HTTP status, if the server answered.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            HttpError::Status { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+/// A streamed response body.
+pub type ByteStream = std::pin::Pin<Box<dyn Stream<Item = Result<Bytes, std::io::Error>> + Send>>;
+
+/// The client. Cheap to clone; connections are pooled.
+#[derive(Clone, Debug)]
+pub struct Http {
+    client: Client<HttpConnector, Body>,
+    token: Option<String>,
+    timeout: Duration,
+}
+
+fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into()).map_err(|never| match never {}).boxed()
+}
+
+impl Http {
+    /// A client that sends `token` (if any) as a bearer token. `timeout`
+    /// bounds every request except streams.
+    pub fn new(token: Option<String>, timeout: Duration) -> Http {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(Duration::from_secs(5)));
+        let client =
+            Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(30)).build(connector);
+        Http { client, token, timeout }
+    }
+
+    fn request(&self, method: Method, url: &str, body: Body, content_type: &str) -> Request<Body> {
+        let mut builder =
+            Request::builder().method(method).uri(url).header(header::CONTENT_TYPE, content_type);
+        if let Some(token) = &self.token {
+            builder = builder.header(header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        builder.body(body).expect("a valid request")
+    }
+
+    async fn send(
+        &self,
+        req: Request<Body>,
+        limit: Option<Duration>,
+    ) -> Result<hyper::Response<hyper::body::Incoming>, HttpError> {
+        let url = req.uri().to_string();
+        let fut = self.client.request(req);
+        let resp = match limit {
+            Some(limit) => tokio::time::timeout(limit, fut)
+                .await
+                .map_err(|_| HttpError::Timeout { url: url.clone(), secs: limit.as_secs() })?,
+            None => fut.await,
+        }
+        .map_err(|e| HttpError::Connect { url: url.clone(), message: error_chain(&e) })?;
+        if resp.status().is_success() {
+            return Ok(resp);
+        }
+        let status = resp.status();
+        let body = resp.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+        let message = serde_json::from_slice::<drover_proto::ErrorBody>(&body)
+            .map(|e| e.error)
+            .unwrap_or_else(|_| String::from_utf8_lossy(&body).trim().to_owned());
+        let message = if message.is_empty() { reason(status) } else { message };
+        Err(HttpError::Status { url, status: status.as_u16(), message })
+    }
+
+    async fn read_all(
+        &self,
+        url: &str,
+        resp: hyper::Response<hyper::body::Incoming>,
+    ) -> Result<Bytes, HttpError> {
+        resp.into_body()
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .map_err(|e| HttpError::Connect { url: url.to_owned(), message: error_chain(&e) })
+    }
+
+    /// GET a JSON document.
+    pub async fn get_json<T: DeserializeOwned>(&self, url: &str) -> Result<T, HttpError> {
+        let req = self.request(Method::GET, url, full(Bytes::new()), "application/json");
+        let resp = self.send(req, Some(self.timeout)).await?;
+        let body = self.read_all(url, resp).await?;
+        serde_json::from_slice(&body)
+            .map_err(|e| HttpError::Decode { url: url.to_owned(), message: e.to_string() })
+    }
+
+    /// POST a JSON body and read a JSON answer. `limit` overrides the default
+    /// time limit (for long polls).
+    pub async fn post_json<B: Serialize, T: DeserializeOwned>(
+        &self,
+        url: &str,
+        body: &B,
+        limit: Option<Duration>,
+    ) -> Result<T, HttpError> {
+        let bytes = serde_json::to_vec(body).expect("serialisable body");
+        let req = self.request(Method::POST, url, full(bytes), "application/json");
+        let resp = self.send(req, Some(limit.unwrap_or(self.timeout))).await?;
+        let body = self.read_all(url, resp).await?;
+        serde_json::from_slice(&body)
+            .map_err(|e| HttpError::Decode { url: url.to_owned(), message: e.to_string() })
+    }
+
+    /// POST with an empty body, ignoring the answer's body.
+    pub async fn post(&self, url: &str) -> Result<(), HttpError> {
+        let req = self.request(Method::POST, url, full(Bytes::new()), "application/json");
+        let resp = self.send(req, Some(self.timeout)).await?;
+        self.read_all(url, resp).await.map(|_| ())
+    }
+
+    /// PUT a local file, streamed.
+    pub async fn put_file(&self, url: &str, path: &Path) -> Result<(), HttpError> {
+        let file = tokio::fs::File::open(path)
+            .await
+            .map_err(|source| HttpError::File { path: path.display().to_string(), source })?;
+        let stream = tokio_util::io::ReaderStream::new(file).map_ok(Frame::data);
+        let req = self.request(
+            Method::PUT,
+            url,
+            BodyExt::boxed(StreamBody::new(stream)),
+            "application/octet-stream",
+        );
+        let resp = self.send(req, None).await?;
+        self.read_all(url, resp).await.map(|_| ())
+    }
+
+    /// PUT a stream of bytes.
+    pub async fn put_stream(
+        &self,
+        url: &str,
+        reader: impl AsyncRead + Send + Sync + 'static,
+    ) -> Result<(), HttpError> {
+        let stream = tokio_util::io::ReaderStream::new(reader).map_ok(Frame::data);
+        let req = self.request(
+            Method::PUT,
+            url,
+            BodyExt::boxed(StreamBody::new(stream)),
+            "application/octet-stream",
+        );
+        let resp = self.send(req, None).await?;
+        self.read_all(url, resp).await.map(|_| ())
+    }
+
+    /// GET a body as a stream of chunks (downloads, logs, event streams).
+    pub async fn get_stream(&self, url: &str) -> Result<ByteStream, HttpError> {
+        let req = self.request(Method::GET, url, full(Bytes::new()), "application/octet-stream");
+        let resp = self.send(req, Some(self.timeout)).await?;
+        let stream = BodyStream::new(resp.into_body())
+            .try_filter_map(|frame| async move { Ok(frame.into_data().ok()) })
+            .map_err(|e| std::io::Error::other(error_chain(&e)));
+        Ok(Box::pin(stream))
+    }
+
+    /// GET a body as an `AsyncRead`.
+    pub async fn get_reader(&self, url: &str) -> Result<impl AsyncRead + Send + Unpin + use<>, HttpError> {
+        Ok(tokio_util::io::StreamReader::new(self.get_stream(url).await?))
+    }
+}
+
+fn reason(status: StatusCode) -> String {
+    status.canonical_reason().unwrap_or("error").to_owned()
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(inner) = source {
+        let text = inner.to_string();
+        if !s.contains(&text) {
+            s.push_str(": ");
+            s.push_str(&text);
+        }
+        source = inner.source();
+    }
+    s
+}

@@ -1,0 +1,379 @@
+//! One assignment, from receipt to report: answer from the cache if the
+//! output is already here, otherwise lay out the run directory (the job's
+//! sources, fetched from the coordinator when missing; its dependencies'
+//! artifacts, fetched from a peer that holds them), run the commands under a
+//! supervisor, and commit `{{out}}` as the job's artifact.
+//!
+//! A run directory is `runs/<run>/` with `src/` (the job's read-only view of
+//! the sources, also its working directory), `stdout.log`, `stderr.log` and
+//! the supervisor's `outcome.json`. `src/` is removed when the run ends; the
+//! logs stay for the most recent runs.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use drover_cas::{ArtifactGuard, Key};
+use drover_exec::{JobSpec, Outcome};
+use drover_proto::{Assignment, DepInput, Hash32, HeldArtifact, RunResult, SourceFile};
+use tokio_util::sync::CancellationToken;
+
+use crate::Shared;
+
+/// How much of a failed job's standard error goes into its report.
+const STDERR_TAIL: usize = 2048;
+
+/// Runs one assignment and reports it.
+pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, cancel: CancellationToken) {
+    let run = assignment.run;
+    shared.outbox.started(run);
+    let start = Instant::now();
+    let result = execute(&shared, &assignment, &cancel).await;
+    let duration_ms = start.elapsed().as_millis() as u64;
+    let result = match result {
+        Ok(mut result) => {
+            result.duration_ms = duration_ms;
+            result
+        }
+        Err(detail) => RunResult {
+            run,
+            success: false,
+            exit_code: None,
+            cached: false,
+            detail: if cancel.is_cancelled() { "cancelled".into() } else { detail },
+            output: None,
+            duration_ms,
+        },
+    };
+    if result.success {
+        tracing::debug!(run, job = %assignment.name, cached = result.cached, "run succeeded");
+    } else {
+        tracing::info!(run, job = %assignment.name, detail = %result.detail, "run failed");
+    }
+    shared.runs.lock().expect("runs").remove(&run);
+    shared.outbox.finished(result);
+    keep_logs(&shared, run);
+}
+
+fn held(job: &Hash32, info: &drover_cas::ArtifactInfo) -> HeldArtifact {
+    HeldArtifact { job: *job, tree: Hash32(info.tree.0), size: info.size }
+}
+
+/// Does the work of a run; `Err` is a failure before the commands ran.
+async fn execute(
+    shared: &Arc<Shared>,
+    a: &Assignment,
+    cancel: &CancellationToken,
+) -> Result<RunResult, String> {
+    let key = Key(a.job.0);
+    if !a.no_cache
+        && let Some(guard) = shared.cas.artifact(&key)
+    {
+        let info = *guard.info();
+        return Ok(RunResult {
+            run: a.run,
+            success: true,
+            exit_code: None,
+            cached: true,
+            detail: String::new(),
+            output: Some(held(&a.job, &info)),
+            duration_ms: 0,
+        });
+    }
+    let dir = shared.runs_dir().join(a.run.to_string());
+    let src = dir.join("src");
+    tokio::fs::create_dir_all(&src).await.map_err(|e| format!("cannot create {}: {e}", src.display()))?;
+    let prepared = tokio::select! {
+        prepared = prepare(shared, a, &src) => prepared,
+        () = cancel.cancelled() => Err("cancelled".into()),
+    };
+    let result = match prepared {
+        Ok(deps) => run_commands(shared, a, &dir, &src, &deps, cancel).await,
+        Err(e) => Err(e),
+    };
+    let cleanup = src.clone();
+    let _ = tokio::task::spawn_blocking(move || remove_tree(&cleanup)).await;
+    result
+}
+
+/// Materialises the sources and dependencies; returns the guards that keep
+/// the dependencies' artifacts from eviction, by dependency name.
+async fn prepare(
+    shared: &Arc<Shared>,
+    a: &Assignment,
+    src: &Path,
+) -> Result<BTreeMap<String, ArtifactGuard>, String> {
+    for file in &a.sources {
+        ensure_blob(shared, file).await?;
+    }
+    let files = a.sources.clone();
+    let cas = shared.cas.clone();
+    let root = src.to_owned();
+    tokio::task::spawn_blocking(move || lay_out_sources(&cas, &root, &files))
+        .await
+        .map_err(|e| e.to_string())??;
+    let mut deps = BTreeMap::new();
+    for dep in &a.deps {
+        deps.insert(dep.name.clone(), ensure_artifact(shared, dep).await?);
+    }
+    Ok(deps)
+}
+
+/// Gets a source file from the coordinator unless the cache has it.
+async fn ensure_blob(shared: &Shared, file: &SourceFile) -> Result<(), String> {
+    let key = Key(file.digest.0);
+    if shared.cas.has_blob(&key) {
+        return Ok(());
+    }
+    let url = shared.coordinator(&format!("/v1/blobs/{}", file.digest));
+    let reader = shared.http.get_reader(&url).await.map_err(|e| format!("source {}: {e}", file.path))?;
+    let cas = shared.cas.clone();
+    let mut sync = tokio_util::io::SyncIoBridge::new(reader);
+    tokio::task::spawn_blocking(move || cas.put_blob(&mut sync, &key))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("source {}: {e}", file.path))?;
+    Ok(())
+}
+
+/// Copies the job's sources into `root`, read-only (executable where the
+/// file was), and makes the directories read-only too.
+fn lay_out_sources(cas: &drover_cas::Cas, root: &Path, files: &[SourceFile]) -> Result<(), String> {
+    let mut dirs = Vec::new();
+    for file in files {
+        let key = Key(file.digest.0);
+        let blob = cas.blob_path(&key).ok_or_else(|| format!("source {} left the cache", file.path))?;
+        let dest = root.join(&file.path);
+        if let Some(parent) = dest.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+            dirs.push(parent.to_owned());
+        }
+        std::fs::copy(&blob, &dest).map_err(|e| format!("source {}: {e}", file.path))?;
+        let mode = if file.executable { 0o555 } else { 0o444 };
+        std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(mode))
+            .map_err(|e| format!("source {}: {e}", file.path))?;
+    }
+    dirs.sort();
+    dirs.dedup();
+    for dir in dirs.iter().rev() {
+        let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o555));
+    }
+    Ok(())
+}
+
+/// Removes a directory tree, making read-only directories writable first.
+pub(crate) fn remove_tree(path: &Path) -> io::Result<()> {
+    match std::fs::remove_dir_all(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(_) => {
+            make_writable(path);
+            std::fs::remove_dir_all(path)
+        }
+    }
+}
+
+fn make_writable(path: &Path) {
+    if let Ok(meta) = std::fs::symlink_metadata(path)
+        && meta.is_dir()
+    {
+        let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755));
+        if let Ok(entries) = std::fs::read_dir(path) {
+            for entry in entries.flatten() {
+                make_writable(&entry.path());
+            }
+        }
+    }
+}
+
+/// Gets a dependency's artifact: from the cache, or from a peer that holds
+/// it (each holder in turn, then whoever the coordinator knows of now).
+async fn ensure_artifact(shared: &Arc<Shared>, dep: &DepInput) -> Result<ArtifactGuard, String> {
+    let key = Key(dep.job.0);
+    loop {
+        if let Some(guard) = shared.cas.artifact(&key) {
+            return Ok(guard);
+        }
+        // One fetch per artifact: later jobs wait for the first one's.
+        let first = shared.fetching.lock().expect("fetching").insert(key);
+        if !first {
+            let notified = shared.fetched.notified();
+            if shared.fetching.lock().expect("fetching").contains(&key) {
+                notified.await;
+            }
+            continue;
+        }
+        let result = fetch_artifact(shared, dep).await;
+        shared.fetching.lock().expect("fetching").remove(&key);
+        shared.fetched.notify_waiters();
+        result?;
+    }
+}
+
+async fn fetch_artifact(shared: &Arc<Shared>, dep: &DepInput) -> Result<(), String> {
+    let mut tried = Vec::new();
+    let mut errors = Vec::new();
+    let mut holders = dep.holders.clone();
+    let mut tree = dep.tree;
+    for round in 0..2 {
+        if round == 1 {
+            // The holders we were told of failed: ask who holds it now.
+            let url = shared.coordinator(&format!("/v1/artifacts/{}", dep.job));
+            match shared.http.get_json::<drover_proto::ArtifactLocation>(&url).await {
+                Ok(location) => {
+                    holders = location.holders;
+                    tree = tree.or(location.tree);
+                }
+                Err(e) => errors.push(e.to_string()),
+            }
+        }
+        for holder in &holders {
+            if *holder == shared.url || tried.contains(holder) {
+                continue;
+            }
+            tried.push(holder.clone());
+            match fetch_from(shared, holder, &dep.job, tree).await {
+                Ok(info) => {
+                    shared.outbox.added(held(&dep.job, &info));
+                    return Ok(());
+                }
+                Err(e) => {
+                    tracing::warn!(dep = %dep.name, %holder, "artifact fetch failed: {e}");
+                    errors.push(format!("{holder}: {e}"));
+                }
+            }
+        }
+    }
+    if errors.is_empty() {
+        errors.push("no live worker holds it".into());
+    }
+    Err(format!("cannot get the output of {} ({}): {}", dep.name, dep.job, errors.join("; ")))
+}
+
+async fn fetch_from(
+    shared: &Arc<Shared>,
+    holder: &str,
+    job: &Hash32,
+    tree: Option<Hash32>,
+) -> Result<drover_cas::ArtifactInfo, String> {
+    let url = format!("{}/v1/artifacts/{job}", holder.trim_end_matches('/'));
+    let reader = shared.http.get_reader(&url).await.map_err(|e| e.to_string())?;
+    let mut sync = tokio_util::io::SyncIoBridge::new(reader);
+    let cas = shared.cas.clone();
+    let key = Key(job.0);
+    tokio::task::spawn_blocking(move || cas.unpack(&key, tree.map(|t| Key(t.0)).as_ref(), &mut sync))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())
+}
+
+/// Runs the commands and commits the output.
+async fn run_commands(
+    shared: &Arc<Shared>,
+    a: &Assignment,
+    dir: &Path,
+    src: &Path,
+    deps: &BTreeMap<String, ArtifactGuard>,
+    cancel: &CancellationToken,
+) -> Result<RunResult, String> {
+    let writer = shared.cas.begin_artifact(&Key(a.job.0)).map_err(|e| e.to_string())?;
+    let out = writer.dir().to_owned();
+    let dep_paths: BTreeMap<String, PathBuf> =
+        deps.iter().map(|(n, g)| (n.clone(), g.path().to_owned())).collect();
+    let render = |text: &str| drover_graph::render(text, src, &out, &dep_paths).map_err(|e| e.to_string());
+    let commands = a.commands.iter().map(|c| render(c)).collect::<Result<Vec<_>, _>>()?;
+    let env =
+        a.env.iter().map(|(k, v)| Ok((k.clone(), render(v)?))).collect::<Result<BTreeMap<_, _>, String>>()?;
+    let spec = JobSpec {
+        commands,
+        cwd: src.to_owned(),
+        env,
+        stdout: dir.join("stdout.log"),
+        stderr: dir.join("stderr.log"),
+        timeout: a.timeout_ms.map(Duration::from_millis),
+        kill_grace: shared.config.kill_grace,
+        outcome_file: dir.join("outcome.json"),
+    };
+    let mut running = shared.config.supervisor.start(&spec).await.map_err(|e| e.to_string())?;
+    let handle = running.handle();
+    let outcome = {
+        let wait = running.wait();
+        tokio::pin!(wait);
+        tokio::select! {
+            outcome = &mut wait => outcome,
+            () = cancel.cancelled() => {
+                handle.terminate();
+                wait.await
+            }
+        }
+    };
+    let failed = |exit_code, detail: String| {
+        Ok(RunResult {
+            run: a.run,
+            success: false,
+            exit_code,
+            cached: false,
+            detail,
+            output: None,
+            duration_ms: 0,
+        })
+    };
+    match outcome {
+        Outcome::Succeeded => {
+            let info = tokio::task::spawn_blocking(move || writer.commit())
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| format!("cannot store the output: {e}"))?;
+            Ok(RunResult {
+                run: a.run,
+                success: true,
+                exit_code: Some(0),
+                cached: false,
+                detail: String::new(),
+                output: Some(held(&a.job, &info)),
+                duration_ms: 0,
+            })
+        }
+        Outcome::Failed { exit_code } => {
+            failed(Some(exit_code), with_tail(format!("exit code {exit_code}"), &spec.stderr))
+        }
+        Outcome::Signaled { signal } => {
+            failed(None, with_tail(format!("killed by signal {signal}"), &spec.stderr))
+        }
+        Outcome::TimedOut => {
+            failed(None, format!("timed out after {}", humane(spec.timeout.unwrap_or_default())))
+        }
+        Outcome::Cancelled => failed(None, "cancelled".into()),
+        Outcome::SpawnFailed(message) => failed(None, format!("could not start: {message}")),
+    }
+}
+
+fn humane(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms.is_multiple_of(1000) { format!("{}s", ms / 1000) } else { format!("{ms}ms") }
+}
+
+/// `summary`, then the last lines of the job's standard error.
+fn with_tail(summary: String, stderr: &Path) -> String {
+    let Ok(bytes) = std::fs::read(stderr) else { return summary };
+    let start = bytes.len().saturating_sub(STDERR_TAIL);
+    let tail = String::from_utf8_lossy(&bytes[start..]);
+    let tail = tail.trim_end();
+    if tail.is_empty() { summary } else { format!("{summary}; stderr:\n{tail}") }
+}
+
+/// Keeps the run's logs, dropping the oldest runs' beyond the limit.
+fn keep_logs(shared: &Shared, run: u64) {
+    let old: Vec<u64> = {
+        let mut kept = shared.kept.lock().expect("kept");
+        kept.push_back(run);
+        let excess = kept.len().saturating_sub(shared.config.keep_runs);
+        kept.drain(..excess).collect()
+    };
+    for run in old {
+        let _ = remove_tree(&shared.runs_dir().join(run.to_string()));
+    }
+}

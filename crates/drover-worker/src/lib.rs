@@ -1,0 +1,181 @@
+//! drover's worker: a thin async shell that runs what the coordinator assigns.
+//!
+//! [`start`] opens the artifact cache, serves the worker's own HTTP API
+//! ([`server`]: artifacts for peers, logs for clients) and runs the session
+//! ([`session`]): register with capacity, labels, cached artifacts and the
+//! runs still going; then long-poll for assignments (the poll is also the
+//! heartbeat that renews the lease) and report what happened ([`report`]).
+//! Each assignment runs in its own task ([`job`]): fetch inputs, run the
+//! commands under a supervisor process, commit the output as an artifact.
+//!
+//! The worker survives a coordinator restart: runs go on, reports are kept
+//! until they are delivered, and the session registers again with the runs
+//! it still has.
+
+mod job;
+mod report;
+mod server;
+mod session;
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use drover_cas::{Cas, Key};
+use drover_exec::Supervisor;
+use drover_http::Http;
+use drover_proto::WorkerCapacity;
+use tokio_util::sync::CancellationToken;
+
+/// How to run a worker.
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    /// The coordinator's base URL.
+    pub coordinator: String,
+    /// Where to serve artifacts and logs (port 0: any free port).
+    pub listen: SocketAddr,
+    /// The URL peers and the coordinator reach this worker at (default: the
+    /// listening address).
+    pub advertise: Option<String>,
+    /// The worker's name (default: derived from the advertised URL).
+    pub name: Option<String>,
+    /// What it offers.
+    pub capacity: WorkerCapacity,
+    /// Its labels.
+    pub labels: BTreeMap<String, String>,
+    /// Where the artifact cache, run directories and logs live.
+    pub dir: PathBuf,
+    /// Size bound of the artifact cache (least recently used artifacts are
+    /// evicted beyond it).
+    pub cache_bytes: u64,
+    /// Presented to the coordinator and required from peers, if set.
+    pub token: Option<String>,
+    /// How jobs are run.
+    pub supervisor: Supervisor,
+    /// Between SIGTERM and SIGKILL when a job is stopped.
+    pub kill_grace: Duration,
+    /// Logs of this many most recent runs are kept.
+    pub keep_runs: usize,
+}
+
+/// Why the worker could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// The cache or work directory is unusable.
+    #[error("{path}: {source}")]
+    Dir {
+        /// The directory.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The artifact cache failed to open.
+    #[error("artifact cache: {0}")]
+    Cas(#[from] drover_cas::CasError),
+    /// The address is taken or not ours.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// State shared by the worker's tasks.
+#[derive(Debug)]
+struct Shared {
+    config: WorkerConfig,
+    /// This worker's URL, as advertised.
+    url: String,
+    name: String,
+    cas: Arc<Cas>,
+    /// Client for the coordinator (and peers), with the token.
+    http: Http,
+    /// Runs in progress, by run ID: cancelling the token stops the run.
+    runs: Mutex<BTreeMap<u64, CancellationToken>>,
+    /// Reports not yet delivered.
+    outbox: report::Outbox,
+    /// Run directories kept for their logs, oldest first.
+    kept: Mutex<VecDeque<u64>>,
+    /// Artifacts being fetched from peers, so one fetch serves every job.
+    fetching: Mutex<BTreeSet<Key>>,
+    fetched: tokio::sync::Notify,
+}
+
+impl Shared {
+    fn runs_dir(&self) -> PathBuf {
+        self.config.dir.join("runs")
+    }
+
+    fn coordinator(&self, path: &str) -> String {
+        format!("{}{path}", self.config.coordinator.trim_end_matches('/'))
+    }
+}
+
+/// A running worker.
+#[derive(Debug)]
+pub struct Worker {
+    url: String,
+    tasks: tokio::task::JoinSet<()>,
+}
+
+impl Worker {
+    /// The URL it serves artifacts and logs at.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Runs until the worker's tasks end (they do not end on their own).
+    pub async fn wait(mut self) {
+        while self.tasks.join_next().await.is_some() {}
+    }
+}
+
+/// Opens the cache, starts serving and joins the cluster.
+pub async fn start(config: WorkerConfig) -> Result<Worker, WorkerError> {
+    let dir_err = |path: &PathBuf| {
+        let path = path.display().to_string();
+        move |source| WorkerError::Dir { path, source }
+    };
+    let runs = config.dir.join("runs");
+    // Run directories of an earlier life are stale: their runs are gone.
+    if runs.exists() {
+        job::remove_tree(&runs).map_err(dir_err(&runs))?;
+    }
+    std::fs::create_dir_all(&runs).map_err(dir_err(&runs))?;
+    let cas = Arc::new(Cas::open(&config.dir.join("cache"), config.cache_bytes)?);
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| WorkerError::Listen { addr: config.listen, source })?;
+    let addr = listener.local_addr().map_err(|source| WorkerError::Listen { addr: config.listen, source })?;
+    let url = config.advertise.clone().unwrap_or_else(|| format!("http://{addr}"));
+    let name = config.name.clone().unwrap_or_else(|| format!("worker-{}", addr.port()));
+    let shared = Arc::new(Shared {
+        http: Http::new(config.token.clone(), Duration::from_secs(30)),
+        config,
+        url: url.clone(),
+        name,
+        cas,
+        runs: Mutex::new(BTreeMap::new()),
+        outbox: report::Outbox::default(),
+        kept: Mutex::new(VecDeque::new()),
+        fetching: Mutex::new(BTreeSet::new()),
+        fetched: tokio::sync::Notify::new(),
+    });
+    let mut tasks = tokio::task::JoinSet::new();
+    let router = server::router(shared.clone());
+    tasks.spawn(async move {
+        if let Err(e) = axum::serve(listener, router).await {
+            tracing::error!("worker server stopped: {e}");
+        }
+    });
+    tasks.spawn(session::run(shared.clone()));
+    tasks.spawn(report::run(shared));
+    tracing::info!(%url, "worker listening");
+    Ok(Worker { url, tasks })
+}

@@ -1,0 +1,92 @@
+//! The worker's HTTP API: `GET /v1/artifacts/{job}` streams an artifact in
+//! the pack format to a peer (or a client exporting outputs), and
+//! `GET /v1/runs/{run}/log?stream=stdout|stderr` a run's log (the
+//! coordinator proxies `drover logs` here). With a token configured, every
+//! request must present it.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use drover_cas::Key;
+use serde::Deserialize;
+
+use crate::Shared;
+
+type Reply = Result<Response, (StatusCode, String)>;
+
+pub(crate) fn router(shared: Arc<Shared>) -> Router {
+    let api = Router::new()
+        .route("/v1/artifacts/{job}", get(artifact))
+        .route("/v1/runs/{run}/log", get(log))
+        .layer(middleware::from_fn_with_state(shared.clone(), require_token));
+    Router::new().route("/healthz", get(|| async { "ok\n" })).merge(api).with_state(shared)
+}
+
+async fn require_token(State(shared): State<Arc<Shared>>, req: Request, next: Next) -> Response {
+    if let Some(token) = &shared.config.token {
+        let presented = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if presented != Some(token.as_str()) {
+            return (StatusCode::UNAUTHORIZED, "a valid token is required (--token or DROVER_TOKEN)\n")
+                .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+async fn artifact(State(shared): State<Arc<Shared>>, Path(job): Path<String>) -> Reply {
+    let key: Key = job.parse().map_err(|_| (StatusCode::BAD_REQUEST, format!("not a job ID: {job:?}")))?;
+    if shared.cas.artifact_info(&key).is_none() {
+        return Err((StatusCode::NOT_FOUND, format!("no artifact {job} here")));
+    }
+    let (reader, writer) = tokio::io::duplex(256 * 1024);
+    let mut sync = tokio_util::io::SyncIoBridge::new(writer);
+    let cas = shared.cas.clone();
+    tokio::task::spawn_blocking(move || {
+        // A failure cuts the stream short, which the reader rejects.
+        if let Err(e) = cas.pack(&key, &mut sync) {
+            tracing::warn!("serving artifact {key}: {e}");
+        }
+    });
+    let body = Body::from_stream(tokio_util::io::ReaderStream::new(reader));
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], body).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+struct LogQuery {
+    #[serde(default)]
+    stream: Option<String>,
+}
+
+async fn log(State(shared): State<Arc<Shared>>, Path(run): Path<u64>, Query(q): Query<LogQuery>) -> Reply {
+    let name = match q.stream.as_deref().unwrap_or("stdout") {
+        "stdout" => "stdout.log",
+        "stderr" => "stderr.log",
+        other => {
+            return Err((StatusCode::BAD_REQUEST, format!("stream must be stdout or stderr, not {other:?}")));
+        }
+    };
+    let path = shared.runs_dir().join(run.to_string()).join(name);
+    let file = match tokio::fs::File::open(&path).await {
+        Ok(file) => file,
+        // A run that printed nothing has no log file: that is an empty log.
+        Err(e)
+            if e.kind() == std::io::ErrorKind::NotFound
+                && shared.runs_dir().join(run.to_string()).exists() =>
+        {
+            return Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], "").into_response());
+        }
+        Err(_) => return Err((StatusCode::NOT_FOUND, format!("no log for run {run} on this worker"))),
+    };
+    let body = Body::from_stream(tokio_util::io::ReaderStream::new(file));
+    Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response())
+}

@@ -1,0 +1,125 @@
+//! The worker's session with the coordinator: register, then long-poll for
+//! work. The poll doubles as the heartbeat that renews the worker's lease,
+//! so a poll is always outstanding. When the coordinator does not know the
+//! worker (it declared it lost, or its state was wiped), the session
+//! registers again with the runs still going and the artifacts it holds.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use drover_proto::{Hash32, HeldArtifact, PollReply, PollRequest, RegisterReply, RegisterRequest};
+use tokio_util::sync::CancellationToken;
+
+use crate::{Shared, job};
+
+/// Registers and polls for as long as the worker lives.
+pub(crate) async fn run(shared: Arc<Shared>) {
+    loop {
+        let reply = register(&shared).await;
+        for run in &reply.stop {
+            stop(&shared, *run);
+        }
+        shared.outbox.set_session(Some(reply.worker));
+        tracing::info!(worker = reply.worker, coordinator = %shared.config.coordinator, "registered");
+        poll(&shared, reply.worker, Duration::from_millis(reply.lease_ms)).await;
+        tracing::warn!("the coordinator asked this worker to register again");
+    }
+}
+
+/// Registers, retrying until the coordinator answers.
+async fn register(shared: &Shared) -> RegisterReply {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let mut running: Vec<u64> = shared.runs.lock().expect("runs").keys().copied().collect();
+        running.extend(shared.outbox.undelivered_runs());
+        running.sort_unstable();
+        running.dedup();
+        let artifacts = shared
+            .cas
+            .artifacts()
+            .into_iter()
+            .filter_map(|key| {
+                let info = shared.cas.artifact_info(&key)?;
+                Some(HeldArtifact { job: Hash32(key.0), tree: Hash32(info.tree.0), size: info.size })
+            })
+            .collect();
+        let request = RegisterRequest {
+            name: shared.name.clone(),
+            url: shared.url.clone(),
+            capacity: shared.config.capacity.clone(),
+            labels: shared.config.labels.clone(),
+            artifacts,
+            running,
+        };
+        match shared.http.post_json(&shared.coordinator("/v1/workers/register"), &request, None).await {
+            Ok(reply) => return reply,
+            Err(e) => {
+                // A refusal (bad token, bad capacity) will not fix itself, but
+                // the operator may fix the coordinator: keep trying, loudly.
+                tracing::warn!("cannot register with the coordinator, retrying: {e}");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+/// Polls until the coordinator asks for a new registration.
+async fn poll(shared: &Arc<Shared>, worker: u64, lease: Duration) {
+    // Poll often enough that a slow answer never lets the lease run out.
+    let wait = (lease / 3).clamp(Duration::from_millis(100), Duration::from_secs(10));
+    let request = PollRequest { wait_ms: wait.as_millis() as u64 };
+    let url = shared.coordinator(&format!("/v1/workers/{worker}/poll"));
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let answer = tokio::select! {
+            answer = shared.http.post_json::<_, PollReply>(&url, &request, Some(wait + Duration::from_secs(10))) => answer,
+            () = shared.outbox.reregister.notified() => return,
+        };
+        match answer {
+            Ok(reply) => {
+                backoff = Duration::from_millis(100);
+                if reply.reregister {
+                    shared.outbox.set_session(None);
+                    return;
+                }
+                for run in reply.drop.iter().chain(&reply.stop) {
+                    stop(shared, *run);
+                }
+                for assignment in reply.assign {
+                    let cancel = CancellationToken::new();
+                    shared.runs.lock().expect("runs").insert(assignment.run, cancel.clone());
+                    tokio::spawn(job::run(shared.clone(), assignment, cancel));
+                }
+            }
+            Err(e) if e.status() == Some(404) => {
+                shared.outbox.set_session(None);
+                return;
+            }
+            Err(e) => {
+                tracing::warn!("poll failed, retrying: {e}");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+}
+
+/// Stops a run. A run this worker does not have (withdrawn before it was
+/// delivered) is reported as ended at once, so the coordinator frees what
+/// it had set aside for it; a duplicate report is ignored there.
+fn stop(shared: &Shared, run: u64) {
+    if let Some(cancel) = shared.runs.lock().expect("runs").get(&run) {
+        cancel.cancel();
+        return;
+    }
+    shared.outbox.finished(drover_proto::RunResult {
+        run,
+        success: false,
+        exit_code: None,
+        cached: false,
+        detail: "cancelled before it started".into(),
+        output: None,
+        duration_ms: 0,
+    });
+}

@@ -1,0 +1,203 @@
+//! Command-line arguments (clap). The interface is a contract: commands and
+//! options may be added, never renamed.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// drover: a distributed scheduler for build and CI work.
+///
+/// Builds are graphs of jobs (shell commands with sources, dependencies and
+/// outputs) read from a build file. `drover run` builds on an embedded
+/// cluster in this process; `drover serve` and `drover worker` start a real
+/// one, and `drover submit` sends builds to it.
+#[derive(Debug, Parser)]
+#[command(version, about, long_about, propagate_version = true)]
+pub(crate) struct Cli {
+    /// More log output on standard error (-v: info, -vv: debug). DROVER_LOG
+    /// takes a tracing filter and overrides it.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub(crate) verbose: u8,
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Run a build on an embedded cluster (a coordinator and local workers in
+    /// this process; state under ./.drover/).
+    Run(RunArgs),
+    /// Start a coordinator.
+    Serve(ServeArgs),
+    /// Start a worker that joins a coordinator.
+    Worker(WorkerArgs),
+    /// Submit a build to a coordinator and print its ID.
+    Submit(SubmitArgs),
+    /// Show a build's state and jobs (without BUILD: every build).
+    Status(StatusArgs),
+    /// Cancel a build: work no other build needs is stopped.
+    Cancel(CancelArgs),
+    /// List the workers.
+    Workers(WorkersArgs),
+    /// Print a job's output log.
+    Logs(LogsArgs),
+}
+
+/// Where the coordinator is and how to talk to it.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct Remote {
+    /// The coordinator's URL.
+    #[arg(long, env = "DROVER_COORDINATOR", default_value = "http://127.0.0.1:7700")]
+    pub(crate) coordinator: String,
+    /// The cluster's token, if it has one.
+    #[arg(long, env = "DROVER_TOKEN", hide_env_values = true)]
+    pub(crate) token: Option<String>,
+}
+
+/// Options shared by `run` and `submit`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct BuildArgs {
+    /// The build file (YAML, or TOML with a .toml name).
+    pub(crate) file: PathBuf,
+    /// Export the outputs of the jobs nothing depends on into DIR/<job>/.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) out: Option<PathBuf>,
+    /// Re-run every job instead of using cached results.
+    #[arg(long)]
+    pub(crate) no_cache: bool,
+    /// Print the final status as JSON on standard output.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// The tenant (team or repository) the build is scheduled for.
+    #[arg(long, default_value = "default")]
+    pub(crate) tenant: String,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RunArgs {
+    #[command(flatten)]
+    pub(crate) build: BuildArgs,
+    /// Local workers to start.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub(crate) workers: u32,
+    /// Job slots per worker (default: the CPUs divided among the workers,
+    /// at least 1).
+    #[arg(long)]
+    pub(crate) slots: Option<u32>,
+    /// Where the embedded cluster keeps its state and caches.
+    #[arg(long, default_value = ".drover", value_name = "DIR")]
+    pub(crate) state: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    /// Address to listen on (loopback unless told otherwise).
+    #[arg(long, default_value = "127.0.0.1:7700")]
+    pub(crate) listen: SocketAddr,
+    /// Where the state log and uploaded sources live.
+    #[arg(long, default_value = ".drover/coordinator", value_name = "DIR")]
+    pub(crate) data: PathBuf,
+    /// A TOML file with scheduler settings (see the README).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) config: Option<PathBuf>,
+    /// Require this token from every client and worker.
+    #[arg(long, env = "DROVER_TOKEN", hide_env_values = true)]
+    pub(crate) token: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct WorkerArgs {
+    /// The coordinator's URL.
+    #[arg(long, env = "DROVER_COORDINATOR", default_value = "http://127.0.0.1:7700")]
+    pub(crate) coordinator: String,
+    /// Address to serve artifacts and logs on (port 0: any free port).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub(crate) listen: SocketAddr,
+    /// The URL peers reach this worker at (default: http://LISTEN).
+    #[arg(long)]
+    pub(crate) advertise: Option<String>,
+    /// The worker's name (default: worker-PORT).
+    #[arg(long)]
+    pub(crate) name: Option<String>,
+    /// Jobs at once (default: the number of CPUs).
+    #[arg(long)]
+    pub(crate) slots: Option<u32>,
+    /// CPU to offer, in cores ("2", "0.5") or millicores ("500m"); default:
+    /// the number of CPUs.
+    #[arg(long)]
+    pub(crate) cpu: Option<String>,
+    /// Memory to offer ("8Gi", "512Mi"); default: the machine's memory.
+    #[arg(long)]
+    pub(crate) memory: Option<String>,
+    /// Named tokens to offer, as NAME=N,... (e.g. network=2,gpu=1).
+    #[arg(long, default_value = "")]
+    pub(crate) tokens: String,
+    /// Labels, as KEY=VALUE,... (e.g. os=linux,pool=big).
+    #[arg(long, default_value = "")]
+    pub(crate) labels: String,
+    /// Where the artifact cache and run directories live.
+    #[arg(long, default_value = ".drover/worker", value_name = "DIR")]
+    pub(crate) cache: PathBuf,
+    /// Size bound of the artifact cache.
+    #[arg(long, default_value = "10Gi")]
+    pub(crate) cache_size: String,
+    /// The cluster's token, if it has one.
+    #[arg(long, env = "DROVER_TOKEN", hide_env_values = true)]
+    pub(crate) token: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct SubmitArgs {
+    #[command(flatten)]
+    pub(crate) build: BuildArgs,
+    #[command(flatten)]
+    pub(crate) remote: Remote,
+    /// Follow the build's progress and exit with its result.
+    #[arg(long)]
+    pub(crate) wait: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct StatusArgs {
+    /// The build's ID.
+    pub(crate) build: Option<u64>,
+    /// Print JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Follow the build's events until it ends.
+    #[arg(long, requires = "build")]
+    pub(crate) watch: bool,
+    #[command(flatten)]
+    pub(crate) remote: Remote,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct CancelArgs {
+    /// The build's ID.
+    pub(crate) build: u64,
+    #[command(flatten)]
+    pub(crate) remote: Remote,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct WorkersArgs {
+    /// Print JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+    #[command(flatten)]
+    pub(crate) remote: Remote,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct LogsArgs {
+    /// The build's ID.
+    pub(crate) build: u64,
+    /// The job's name.
+    pub(crate) job: String,
+    /// Print standard error instead of standard output.
+    #[arg(long)]
+    pub(crate) stderr: bool,
+    #[command(flatten)]
+    pub(crate) remote: Remote,
+}

@@ -1,0 +1,451 @@
+//! The client side of the command: load a build file, upload the sources the
+//! coordinator lacks, submit, follow the event stream (reconnecting across a
+//! coordinator restart), print the result and export outputs; and the small
+//! commands `status`, `cancel`, `workers` and `logs`.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, anyhow};
+use drover_http::{Http, HttpError};
+use drover_proto::{
+    ArtifactLocation, BuildEvent, BuildSpec, BuildState, BuildStatus, EventKind, Hash32, JobDef,
+    MissingReply, MissingRequest, SourceFile, SubmitReply, SubmitRequest, WorkerStatus,
+};
+use futures::{StreamExt, TryStreamExt};
+
+use crate::Failure;
+use crate::cli::{BuildArgs, CancelArgs, LogsArgs, Remote, StatusArgs, SubmitArgs, WorkersArgs};
+use crate::progress::Progress;
+
+/// A build file, checked and turned into what the coordinator takes.
+#[derive(Debug)]
+pub(crate) struct Loaded {
+    root: std::path::PathBuf,
+    spec: BuildSpec,
+    max_parallel: Option<u32>,
+}
+
+/// Loads and checks a build file; every problem is reported, as bad input.
+pub(crate) fn load(file: &Path) -> Result<Loaded, Failure> {
+    let build = drover_graph::load(file).map_err(|e| Failure::Usage(anyhow!("{e}")))?;
+    let hash = |d: drover_graph::Digest| Hash32(d.0);
+    let spec = BuildSpec {
+        name: build.name.clone(),
+        sources: build
+            .sources
+            .iter()
+            .map(|s| SourceFile {
+                path: s.path.clone(),
+                digest: hash(s.digest),
+                size: s.size,
+                executable: s.executable,
+            })
+            .collect(),
+        jobs: build
+            .jobs
+            .iter()
+            .map(|j| JobDef {
+                name: j.name.clone(),
+                id: hash(j.id),
+                commands: j.commands.clone(),
+                env: j.env.clone(),
+                needs: j.needs.clone(),
+                cpu_millis: j.cpu_millis,
+                memory: j.memory,
+                tokens: j.tokens.clone(),
+                exclusive: j.exclusive.clone(),
+                labels: j.labels.clone(),
+                priority: j.priority,
+                timeout_ms: j.timeout_ms,
+                retries: j.retries,
+                inputs: j.inputs.clone(),
+            })
+            .collect(),
+    };
+    Ok(Loaded { root: build.root, spec, max_parallel: build.max_parallel })
+}
+
+/// An HTTP client for the coordinator.
+pub(crate) fn connect(remote: &Remote) -> Http {
+    Http::new(remote.token.clone(), Duration::from_secs(60))
+}
+
+fn api(base: &str, path: &str) -> String {
+    format!("{}{path}", base.trim_end_matches('/'))
+}
+
+/// Waits until `n` workers are alive (the embedded cluster's start).
+pub(crate) async fn wait_for_workers(http: &Http, base: &str, n: usize) -> Result<(), Failure> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let workers: Vec<WorkerStatus> =
+            http.get_json(&api(base, "/v1/workers")).await.map_err(anyhow::Error::from)?;
+        if workers.iter().filter(|w| w.alive).count() >= n {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(Failure::Runtime(anyhow!("the local workers did not register within 30s")));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Uploads the sources the coordinator does not have.
+async fn upload(http: &Http, base: &str, loaded: &Loaded) -> Result<(), Failure> {
+    let digests: BTreeSet<Hash32> = loaded.spec.sources.iter().map(|s| s.digest).collect();
+    let request = MissingRequest { digests: digests.into_iter().collect() };
+    let reply: MissingReply =
+        http.post_json(&api(base, "/v1/blobs/missing"), &request, None).await.map_err(reach(base))?;
+    let missing: BTreeSet<Hash32> = reply.missing.into_iter().collect();
+    let mut seen = BTreeSet::new();
+    let files: Vec<&SourceFile> =
+        loaded.spec.sources.iter().filter(|s| missing.contains(&s.digest) && seen.insert(s.digest)).collect();
+    futures::stream::iter(files)
+        .map(|file| async move {
+            let path = loaded.root.join(&file.path);
+            http.put_file(&api(base, &format!("/v1/blobs/{}", file.digest)), &path)
+                .await
+                .with_context(|| format!("uploading {} (did it change since it was read?)", path.display()))
+        })
+        .buffer_unordered(8)
+        .try_collect::<Vec<()>>()
+        .await
+        .map_err(Failure::Usage)?;
+    Ok(())
+}
+
+/// Turns an error reaching the coordinator into a usage failure (nothing
+/// was submitted) with a hint.
+fn reach(base: &str) -> impl Fn(HttpError) -> Failure + '_ {
+    move |e| match e {
+        HttpError::Connect { .. } | HttpError::Timeout { .. } => Failure::Usage(anyhow!(
+            "{e}\nis a coordinator running at {base}? (start one with `drover serve`, or set --coordinator / DROVER_COORDINATOR)"
+        )),
+        other => Failure::Usage(other.into()),
+    }
+}
+
+/// Uploads and submits; returns the build's ID.
+async fn submit_loaded(http: &Http, base: &str, loaded: &Loaded, args: &BuildArgs) -> Result<u64, Failure> {
+    upload(http, base, loaded).await?;
+    let request =
+        SubmitRequest { build: loaded.spec.clone(), tenant: args.tenant.clone(), no_cache: args.no_cache };
+    if loaded.max_parallel.is_some() {
+        tracing::warn!("max_parallel is not enforced yet; the build runs without a cap");
+    }
+    let reply: SubmitReply =
+        http.post_json(&api(base, "/v1/builds"), &request, None).await.map_err(reach(base))?;
+    Ok(reply.id)
+}
+
+/// Submits, follows to the end, prints the result and exports outputs.
+pub(crate) async fn build_and_wait(
+    http: &Http,
+    base: &str,
+    loaded: Loaded,
+    args: &BuildArgs,
+) -> Result<(), Failure> {
+    let started = Instant::now();
+    let id = submit_loaded(http, base, &loaded, args).await?;
+    let status = follow(http, base, id, loaded.spec.jobs.len()).await?;
+    finish(http, base, &loaded, args, &status, started).await
+}
+
+/// Prints the outcome, exports outputs and maps the state to the result.
+async fn finish(
+    http: &Http,
+    base: &str,
+    loaded: &Loaded,
+    args: &BuildArgs,
+    status: &BuildStatus,
+    started: Instant,
+) -> Result<(), Failure> {
+    if status.state == BuildState::Succeeded
+        && let Some(out) = &args.out
+    {
+        export(http, base, loaded, status, out).await?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(status).map_err(anyhow::Error::from)?);
+    }
+    let count = |f: fn(drover_proto::JobState) -> bool| status.jobs.iter().filter(|j| f(j.state)).count();
+    eprintln!(
+        "build {} {} in {:.1}s: {} jobs, {} ran, {} cached, {} failed, {} skipped",
+        status.id,
+        status.state,
+        started.elapsed().as_secs_f64(),
+        status.jobs.len(),
+        count(|s| s == drover_proto::JobState::Succeeded),
+        count(|s| s == drover_proto::JobState::Cached),
+        count(|s| s == drover_proto::JobState::Failed),
+        count(|s| s == drover_proto::JobState::Skipped),
+    );
+    if status.state == BuildState::Succeeded { Ok(()) } else { Err(Failure::Build) }
+}
+
+/// Follows a build's events until it ends, showing progress; reconnects
+/// (from the last event seen) when the stream breaks.
+async fn follow(http: &Http, base: &str, id: u64, total: usize) -> Result<BuildStatus, Failure> {
+    let mut progress = Progress::new(id, total);
+    let mut next = 0u64;
+    let mut failures = 0u32;
+    'outer: loop {
+        let url = api(base, &format!("/v1/builds/{id}/events?from={next}"));
+        let stream = match http.get_stream(&url).await {
+            Ok(stream) => stream,
+            Err(e) if e.status() == Some(404) => {
+                return Err(Failure::Usage(anyhow!("no build {id} at {base}")));
+            }
+            Err(e) => {
+                failures += 1;
+                if failures > 120 {
+                    progress.clear();
+                    return Err(Failure::Runtime(anyhow!(
+                        "lost the coordinator while following build {id}: {e}"
+                    )));
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+        };
+        failures = 0;
+        let mut lines = ndjson(stream);
+        while let Some(item) = lines.next().await {
+            let Ok(line) = item else { continue 'outer };
+            let event: BuildEvent = serde_json::from_slice(&line)
+                .with_context(|| format!("bad event from {url}"))
+                .map_err(Failure::Runtime)?;
+            if event.seq < next {
+                continue;
+            }
+            next = event.seq + 1;
+            progress.event(&event);
+            if let EventKind::BuildFinished { .. } = event.kind {
+                break 'outer;
+            }
+        }
+        // The stream ended without the build's end: the coordinator went away.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    progress.clear();
+    let status: BuildStatus =
+        http.get_json(&api(base, &format!("/v1/builds/{id}"))).await.map_err(anyhow::Error::from)?;
+    Ok(status)
+}
+
+/// Splits a byte stream into lines.
+fn ndjson(
+    stream: drover_http::ByteStream,
+) -> impl futures::Stream<Item = Result<Vec<u8>, std::io::Error>> + Unpin {
+    Box::pin(futures::stream::unfold((stream, Vec::new(), false), |(mut stream, mut buf, done)| async move {
+        loop {
+            if let Some(pos) = buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = buf.drain(..=pos).collect();
+                return Some((Ok(line), (stream, buf, done)));
+            }
+            if done {
+                return None;
+            }
+            match stream.next().await {
+                Some(Ok(chunk)) => buf.extend_from_slice(&chunk),
+                Some(Err(e)) => return Some((Err(e), (stream, buf, true))),
+                None => return None,
+            }
+        }
+    }))
+}
+
+/// Copies the outputs of the jobs nothing depends on into `out/<job>/`.
+async fn export(
+    http: &Http,
+    base: &str,
+    loaded: &Loaded,
+    status: &BuildStatus,
+    out: &Path,
+) -> Result<(), Failure> {
+    let needed: BTreeSet<&str> =
+        loaded.spec.jobs.iter().flat_map(|j| j.needs.iter().map(String::as_str)).collect();
+    let scratch = tempfile::tempdir().map_err(anyhow::Error::from)?;
+    let cas =
+        std::sync::Arc::new(drover_cas::Cas::open(scratch.path(), u64::MAX).map_err(anyhow::Error::from)?);
+    for job in status.jobs.iter().filter(|j| !needed.contains(j.name.as_str())) {
+        let location: ArtifactLocation = http
+            .get_json(&api(base, &format!("/v1/artifacts/{}", job.id)))
+            .await
+            .map_err(anyhow::Error::from)?;
+        let mut errors = Vec::new();
+        let mut done = false;
+        for holder in &location.holders {
+            match fetch(http, &cas, holder, job.id, location.tree).await {
+                Ok(()) => {
+                    done = true;
+                    break;
+                }
+                Err(e) => errors.push(format!("{holder}: {e:#}")),
+            }
+        }
+        if !done {
+            return Err(Failure::Runtime(anyhow!(
+                "cannot export the output of {}: {}",
+                job.name,
+                if errors.is_empty() { "no live worker holds it".into() } else { errors.join("; ") }
+            )));
+        }
+        let dest = out.join(&job.name);
+        if dest.exists() {
+            std::fs::remove_dir_all(&dest).with_context(|| format!("cannot replace {}", dest.display()))?;
+        }
+        cas.export(&drover_cas::Key(job.id.0), &dest)
+            .with_context(|| format!("exporting to {}", dest.display()))?;
+        eprintln!("{}: output in {}", job.name, dest.display());
+    }
+    Ok(())
+}
+
+async fn fetch(
+    http: &Http,
+    cas: &std::sync::Arc<drover_cas::Cas>,
+    holder: &str,
+    job: Hash32,
+    tree: Option<Hash32>,
+) -> anyhow::Result<()> {
+    let reader = http.get_reader(&api(holder, &format!("/v1/artifacts/{job}"))).await?;
+    let mut sync = tokio_util::io::SyncIoBridge::new(reader);
+    let cas = cas.clone();
+    tokio::task::spawn_blocking(move || {
+        cas.unpack(&drover_cas::Key(job.0), tree.map(|t| drover_cas::Key(t.0)).as_ref(), &mut sync)
+    })
+    .await??;
+    Ok(())
+}
+
+/// `drover submit`.
+pub(crate) async fn submit(args: SubmitArgs) -> Result<(), Failure> {
+    let loaded = load(&args.build.file)?;
+    let http = connect(&args.remote);
+    let base = &args.remote.coordinator;
+    let started = Instant::now();
+    let id = submit_loaded(&http, base, &loaded, &args.build).await?;
+    if !(args.wait && args.build.json) {
+        println!("{id}");
+    }
+    if !args.wait {
+        return Ok(());
+    }
+    let status = follow(&http, base, id, loaded.spec.jobs.len()).await?;
+    finish(&http, base, &loaded, &args.build, &status, started).await
+}
+
+/// `drover status`.
+pub(crate) async fn status(args: StatusArgs) -> Result<(), Failure> {
+    let http = connect(&args.remote);
+    let base = &args.remote.coordinator;
+    let Some(id) = args.build else {
+        let builds: Vec<BuildStatus> = http.get_json(&api(base, "/v1/builds")).await.map_err(reach(base))?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&builds).map_err(anyhow::Error::from)?);
+        } else {
+            for b in &builds {
+                let done = b.jobs.iter().filter(|j| j.state.is_final()).count();
+                println!("{:>6}  {:<10} {:>5}/{:<5} {}", b.id, b.state, done, b.jobs.len(), b.name);
+            }
+        }
+        return Ok(());
+    };
+    let get = || async {
+        http.get_json::<BuildStatus>(&api(base, &format!("/v1/builds/{id}"))).await.map_err(|e| {
+            match e.status() {
+                Some(404) => Failure::Usage(anyhow!("no build {id}")),
+                _ => reach(base)(e),
+            }
+        })
+    };
+    let mut status = get().await?;
+    if args.watch {
+        status = follow(&http, base, id, status.jobs.len()).await?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&status).map_err(anyhow::Error::from)?);
+    } else {
+        println!("build {} ({}): {}", status.id, status.name, status.state);
+        for j in &status.jobs {
+            let worker = j.worker.as_deref().unwrap_or("-");
+            let code = j.exit_code.map_or_else(|| "-".into(), |c| c.to_string());
+            println!(
+                "  {:<24} {:<10} worker {:<12} attempts {} exit {}",
+                j.name, j.state, worker, j.attempts, code
+            );
+            if !j.detail.is_empty() {
+                for line in j.detail.lines() {
+                    println!("      {line}");
+                }
+            }
+        }
+    }
+    if args.watch && status.state != BuildState::Succeeded {
+        return Err(Failure::Build);
+    }
+    Ok(())
+}
+
+/// `drover cancel`.
+pub(crate) async fn cancel(args: CancelArgs) -> Result<(), Failure> {
+    let http = connect(&args.remote);
+    let base = &args.remote.coordinator;
+    http.post(&api(base, &format!("/v1/builds/{}/cancel", args.build))).await.map_err(|e| {
+        match e.status() {
+            Some(404) => Failure::Usage(anyhow!("no build {}", args.build)),
+            _ => reach(base)(e),
+        }
+    })?;
+    eprintln!("build {} cancelled", args.build);
+    Ok(())
+}
+
+/// `drover workers`.
+pub(crate) async fn workers(args: WorkersArgs) -> Result<(), Failure> {
+    let http = connect(&args.remote);
+    let base = &args.remote.coordinator;
+    let workers: Vec<WorkerStatus> = http.get_json(&api(base, "/v1/workers")).await.map_err(reach(base))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&workers).map_err(anyhow::Error::from)?);
+        return Ok(());
+    }
+    for w in &workers {
+        let labels: Vec<String> = w.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        println!(
+            "{:<16} {:<5} {:<28} running {}/{}  cpu {}m  memory {}  {}",
+            w.name,
+            if w.alive { "up" } else { "lost" },
+            w.url,
+            w.running,
+            w.capacity.slots,
+            w.capacity.cpu_millis,
+            w.capacity.memory,
+            labels.join(",")
+        );
+    }
+    Ok(())
+}
+
+/// `drover logs`.
+pub(crate) async fn logs(args: LogsArgs) -> Result<(), Failure> {
+    use tokio::io::AsyncWriteExt;
+    let http = connect(&args.remote);
+    let base = &args.remote.coordinator;
+    let stream = if args.stderr { "stderr" } else { "stdout" };
+    let url = api(base, &format!("/v1/builds/{}/jobs/{}/log?stream={stream}", args.build, args.job));
+    let mut body = http.get_stream(&url).await.map_err(|e| match e.status() {
+        Some(404) => Failure::Usage(anyhow!("{e}")),
+        _ => reach(base)(e),
+    })?;
+    let mut stdout = tokio::io::stdout();
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.context("the log stream broke")?;
+        stdout.write_all(&chunk).await.context("writing the log")?;
+    }
+    stdout.flush().await.context("writing the log")?;
+    Ok(())
+}

@@ -1,0 +1,212 @@
+//! The server side of the command: `drover serve` (a coordinator),
+//! `drover worker`, and `drover run`, which starts both in this process
+//! (an embedded cluster on loopback) and builds on it as a client would.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use drover_coordinator::CoordinatorConfig;
+use drover_exec::Supervisor;
+use drover_proto::WorkerCapacity;
+use drover_worker::WorkerConfig;
+use serde::Deserialize;
+
+use crate::Failure;
+use crate::cli::{RunArgs, ServeArgs, WorkerArgs};
+use crate::{client, units};
+
+/// The hidden first argument that makes this binary a job supervisor.
+pub(crate) const SUPERVISE_ARG: &str = "__supervise";
+
+/// How workers started by this binary run their jobs.
+fn supervisor() -> anyhow::Result<Supervisor> {
+    let exe = std::env::current_exe().context("cannot find the drover executable to run jobs with")?;
+    Ok(Supervisor::new(exe, vec![SUPERVISE_ARG.into()]))
+}
+
+/// `drover serve --config FILE`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    #[serde(default)]
+    scheduler: SchedulerSection,
+}
+
+/// The `[scheduler]` table: durations as text (`"2s"`, `"150ms"`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SchedulerSection {
+    cache_timeout: Option<String>,
+    deps_timeout: Option<String>,
+    lease_timeout: Option<String>,
+    unplaceable_grace: Option<String>,
+    seed: Option<u64>,
+}
+
+fn millis(
+    what: &str,
+    text: &Option<String>,
+    default: drover_core::Millis,
+) -> anyhow::Result<drover_core::Millis> {
+    match text {
+        None => Ok(default),
+        Some(text) => Ok(drover_core::Millis(units::duration(what, text)?.as_millis() as u64)),
+    }
+}
+
+fn coordinator_config(args: &ServeArgs) -> anyhow::Result<CoordinatorConfig> {
+    let mut config = CoordinatorConfig::new(args.data.clone());
+    config.listen = args.listen;
+    config.token = args.token.clone();
+    if let Some(path) = &args.config {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let file: ConfigFile =
+            toml::from_str(&text).with_context(|| format!("{}: invalid config", path.display()))?;
+        let s = &file.scheduler;
+        let core = &mut config.core;
+        core.cache_timeout = millis("cache_timeout", &s.cache_timeout, core.cache_timeout)?;
+        core.deps_timeout = millis("deps_timeout", &s.deps_timeout, core.deps_timeout)?;
+        core.lease_timeout = millis("lease_timeout", &s.lease_timeout, core.lease_timeout)?;
+        core.unplaceable_grace = millis("unplaceable_grace", &s.unplaceable_grace, core.unplaceable_grace)?;
+        core.seed = s.seed.unwrap_or(core.seed);
+    }
+    Ok(config)
+}
+
+/// `drover serve`.
+pub(crate) async fn serve(args: ServeArgs) -> Result<(), Failure> {
+    let config = coordinator_config(&args).map_err(Failure::Usage)?;
+    let coordinator = drover_coordinator::start(config).await.map_err(|e| Failure::Runtime(e.into()))?;
+    eprintln!("drover coordinator listening on {}", coordinator.url());
+    tokio::select! {
+        () = coordinator.wait() => Ok(()),
+        () = shutdown_signal() => Ok(()),
+    }
+}
+
+/// `drover worker`.
+pub(crate) async fn worker(args: WorkerArgs) -> Result<(), Failure> {
+    let config = worker_config(&args).map_err(Failure::Usage)?;
+    let worker = drover_worker::start(config).await.map_err(|e| Failure::Runtime(e.into()))?;
+    eprintln!("drover worker serving on {}, coordinator {}", worker.url(), args.coordinator);
+    tokio::select! {
+        () = worker.wait() => Ok(()),
+        () = shutdown_signal() => Ok(()),
+    }
+}
+
+fn worker_config(args: &WorkerArgs) -> anyhow::Result<WorkerConfig> {
+    let cpus = units::cpus();
+    let slots = args.slots.unwrap_or(cpus);
+    anyhow::ensure!(slots > 0, "--slots must be at least 1");
+    let capacity = WorkerCapacity {
+        slots,
+        cpu_millis: match &args.cpu {
+            Some(text) => units::cpu(text)?,
+            None => u64::from(cpus) * 1000,
+        },
+        memory: match &args.memory {
+            Some(text) => units::size("--memory", text)?,
+            None => units::memory(),
+        },
+        tokens: units::tokens(&args.tokens)?,
+    };
+    Ok(WorkerConfig {
+        coordinator: args.coordinator.clone(),
+        listen: args.listen,
+        advertise: args.advertise.clone(),
+        name: args.name.clone(),
+        capacity,
+        labels: labels(units::pairs("--labels", &args.labels)?),
+        dir: args.cache.clone(),
+        cache_bytes: units::size("--cache-size", &args.cache_size)?,
+        token: args.token.clone(),
+        supervisor: supervisor()?,
+        kill_grace: Duration::from_secs(5),
+        keep_runs: 1000,
+    })
+}
+
+/// `os` and `arch` of this machine, unless given, plus the given labels.
+fn labels(
+    mut given: std::collections::BTreeMap<String, String>,
+) -> std::collections::BTreeMap<String, String> {
+    given.entry("os".into()).or_insert_with(|| std::env::consts::OS.into());
+    given.entry("arch".into()).or_insert_with(|| std::env::consts::ARCH.into());
+    given
+}
+
+/// Resolves on SIGINT or SIGTERM. Jobs' supervisors notice the worker's
+/// exit and stop their jobs.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut term) = signal(SignalKind::terminate()) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+/// `drover run`: an embedded coordinator and workers on loopback, then the
+/// build as `submit --wait` would run it.
+pub(crate) async fn run(args: RunArgs) -> Result<(), Failure> {
+    // Check the build file before starting anything.
+    let loaded = client::load(&args.build.file)?;
+    let state = &args.state;
+    let coordinator = embedded_coordinator(state).await.map_err(Failure::Runtime)?;
+    let url = coordinator.url();
+    let slots = args.slots.unwrap_or_else(|| units::cpus().div_ceil(args.workers).max(1));
+    let mut workers = Vec::new();
+    for i in 1..=args.workers {
+        let config = embedded_worker(state, i, slots, &url).map_err(Failure::Runtime)?;
+        workers.push(drover_worker::start(config).await.map_err(|e| Failure::Runtime(e.into()))?);
+    }
+    let remote = crate::cli::Remote { coordinator: url, token: None };
+    let http = client::connect(&remote);
+    client::wait_for_workers(&http, &remote.coordinator, args.workers as usize).await?;
+    let work = client::build_and_wait(&http, &remote.coordinator, loaded, &args.build);
+    tokio::select! {
+        result = work => result,
+        () = shutdown_signal() => {
+            eprintln!("drover: interrupted; running jobs are stopped");
+            Err(Failure::Build)
+        }
+    }
+}
+
+async fn embedded_coordinator(state: &Path) -> anyhow::Result<drover_coordinator::Coordinator> {
+    let mut config = CoordinatorConfig::new(state.join("coordinator"));
+    config.listen = ([127, 0, 0, 1], 0).into();
+    // Local workers answer at once; a lost one is noticed quickly.
+    config.core.lease_timeout = drover_core::Millis(5_000);
+    drover_coordinator::start(config)
+        .await
+        .with_context(|| format!("cannot start the embedded coordinator in {}", state.display()))
+}
+
+fn embedded_worker(state: &Path, i: u32, slots: u32, coordinator: &str) -> anyhow::Result<WorkerConfig> {
+    let cpus = units::cpus();
+    Ok(WorkerConfig {
+        coordinator: coordinator.to_owned(),
+        listen: ([127, 0, 0, 1], 0).into(),
+        advertise: None,
+        name: Some(format!("local-{i}")),
+        capacity: WorkerCapacity {
+            slots,
+            cpu_millis: u64::from(cpus.max(slots)) * 1000,
+            memory: units::memory(),
+            tokens: Default::default(),
+        },
+        labels: labels(Default::default()),
+        dir: PathBuf::from(state).join(format!("worker-{i}")),
+        cache_bytes: 10 << 30,
+        token: None,
+        supervisor: supervisor()?,
+        kill_grace: Duration::from_secs(2),
+        keep_runs: 1000,
+    })
+}

@@ -1,0 +1,146 @@
+//! Progress of a build on standard error: on a terminal, a bar of jobs done
+//! out of the total and a line per running job (its worker and elapsed
+//! time); otherwise one plain line per event, for logs and CI.
+
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::time::{Duration, Instant};
+
+use drover_proto::{BuildEvent, EventKind, JobState};
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+/// Shows one build's progress.
+#[derive(Debug)]
+pub(crate) struct Progress {
+    started: Instant,
+    bars: Option<Bars>,
+}
+
+#[derive(Debug)]
+struct Bars {
+    multi: MultiProgress,
+    total: ProgressBar,
+    running: BTreeMap<String, ProgressBar>,
+}
+
+impl Progress {
+    /// Bars on a terminal, lines otherwise.
+    pub(crate) fn new(build: u64, jobs: usize) -> Progress {
+        let bars = std::io::stderr().is_terminal().then(|| {
+            let multi = MultiProgress::with_draw_target(ProgressDrawTarget::stderr_with_hz(10));
+            let total = multi.add(ProgressBar::new(jobs as u64));
+            total.set_style(
+                ProgressStyle::with_template("build {msg} [{bar:30}] {pos}/{len} jobs, {elapsed}")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar())
+                    .progress_chars("=> "),
+            );
+            total.set_message(build.to_string());
+            total.enable_steady_tick(Duration::from_millis(200));
+            Bars { multi, total, running: BTreeMap::new() }
+        });
+        if bars.is_none() {
+            eprintln!("build {build}: {jobs} jobs");
+        }
+        Progress { started: Instant::now(), bars }
+    }
+
+    /// Shows one event.
+    pub(crate) fn event(&mut self, event: &BuildEvent) {
+        match &mut self.bars {
+            Some(bars) => bars.event(event),
+            None => {
+                if let Some(line) = line(event) {
+                    eprintln!("[{:7.2}s] {line}", self.started.elapsed().as_secs_f64());
+                }
+            }
+        }
+    }
+
+    /// Removes the bars (before the final report is printed).
+    pub(crate) fn clear(&mut self) {
+        if let Some(bars) = self.bars.take() {
+            for bar in bars.running.values() {
+                bar.finish_and_clear();
+            }
+            bars.total.finish_and_clear();
+            let _ = bars.multi.clear();
+        }
+    }
+}
+
+impl Bars {
+    fn event(&mut self, event: &BuildEvent) {
+        match &event.kind {
+            EventKind::JobStarted { job, worker, attempt } => {
+                let bar =
+                    self.running.remove(job).unwrap_or_else(|| self.multi.add(ProgressBar::new_spinner()));
+                bar.set_style(
+                    ProgressStyle::with_template("  {spinner} {msg} {elapsed}")
+                        .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+                );
+                let retry = if *attempt > 1 { format!(" (attempt {attempt})") } else { String::new() };
+                bar.set_message(format!("{job} on {worker}{retry}"));
+                bar.enable_steady_tick(Duration::from_millis(200));
+                self.running.insert(job.clone(), bar);
+            }
+            EventKind::JobFinished { job, .. }
+            | EventKind::JobSkipped { job, .. }
+            | EventKind::JobCancelled { job } => {
+                if let Some(bar) = self.running.remove(job) {
+                    bar.finish_and_clear();
+                    self.multi.remove(&bar);
+                }
+                self.total.inc(1);
+                if let Some(text) = line(event)
+                    && !matches!(
+                        event.kind,
+                        EventKind::JobFinished { state: JobState::Succeeded | JobState::Cached, .. }
+                    )
+                {
+                    let _ = self.multi.println(text);
+                }
+            }
+            EventKind::JobRequeued { job, .. } => {
+                if let Some(bar) = self.running.remove(job) {
+                    bar.finish_and_clear();
+                    self.multi.remove(&bar);
+                }
+                if let Some(text) = line(event) {
+                    let _ = self.multi.println(text);
+                }
+            }
+            EventKind::BuildQueued { .. } | EventKind::JobQueued { .. } | EventKind::BuildFinished { .. } => {
+            }
+        }
+    }
+}
+
+/// The plain line for an event (`None`: not worth a line).
+fn line(event: &BuildEvent) -> Option<String> {
+    Some(match &event.kind {
+        EventKind::BuildQueued { .. } | EventKind::JobQueued { .. } => return None,
+        EventKind::JobStarted { job, worker, attempt } => {
+            let retry = if *attempt > 1 { format!(" (attempt {attempt})") } else { String::new() };
+            format!("started   {job} on {worker}{retry}")
+        }
+        EventKind::JobFinished { job, state, exit_code, detail } => {
+            let mut text = format!("{state:<9} {job}");
+            if let Some(code) = exit_code.filter(|_| *state == JobState::Failed) {
+                text.push_str(&format!(" (exit code {code})"));
+            }
+            if *state == JobState::Failed && !detail.is_empty() {
+                for l in detail.lines() {
+                    text.push_str("\n    ");
+                    text.push_str(l);
+                }
+            }
+            text
+        }
+        EventKind::JobRequeued { job, attempts } => {
+            format!("requeued  {job} (its worker was lost; attempt {attempts})")
+        }
+        EventKind::JobSkipped { job, reason } => format!("skipped   {job}: {reason}"),
+        EventKind::JobCancelled { job } => format!("cancelled {job}"),
+        EventKind::BuildFinished { state } => format!("build {state}"),
+    })
+}

@@ -1,0 +1,89 @@
+//! Parsing of command-line and config values: sizes, CPU and durations (the
+//! build file's own parsers, so both spell them alike) and `K=V,...` lists.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+
+/// `512Mi`, `10G`, `1048576`: bytes.
+pub(crate) fn size(what: &str, text: &str) -> anyhow::Result<u64> {
+    drover_graph::units::parse_size(text)
+        .map_err(anyhow::Error::msg)
+        .with_context(|| format!("bad {what} {text:?}"))
+}
+
+/// `2`, `0.5`, `500m`: millicores.
+pub(crate) fn cpu(text: &str) -> anyhow::Result<u64> {
+    drover_graph::units::parse_cpu_str(text)
+        .map_err(anyhow::Error::msg)
+        .with_context(|| format!("bad --cpu {text:?}"))
+}
+
+/// `30s`, `1h30m`, `500ms`.
+pub(crate) fn duration(what: &str, text: &str) -> anyhow::Result<Duration> {
+    drover_graph::units::parse_duration(text)
+        .map(Duration::from_millis)
+        .map_err(anyhow::Error::msg)
+        .with_context(|| format!("bad {what} {text:?}"))
+}
+
+/// `a=1,b=2` (empty: none). Keys are unique.
+pub(crate) fn pairs(what: &str, text: &str) -> anyhow::Result<BTreeMap<String, String>> {
+    let mut map = BTreeMap::new();
+    for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let Some((key, value)) = item.split_once('=') else {
+            bail!("bad {what} {item:?}: expected KEY=VALUE");
+        };
+        let (key, value) = (key.trim(), value.trim());
+        if key.is_empty() {
+            bail!("bad {what} {item:?}: the key is empty");
+        }
+        if map.insert(key.to_owned(), value.to_owned()).is_some() {
+            bail!("bad {what}: {key:?} is given twice");
+        }
+    }
+    Ok(map)
+}
+
+/// `network=2,gpu=1`: named token amounts.
+pub(crate) fn tokens(text: &str) -> anyhow::Result<BTreeMap<String, u64>> {
+    pairs("--tokens", text)?
+        .into_iter()
+        .map(|(k, v)| {
+            let n = v.parse().with_context(|| format!("bad --tokens: {k}={v} is not a whole number"))?;
+            Ok((k, n))
+        })
+        .collect()
+}
+
+/// The machine's CPUs.
+pub(crate) fn cpus() -> u32 {
+    std::thread::available_parallelism().map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX))
+}
+
+/// The machine's memory, from /proc/meminfo (0 if unknown).
+pub(crate) fn memory() -> u64 {
+    let Ok(text) = std::fs::read_to_string("/proc/meminfo") else { return 0 };
+    text.lines()
+        .find_map(|line| line.strip_prefix("MemTotal:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kib| kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pairs_parse_and_reject_garbage() {
+        let map = pairs("--labels", "os=linux, pool=big").expect("valid");
+        assert_eq!(map.get("os").map(String::as_str), Some("linux"));
+        assert_eq!(map.len(), 2);
+        assert!(pairs("--labels", "").expect("empty").is_empty());
+        assert!(pairs("--labels", "os").is_err());
+        assert!(pairs("--labels", "os=a,os=b").is_err());
+        assert!(tokens("gpu=x").is_err());
+        assert_eq!(tokens("gpu=2").expect("valid").get("gpu"), Some(&2));
+    }
+}

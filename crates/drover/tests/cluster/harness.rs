@@ -1,0 +1,209 @@
+//! A cluster of real `drover` processes for a test, torn down on drop.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// The `drover` binary under test.
+pub(crate) fn drover() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_drover"));
+    cmd.env_remove("DROVER_COORDINATOR").env_remove("DROVER_TOKEN").env_remove("DROVER_LOG");
+    cmd
+}
+
+/// Waits for `condition`, polling, until `what` times out (a failure).
+pub(crate) fn eventually<T>(what: &str, mut condition: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        if let Some(value) = condition() {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+/// A coordinator and workers, each a child process.
+pub(crate) struct Cluster {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) url: String,
+    port: u16,
+    coordinator: Option<Child>,
+    workers: Vec<(String, Child)>,
+    token: Option<String>,
+}
+
+/// Scheduler settings that make losses quick to notice in tests.
+const CONFIG: &str = "[scheduler]\nlease_timeout = \"1500ms\"\n";
+
+impl Cluster {
+    /// A coordinator alone.
+    pub(crate) fn new() -> Cluster {
+        Cluster::with_token(None)
+    }
+
+    /// A coordinator that requires `token`, if given.
+    pub(crate) fn with_token(token: Option<&str>) -> Cluster {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("config.toml"), CONFIG).expect("config");
+        let mut cluster = Cluster {
+            dir,
+            url: String::new(),
+            port: 0,
+            coordinator: None,
+            workers: Vec::new(),
+            token: token.map(str::to_owned),
+        };
+        cluster.start_coordinator();
+        cluster
+    }
+
+    /// Starts the coordinator (again, on the same port and data after the
+    /// first time).
+    pub(crate) fn start_coordinator(&mut self) {
+        let mut cmd = drover();
+        cmd.args(["serve", "--listen", &format!("127.0.0.1:{}", self.port)])
+            .arg("--data")
+            .arg(self.dir.path().join("coordinator"))
+            .arg("--config")
+            .arg(self.dir.path().join("config.toml"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if let Some(token) = &self.token {
+            cmd.env("DROVER_TOKEN", token);
+        }
+        let mut child = cmd.spawn().expect("start drover serve");
+        let stderr = child.stderr.take().expect("stderr");
+        let mut lines = BufReader::new(stderr).lines();
+        let url = loop {
+            let line = lines.next().expect("drover serve exited before listening").expect("read stderr");
+            if let Some(url) = line.strip_prefix("drover coordinator listening on ") {
+                break url.to_owned();
+            }
+        };
+        // Keep draining its standard error so it never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        self.port = url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
+        self.url = url;
+        self.coordinator = Some(child);
+    }
+
+    /// Kills the coordinator with SIGKILL.
+    pub(crate) fn kill_coordinator(&mut self) {
+        let mut child = self.coordinator.take().expect("coordinator running");
+        child.kill().expect("kill coordinator");
+        child.wait().expect("reap coordinator");
+    }
+
+    /// Starts a worker named `name` with `slots` and extra arguments, and
+    /// waits until the coordinator sees it alive.
+    pub(crate) fn add_worker(&mut self, name: &str, slots: u32, extra: &[&str]) {
+        let mut cmd = drover();
+        cmd.args(["worker", "--coordinator", &self.url, "--name", name, "--slots", &slots.to_string()])
+            .arg("--cache")
+            .arg(self.dir.path().join(name))
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if let Some(token) = &self.token {
+            cmd.env("DROVER_TOKEN", token);
+        }
+        let child = cmd.spawn().expect("start drover worker");
+        self.workers.push((name.to_owned(), child));
+        eventually(&format!("worker {name} to register"), || {
+            let workers = self.workers_json();
+            workers.as_array()?.iter().any(|w| w["name"] == name && w["alive"] == true).then_some(())
+        });
+    }
+
+    /// Kills a worker with SIGKILL.
+    pub(crate) fn kill_worker(&mut self, name: &str) {
+        let i = self.workers.iter().position(|(n, _)| n == name).expect("worker exists");
+        let (_, mut child) = self.workers.remove(i);
+        child.kill().expect("kill worker");
+        child.wait().expect("reap worker");
+    }
+
+    /// A client command against this cluster.
+    pub(crate) fn client(&self, args: &[&str]) -> Command {
+        let mut cmd = drover();
+        cmd.args(args).env("DROVER_COORDINATOR", &self.url).current_dir(self.dir.path());
+        if let Some(token) = &self.token {
+            cmd.env("DROVER_TOKEN", token);
+        }
+        cmd
+    }
+
+    /// Runs a client command to its end.
+    pub(crate) fn run(&self, args: &[&str]) -> Output {
+        self.client(args).output().expect("run drover")
+    }
+
+    pub(crate) fn workers_json(&self) -> Value {
+        let out = self.run(&["workers", "--json"]);
+        serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+    }
+
+    /// `drover status BUILD --json`.
+    pub(crate) fn status(&self, build: u64) -> Value {
+        let out = self.run(&["status", &build.to_string(), "--json"]);
+        assert!(out.status.success(), "status failed: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("status JSON")
+    }
+
+    /// Writes a build file (and sources) into a fresh directory; returns the
+    /// build file's path.
+    pub(crate) fn project(&self, name: &str, build: &str, files: &[(&str, &str)]) -> PathBuf {
+        let root = self.dir.path().join(name);
+        for (path, text) in files {
+            let path = root.join(path);
+            std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+            std::fs::write(path, text).expect("write source");
+        }
+        std::fs::create_dir_all(&root).expect("mkdir");
+        let file = root.join("drover.yaml");
+        std::fs::write(&file, build).expect("write build file");
+        file
+    }
+
+    /// `drover submit FILE`: the build's ID.
+    pub(crate) fn submit(&self, file: &Path) -> u64 {
+        let out = self.run(&["submit", file.to_str().expect("utf-8")]);
+        assert!(out.status.success(), "submit failed: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().parse().expect("a build ID alone on stdout")
+    }
+
+    /// The path of a scratch file outside every sandbox.
+    pub(crate) fn scratch(&self, name: &str) -> String {
+        self.dir.path().join(name).to_str().expect("utf-8").to_owned()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for (_, child) in &mut self.workers {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if let Some(child) = &mut self.coordinator {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The job named `name` in a status document.
+pub(crate) fn job<'a>(status: &'a Value, name: &str) -> &'a Value {
+    status["jobs"].as_array().expect("jobs").iter().find(|j| j["name"] == name).expect("job in status")
+}
+
+/// Whether a process is gone (or a zombie waiting to be reaped).
+pub(crate) fn process_gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')),
+    }
+}

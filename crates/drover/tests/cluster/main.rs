@@ -1,0 +1,8 @@
+//! End-to-end tests with real processes on loopback: `drover serve`,
+//! `drover worker` and the client commands, in temporary directories.
+//!
+//! Every wait is for an observable condition (a file, a status, a process
+//! exit) with a generous deadline; no test asserts how long anything took.
+
+mod harness;
+mod scenarios;

@@ -1,0 +1,283 @@
+//! The scenarios a user meets: builds that succeed, share artifacts, hit the
+//! cache, fail, are cancelled, and survive a worker or the coordinator being
+//! killed.
+
+use std::path::Path;
+use std::process::Stdio;
+
+use serde_json::Value;
+
+use crate::harness::{Cluster, drover, eventually, job, process_gone};
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn wait_json(cluster: &Cluster, file: &Path, extra: &[&str]) -> (Option<i32>, Value) {
+    let mut args = vec!["submit", file.to_str().expect("utf-8"), "--wait", "--json"];
+    args.extend_from_slice(extra);
+    let out = cluster.run(&args);
+    let status = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("no status JSON ({e}); stderr: {}", stderr(&out)));
+    (out.status.code(), status)
+}
+
+#[test]
+fn one_command_build_succeeds_and_exports_its_output() {
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", 2, &[]);
+    let file =
+        cluster.project("one", "jobs:\n  - name: hello\n    run: \"echo hello > {{out}}/greeting\"\n", &[]);
+    let out_dir = cluster.dir.path().join("exported");
+    let (code, status) = wait_json(&cluster, &file, &["--out", out_dir.to_str().expect("utf-8")]);
+    assert_eq!(code, Some(0), "{status}");
+    assert_eq!(status["state"], "succeeded");
+    assert_eq!(job(&status, "hello")["state"], "succeeded");
+    assert_eq!(job(&status, "hello")["worker"], "w1");
+    assert_eq!(std::fs::read_to_string(out_dir.join("hello/greeting")).expect("exported"), "hello\n");
+}
+
+#[test]
+fn sources_in_subdirectories_are_visible_and_read_only() {
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", 1, &[]);
+    let file = cluster.project(
+        "nested",
+        "sources: [\"src/**\"]\njobs:\n  - name: cat\n    run:\n      - \"cat src/a/b/deep.txt src/top.txt > {{out}}/all\"\n      - \"test -f {{src}}/src/a/b/deep.txt\"\n",
+        &[("src/a/b/deep.txt", "deep\n"), ("src/top.txt", "top\n"), ("unlisted.txt", "no\n")],
+    );
+    let out_dir = cluster.dir.path().join("exported");
+    let (code, status) = wait_json(&cluster, &file, &["--out", out_dir.to_str().expect("utf-8")]);
+    assert_eq!(code, Some(0), "{status}");
+    assert_eq!(std::fs::read_to_string(out_dir.join("cat/all")).expect("exported"), "deep\ntop\n");
+}
+
+#[test]
+fn an_artifact_moves_between_workers() {
+    let mut cluster = Cluster::new();
+    cluster.add_worker("wa", 1, &["--labels", "role=a"]);
+    cluster.add_worker("wb", 1, &["--labels", "role=b"]);
+    let file = cluster.project(
+        "pass",
+        "jobs:\n  - name: make\n    labels: {role: a}\n    run: [\"mkdir {{out}}/d && echo payload > {{out}}/d/file && chmod +x {{out}}/d/file\"]\n  - name: use\n    needs: [make]\n    labels: {role: b}\n    run: [\"cat {{dep:make}}/d/file > {{out}}/copy\", \"test -x {{dep:make}}/d/file\"]\n",
+        &[],
+    );
+    let out_dir = cluster.dir.path().join("exported");
+    let (code, status) = wait_json(&cluster, &file, &["--out", out_dir.to_str().expect("utf-8")]);
+    assert_eq!(code, Some(0), "{status}");
+    assert_eq!(job(&status, "make")["worker"], "wa");
+    assert_eq!(job(&status, "use")["worker"], "wb");
+    assert_eq!(std::fs::read_to_string(out_dir.join("use/copy")).expect("exported"), "payload\n");
+}
+
+#[test]
+fn an_identical_second_build_runs_nothing() {
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", 2, &[]);
+    let counter = cluster.scratch("executions");
+    let build = format!(
+        "jobs:\n  - name: a\n    run: [\"echo a >> {counter}; echo a > {{{{out}}}}/a\"]\n  - name: b\n    needs: [a]\n    run: [\"echo b >> {counter}; cat {{{{dep:a}}}}/a > {{{{out}}}}/b\"]\n"
+    );
+    let file = cluster.project("twice", &build, &[]);
+    let (code, first) = wait_json(&cluster, &file, &[]);
+    assert_eq!(code, Some(0), "{first}");
+    let (code, second) = wait_json(&cluster, &file, &[]);
+    assert_eq!(code, Some(0), "{second}");
+    assert_eq!(job(&second, "a")["state"], "cached");
+    assert_eq!(job(&second, "b")["state"], "cached");
+    assert_eq!(std::fs::read_to_string(&counter).expect("counter"), "a\nb\n", "a job ran again");
+}
+
+#[test]
+fn a_failing_job_skips_its_dependents_and_fails_the_build() {
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", 2, &[]);
+    let file = cluster.project(
+        "fail",
+        "jobs:\n  - name: broken\n    run: [\"echo about to fail >&2; exit 3\"]\n  - name: after\n    needs: [broken]\n    run: [\"true\"]\n",
+        &[],
+    );
+    let out = cluster.run(&["submit", file.to_str().expect("utf-8"), "--wait", "--json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let status: Value = serde_json::from_slice(&out.stdout).expect("status JSON");
+    assert_eq!(status["state"], "failed");
+    assert_eq!(job(&status, "broken")["state"], "failed");
+    assert_eq!(job(&status, "broken")["exit_code"], 3);
+    assert_eq!(job(&status, "after")["state"], "skipped");
+    assert!(stderr(&out).contains("about to fail"), "the stderr tail is shown: {}", stderr(&out));
+    let log = cluster.run(&["logs", &status["id"].to_string(), "broken", "--stderr"]);
+    assert!(log.status.success(), "{}", stderr(&log));
+    assert_eq!(String::from_utf8_lossy(&log.stdout), "about to fail\n");
+}
+
+#[test]
+fn cancelling_a_build_leaves_no_process_behind() {
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", 2, &[]);
+    let pids = cluster.scratch("pids");
+    let build = format!(
+        "jobs:\n  - name: long\n    run: [\"sleep 1000 & echo $! >> {pids}; sleep 1000 & echo $! >> {pids}; echo $$ >> {pids}; wait\"]\n"
+    );
+    let file = cluster.project("cancel", &build, &[]);
+    let mut waiter = cluster
+        .client(&["submit", file.to_str().expect("utf-8"), "--wait"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("submit");
+    let pids: Vec<u32> = eventually("the job to start its processes", || {
+        let text = std::fs::read_to_string(&pids).ok()?;
+        let pids: Vec<u32> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        (pids.len() == 3).then_some(pids)
+    });
+    let out = cluster.run(&["status", "--json"]);
+    let builds: Value = serde_json::from_slice(&out.stdout).expect("builds");
+    let id = builds[0]["id"].as_u64().expect("id");
+    let out = cluster.run(&["cancel", &id.to_string()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let code = waiter.wait().expect("submit --wait ends");
+    assert_eq!(code.code(), Some(1));
+    eventually("every process of the job to be gone", || pids.iter().all(|&p| process_gone(p)).then_some(()));
+    let status = cluster.status(id);
+    assert_eq!(status["state"], "cancelled");
+}
+
+#[test]
+fn a_job_on_a_killed_worker_finishes_elsewhere() {
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", 1, &[]);
+    cluster.add_worker("w2", 1, &[]);
+    let mark = cluster.scratch("first-attempt");
+    let pid_file = cluster.scratch("pid");
+    let build = format!(
+        "jobs:\n  - name: slow\n    run: [\"if [ ! -e {mark} ]; then touch {mark}; echo $$ > {pid_file}; sleep 1000; fi; echo done > {{{{out}}}}/r\"]\n"
+    );
+    let file = cluster.project("loss", &build, &[]);
+    let id = cluster.submit(&file);
+    let pid: u32 = eventually("the first attempt to start", || {
+        std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
+    });
+    let status = cluster.status(id);
+    let first = job(&status, "slow")["worker"].as_str().expect("worker").to_owned();
+    cluster.kill_worker(&first);
+    eventually("the orphaned job to be killed with its worker", || process_gone(pid).then_some(()));
+    let status = eventually("the build to finish", || {
+        let status = cluster.status(id);
+        (status["state"] != "running" && status["state"] != "queued").then_some(status)
+    });
+    assert_eq!(status["state"], "succeeded", "{status}");
+    let slow = job(&status, "slow");
+    assert_ne!(slow["worker"].as_str(), Some(first.as_str()));
+    assert_eq!(slow["attempts"], 2);
+}
+
+#[test]
+fn a_build_survives_a_coordinator_crash() {
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", 2, &[]);
+    let go = cluster.scratch("go");
+    let started = cluster.scratch("started");
+    let build = format!(
+        "sources: [\"in.txt\"]\njobs:\n  - name: first\n    run: [\"touch {started}; while [ ! -e {go} ]; do sleep 0.05; done; tr a-z A-Z < in.txt > {{{{out}}}}/up\"]\n  - name: second\n    needs: [first]\n    run: [\"cat {{{{dep:first}}}}/up {{{{dep:first}}}}/up > {{{{out}}}}/twice\"]\n"
+    );
+    let file = cluster.project("crash", &build, &[("in.txt", "abc\n")]);
+    let out_dir = cluster.dir.path().join("exported");
+    let waiter = cluster
+        .client(&[
+            "submit",
+            file.to_str().expect("utf-8"),
+            "--wait",
+            "--json",
+            "--out",
+            out_dir.to_str().expect("utf-8"),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("submit");
+    eventually("the first job to start", || Path::new(&started).exists().then_some(()));
+    cluster.kill_coordinator();
+    cluster.start_coordinator();
+    std::fs::write(&go, "").expect("go");
+    let out = waiter.wait_with_output().expect("submit --wait ends");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let status: Value = serde_json::from_slice(&out.stdout).expect("status JSON");
+    assert_eq!(status["state"], "succeeded");
+    assert_eq!(std::fs::read_to_string(out_dir.join("second/twice")).expect("exported"), "ABC\nABC\n");
+}
+
+#[test]
+fn a_malformed_build_file_is_refused_with_its_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("drover.yaml");
+    std::fs::write(
+        &file,
+        "jobs:\n  - name: a\n    run: [\"true\"]\n  - name: b\n    needs: [nope]\n    run: [\"true\"]\n",
+    )
+    .expect("write");
+    // No coordinator runs: nothing may be contacted before the file is valid.
+    let out = drover()
+        .args(["submit", file.to_str().expect("utf-8"), "--coordinator", "http://127.0.0.1:9"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(err.contains("drover.yaml:5"), "names the line: {err}");
+    assert!(err.contains("\"b\""), "names the job: {err}");
+    assert!(out.stdout.is_empty(), "no build ID is printed");
+}
+
+#[test]
+fn a_token_is_required_when_configured() {
+    let mut cluster = Cluster::with_token(Some("s3cret"));
+    cluster.add_worker("w1", 1, &[]);
+    let file = cluster.project("token", "jobs:\n  - name: a\n    run: [\"true\"]\n", &[]);
+    let denied = cluster
+        .client(&["submit", file.to_str().expect("utf-8")])
+        .env("DROVER_TOKEN", "wrong")
+        .output()
+        .expect("run");
+    assert_eq!(denied.status.code(), Some(2), "{}", stderr(&denied));
+    assert!(
+        stderr(&denied).contains("401") || stderr(&denied).to_lowercase().contains("token"),
+        "{}",
+        stderr(&denied)
+    );
+    let (code, status) = wait_json(&cluster, &file, &[]);
+    assert_eq!(code, Some(0), "{status}");
+}
+
+#[test]
+fn run_builds_the_c_example_on_an_embedded_cluster() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/hello-c/drover.yaml");
+    let out_dir = dir.path().join("out");
+    let out = drover()
+        .arg("run")
+        .arg(&example)
+        .arg("--out")
+        .arg(&out_dir)
+        .arg("--state")
+        .arg(dir.path().join("state"))
+        .arg("--json")
+        .output()
+        .expect("drover run");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let status: Value = serde_json::from_slice(&out.stdout).expect("status JSON");
+    assert_eq!(status["state"], "succeeded");
+    // `test` is the only job nothing depends on: its output is exported.
+    let output = std::fs::read_to_string(out_dir.join("test/output.txt")).expect("exported");
+    assert!(output.contains("the answer is 42"), "{output}");
+    // A second run finds everything cached.
+    let again = drover()
+        .arg("run")
+        .arg(&example)
+        .arg("--state")
+        .arg(dir.path().join("state"))
+        .arg("--json")
+        .output()
+        .expect("drover run");
+    assert_eq!(again.status.code(), Some(0), "{}", stderr(&again));
+    let status: Value = serde_json::from_slice(&again.stdout).expect("status JSON");
+    assert!(status["jobs"].as_array().expect("jobs").iter().all(|j| j["state"] == "cached"), "{status}");
+}

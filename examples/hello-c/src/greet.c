@@ -1,0 +1,3 @@
+#include "greet.h"
+
+const char *greeting(void) { return "hello from drover"; }
