@@ -16,6 +16,7 @@ use std::time::Duration;
 use drover_cas::Cas;
 use drover_http::Http;
 use drover_solver::Solver;
+pub use drover_store::Durability;
 use drover_store::Store;
 
 /// How to run a coordinator.
@@ -34,6 +35,8 @@ pub struct CoordinatorConfig {
     pub source_cache_bytes: u64,
     /// Largest single uploaded file.
     pub max_blob: u64,
+    /// What a recorded input survives (default: a crash of the process).
+    pub durability: Durability,
 }
 
 impl CoordinatorConfig {
@@ -46,6 +49,7 @@ impl CoordinatorConfig {
             core: drover_core::Config { lease_timeout: drover_core::Millis(15_000), ..Default::default() },
             source_cache_bytes: 20 << 30,
             max_blob: 4 << 30,
+            durability: Durability::default(),
         }
     }
 }
@@ -107,7 +111,7 @@ impl Coordinator {
 pub async fn start(config: CoordinatorConfig) -> Result<Coordinator, CoordinatorError> {
     let dir_err = |source| CoordinatorError::DataDir { path: config.data_dir.display().to_string(), source };
     std::fs::create_dir_all(&config.data_dir).map_err(dir_err)?;
-    let store = Store::open(&config.data_dir.join("state.db"))?;
+    let store = Store::open_with(&config.data_dir.join("state.db"), config.durability)?;
     let blobs = Arc::new(Cas::open(&config.data_dir.join("sources"), config.source_cache_bytes)?);
     let shared = state::start(store, Solver::new(config.core.clone()))?;
     let app = api::App {

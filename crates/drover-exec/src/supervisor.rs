@@ -280,7 +280,13 @@ impl Supervisor {
 
         if !report.terminated {
             self.reap();
-            let left = procfs::descendants(self.me).iter().filter(|p| p.alive()).count();
+            // As a subreaper, every descendant left is (or becomes, once its
+            // parent exits) our child: with none, there is nothing to scan.
+            let left = if self.no_children {
+                0
+            } else {
+                procfs::descendants(self.me).iter().filter(|p| p.alive()).count()
+            };
             if left > 0 {
                 self.log(&format!(
                     "drover: {left} process(es) still running after the job's commands ended; terminating them"

@@ -38,6 +38,18 @@ pub enum StoreError {
 
 const SCHEMA_VERSION: i64 = 1;
 
+/// What an appended batch survives once [`Store::append`] returns.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Durability {
+    /// A crash of the process (SIGKILL, panic, OOM kill): the batch is in
+    /// the write-ahead log, in the operating system's hands. Power loss or
+    /// a kernel crash may lose the last batches. No fsync per batch.
+    #[default]
+    ProcessCrash,
+    /// Also power loss and kernel crashes: every batch is fsynced.
+    PowerLoss,
+}
+
 /// One recorded input: when it was handled (milliseconds) and its encoding.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record {
@@ -58,13 +70,22 @@ pub struct Store {
 }
 
 impl Store {
-    /// Opens (or creates) the log at `path`.
+    /// Opens (or creates) the log at `path`, durable against power loss.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
+        Store::open_with(path, Durability::PowerLoss)
+    }
+
+    /// Opens (or creates) the log at `path` with the given durability.
+    pub fn open_with(path: &Path, durability: Durability) -> Result<Store, StoreError> {
         let name = path.display().to_string();
         let err = |source| StoreError::Sqlite { path: name.clone(), source };
         let conn = Connection::open(path).map_err(err)?;
         conn.pragma_update(None, "journal_mode", "WAL").map_err(err)?;
-        conn.pragma_update(None, "synchronous", "FULL").map_err(err)?;
+        let synchronous = match durability {
+            Durability::PowerLoss => "FULL",
+            Durability::ProcessCrash => "NORMAL",
+        };
+        conn.pragma_update(None, "synchronous", synchronous).map_err(err)?;
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
              CREATE TABLE IF NOT EXISTS inputs (seq INTEGER PRIMARY KEY, at INTEGER NOT NULL, body BLOB NOT NULL);",
@@ -91,8 +112,8 @@ impl Store {
     }
 
     /// Appends a batch durably, in one transaction; returns the sequence
-    /// number of its last record. When this returns, the batch survives a
-    /// crash or power loss.
+    /// number of its last record. When this returns, the batch survives
+    /// what the store's [`Durability`] says.
     pub fn append<'a>(
         &mut self,
         batch: impl IntoIterator<Item = (u64, &'a [u8])>,

@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// drover: a distributed scheduler for build and CI work.
 ///
@@ -42,6 +42,9 @@ pub(crate) enum Command {
     Workers(WorkersArgs),
     /// Print a job's output log.
     Logs(LogsArgs),
+    /// Measure throughput, dependency latency and no-op rebuilds on an
+    /// embedded cluster (results as a Markdown table).
+    Bench(BenchArgs),
 }
 
 /// Where the coordinator is and how to talk to it.
@@ -200,4 +203,33 @@ pub(crate) struct LogsArgs {
     pub(crate) stderr: bool,
     #[command(flatten)]
     pub(crate) remote: Remote,
+}
+
+/// Which benchmark to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Scenario {
+    /// Every one below.
+    All,
+    /// Independent `true` jobs against the process-spawn floor.
+    Throughput,
+    /// A chain of dependent jobs: scheduling overhead per link.
+    Chain,
+    /// A fully cached rebuild.
+    Noop,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct BenchArgs {
+    /// Which benchmark.
+    #[arg(default_value = "all")]
+    pub(crate) scenario: Scenario,
+    /// Jobs in the throughput benchmark.
+    #[arg(long, default_value_t = 10_000)]
+    pub(crate) jobs: usize,
+    /// Length of the chain.
+    #[arg(long, default_value_t = 1_000)]
+    pub(crate) chain: usize,
+    /// Jobs in the no-op rebuild.
+    #[arg(long, default_value_t = 1_000)]
+    pub(crate) noop: usize,
 }

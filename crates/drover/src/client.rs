@@ -128,10 +128,15 @@ fn reach(base: &str) -> impl Fn(HttpError) -> Failure + '_ {
 }
 
 /// Uploads and submits; returns the build's ID.
-async fn submit_loaded(http: &Http, base: &str, loaded: &Loaded, args: &BuildArgs) -> Result<u64, Failure> {
+pub(crate) async fn submit_loaded(
+    http: &Http,
+    base: &str,
+    loaded: &Loaded,
+    tenant: &str,
+    no_cache: bool,
+) -> Result<u64, Failure> {
     upload(http, base, loaded).await?;
-    let request =
-        SubmitRequest { build: loaded.spec.clone(), tenant: args.tenant.clone(), no_cache: args.no_cache };
+    let request = SubmitRequest { build: loaded.spec.clone(), tenant: tenant.to_owned(), no_cache };
     if loaded.max_parallel.is_some() {
         tracing::warn!("max_parallel is not enforced yet; the build runs without a cap");
     }
@@ -148,7 +153,7 @@ pub(crate) async fn build_and_wait(
     args: &BuildArgs,
 ) -> Result<(), Failure> {
     let started = Instant::now();
-    let id = submit_loaded(http, base, &loaded, args).await?;
+    let id = submit_loaded(http, base, &loaded, &args.tenant, args.no_cache).await?;
     let status = follow(http, base, id, loaded.spec.jobs.len()).await?;
     finish(http, base, &loaded, args, &status, started).await
 }
@@ -185,10 +190,22 @@ async fn finish(
     if status.state == BuildState::Succeeded { Ok(()) } else { Err(Failure::Build) }
 }
 
-/// Follows a build's events until it ends, showing progress; reconnects
-/// (from the last event seen) when the stream breaks.
+/// Follows a build's events until it ends, showing progress.
 async fn follow(http: &Http, base: &str, id: u64, total: usize) -> Result<BuildStatus, Failure> {
     let mut progress = Progress::new(id, total);
+    let result = follow_events(http, base, id, |event| progress.event(event)).await;
+    progress.clear();
+    result
+}
+
+/// Follows a build's events until it ends, handing each to `on_event`;
+/// reconnects (from the last event seen) when the stream breaks.
+pub(crate) async fn follow_events(
+    http: &Http,
+    base: &str,
+    id: u64,
+    mut on_event: impl FnMut(&BuildEvent),
+) -> Result<BuildStatus, Failure> {
     let mut next = 0u64;
     let mut failures = 0u32;
     'outer: loop {
@@ -201,7 +218,6 @@ async fn follow(http: &Http, base: &str, id: u64, total: usize) -> Result<BuildS
             Err(e) => {
                 failures += 1;
                 if failures > 120 {
-                    progress.clear();
                     return Err(Failure::Runtime(anyhow!(
                         "lost the coordinator while following build {id}: {e}"
                     )));
@@ -221,7 +237,7 @@ async fn follow(http: &Http, base: &str, id: u64, total: usize) -> Result<BuildS
                 continue;
             }
             next = event.seq + 1;
-            progress.event(&event);
+            on_event(&event);
             if let EventKind::BuildFinished { .. } = event.kind {
                 break 'outer;
             }
@@ -229,7 +245,6 @@ async fn follow(http: &Http, base: &str, id: u64, total: usize) -> Result<BuildS
         // The stream ended without the build's end: the coordinator went away.
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    progress.clear();
     let status: BuildStatus =
         http.get_json(&api(base, &format!("/v1/builds/{id}"))).await.map_err(anyhow::Error::from)?;
     Ok(status)
@@ -327,7 +342,7 @@ pub(crate) async fn submit(args: SubmitArgs) -> Result<(), Failure> {
     let http = connect(&args.remote);
     let base = &args.remote.coordinator;
     let started = Instant::now();
-    let id = submit_loaded(&http, base, &loaded, &args.build).await?;
+    let id = submit_loaded(&http, base, &loaded, &args.build.tenant, args.build.no_cache).await?;
     if !(args.wait && args.build.json) {
         println!("{id}");
     }

@@ -31,6 +31,17 @@ fn supervisor() -> anyhow::Result<Supervisor> {
 struct ConfigFile {
     #[serde(default)]
     scheduler: SchedulerSection,
+    #[serde(default)]
+    store: StoreSection,
+}
+
+/// The `[store]` table.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StoreSection {
+    /// `"process-crash"` (default) or `"power-loss"`: what a recorded
+    /// input survives.
+    durability: Option<String>,
 }
 
 /// The `[scheduler]` table: durations as text (`"2s"`, `"150ms"`).
@@ -71,6 +82,14 @@ fn coordinator_config(args: &ServeArgs) -> anyhow::Result<CoordinatorConfig> {
         core.lease_timeout = millis("lease_timeout", &s.lease_timeout, core.lease_timeout)?;
         core.unplaceable_grace = millis("unplaceable_grace", &s.unplaceable_grace, core.unplaceable_grace)?;
         core.seed = s.seed.unwrap_or(core.seed);
+        config.durability = match file.store.durability.as_deref() {
+            None | Some("process-crash") => drover_coordinator::Durability::ProcessCrash,
+            Some("power-loss") => drover_coordinator::Durability::PowerLoss,
+            Some(other) => anyhow::bail!(
+                "{}: [store] durability must be \"process-crash\" or \"power-loss\", not {other:?}",
+                path.display()
+            ),
+        };
     }
     Ok(config)
 }
@@ -151,24 +170,48 @@ async fn shutdown_signal() {
     }
 }
 
+/// A coordinator and local workers in this process, on loopback.
+#[derive(Debug)]
+pub(crate) struct Embedded {
+    /// The coordinator's URL.
+    pub(crate) url: String,
+    // Kept for their lifetime: the servers run on the runtime's tasks.
+    _coordinator: drover_coordinator::Coordinator,
+    _workers: Vec<drover_worker::Worker>,
+}
+
+impl Embedded {
+    /// Starts a coordinator with its state in `state/coordinator` and
+    /// `workers` workers with `slots` each (caches in `state/worker-N`), and
+    /// waits until every worker has registered.
+    pub(crate) async fn start(state: &Path, workers: u32, slots: u32) -> Result<Embedded, Failure> {
+        let coordinator = embedded_coordinator(state).await.map_err(Failure::Runtime)?;
+        let url = coordinator.url();
+        let mut started = Vec::new();
+        for i in 1..=workers {
+            let config = embedded_worker(state, i, slots, &url).map_err(Failure::Runtime)?;
+            started.push(drover_worker::start(config).await.map_err(|e| Failure::Runtime(e.into()))?);
+        }
+        let embedded = Embedded { url, _coordinator: coordinator, _workers: started };
+        client::wait_for_workers(&embedded.http(), &embedded.url, workers as usize).await?;
+        Ok(embedded)
+    }
+
+    /// A client for it.
+    pub(crate) fn http(&self) -> drover_http::Http {
+        client::connect(&crate::cli::Remote { coordinator: self.url.clone(), token: None })
+    }
+}
+
 /// `drover run`: an embedded coordinator and workers on loopback, then the
 /// build as `submit --wait` would run it.
 pub(crate) async fn run(args: RunArgs) -> Result<(), Failure> {
     // Check the build file before starting anything.
     let loaded = client::load(&args.build.file)?;
-    let state = &args.state;
-    let coordinator = embedded_coordinator(state).await.map_err(Failure::Runtime)?;
-    let url = coordinator.url();
     let slots = args.slots.unwrap_or_else(|| units::cpus().div_ceil(args.workers).max(1));
-    let mut workers = Vec::new();
-    for i in 1..=args.workers {
-        let config = embedded_worker(state, i, slots, &url).map_err(Failure::Runtime)?;
-        workers.push(drover_worker::start(config).await.map_err(|e| Failure::Runtime(e.into()))?);
-    }
-    let remote = crate::cli::Remote { coordinator: url, token: None };
-    let http = client::connect(&remote);
-    client::wait_for_workers(&http, &remote.coordinator, args.workers as usize).await?;
-    let work = client::build_and_wait(&http, &remote.coordinator, loaded, &args.build);
+    let cluster = Embedded::start(&args.state, args.workers, slots).await?;
+    let http = cluster.http();
+    let work = client::build_and_wait(&http, &cluster.url, loaded, &args.build);
     tokio::select! {
         result = work => result,
         () = shutdown_signal() => {

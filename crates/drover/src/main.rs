@@ -6,6 +6,7 @@
 //! cluster could not be reached after the build was submitted); 2 bad usage
 //! or bad input, with nothing submitted.
 
+mod bench;
 mod cli;
 mod client;
 mod cluster;
@@ -37,8 +38,7 @@ impl From<anyhow::Error> for Failure {
 
 fn main() -> ExitCode {
     // Jobs run under a supervisor: the worker re-executes this binary.
-    let args: Vec<String> = std::env::args().collect();
-    if args.get(1).map(String::as_str) == Some(cluster::SUPERVISE_ARG) {
+    if std::env::args_os().nth(1).is_some_and(|arg| arg == cluster::SUPERVISE_ARG) {
         let code = drover_exec::supervisor_main();
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
@@ -86,5 +86,6 @@ async fn dispatch(command: Command) -> Result<(), Failure> {
         Command::Cancel(args) => client::cancel(args).await,
         Command::Workers(args) => client::workers(args).await,
         Command::Logs(args) => client::logs(args).await,
+        Command::Bench(args) => bench::run(args).await,
     }
 }

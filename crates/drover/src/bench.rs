@@ -1,0 +1,233 @@
+//! `drover bench`: end-to-end benchmarks on an embedded cluster, next to the
+//! floor the machine allows. Prints a Markdown table (BENCHMARKS.md keeps
+//! the results).
+//!
+//! - `throughput`: N independent `true` jobs on 2 workers with 2 slots each,
+//!   against the floor of spawning `sh -c true` N times, 2 at a time.
+//! - `chain`: N jobs, each needing the one before; the scheduling overhead
+//!   of a link is the time from a job's end to its successor's start as the
+//!   coordinator saw them.
+//! - `noop`: a graph of N jobs built once, then again with everything cached.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use drover_proto::{BuildEvent, BuildState, EventKind};
+
+use crate::Failure;
+use crate::cli::{BenchArgs, Scenario};
+use crate::client;
+use crate::cluster::Embedded;
+
+/// One measured row.
+#[derive(Debug)]
+struct Row {
+    name: String,
+    value: String,
+    target: String,
+}
+
+/// Runs the chosen scenarios and prints the table.
+pub(crate) async fn run(args: BenchArgs) -> Result<(), Failure> {
+    let dir = tempfile::tempdir().context("a scratch directory").map_err(Failure::Runtime)?;
+    let mut rows = Vec::new();
+    let all = args.scenario == Scenario::All;
+    if all || args.scenario == Scenario::Throughput {
+        rows.extend(throughput(dir.path(), args.jobs).await?);
+    }
+    if all || args.scenario == Scenario::Chain {
+        rows.extend(chain(dir.path(), args.chain).await?);
+    }
+    if all || args.scenario == Scenario::Noop {
+        rows.extend(noop(dir.path(), args.noop).await?);
+    }
+    println!("| benchmark | result | target |\n|---|---|---|");
+    for row in rows {
+        println!("| {} | {} | {} |", row.name, row.value, row.target);
+    }
+    Ok(())
+}
+
+/// Writes a build file of `jobs` (name, needs, command) and loads it.
+fn build_file(
+    dir: &Path,
+    name: &str,
+    jobs: &[(String, Vec<String>, String)],
+) -> Result<client::Loaded, Failure> {
+    let mut text = String::from("jobs:\n");
+    for (job, needs, command) in jobs {
+        let _ = writeln!(text, "  - name: {job}\n    run: [\"{command}\"]");
+        if !needs.is_empty() {
+            let _ = writeln!(text, "    needs: [{}]", needs.join(", "));
+        }
+    }
+    let project = dir.join(name);
+    std::fs::create_dir_all(&project).context("scratch project").map_err(Failure::Runtime)?;
+    let file = project.join("drover.yaml");
+    std::fs::write(&file, text).context("scratch build file").map_err(Failure::Runtime)?;
+    client::load(&file)
+}
+
+/// Submits and waits, returning the events, the final state and the time
+/// from submission to the end.
+async fn measure(
+    cluster: &Embedded,
+    loaded: &client::Loaded,
+) -> Result<(Vec<BuildEvent>, Duration), Failure> {
+    let http = cluster.http();
+    let start = Instant::now();
+    let id = client::submit_loaded(&http, &cluster.url, loaded, "bench", false).await?;
+    let mut events = Vec::new();
+    let status = client::follow_events(&http, &cluster.url, id, |e| events.push(e.clone())).await?;
+    let elapsed = start.elapsed();
+    if status.state != BuildState::Succeeded {
+        return Err(Failure::Runtime(anyhow::anyhow!("the benchmark build ended {}", status.state)));
+    }
+    Ok((events, elapsed))
+}
+
+fn rate(n: usize, d: Duration) -> f64 {
+    n as f64 / d.as_secs_f64()
+}
+
+async fn throughput(dir: &Path, n: usize) -> Result<Vec<Row>, Failure> {
+    eprintln!("throughput: {n} independent jobs on 2 workers x 2 slots ...");
+    let jobs: Vec<_> = (0..n).map(|i| (format!("j{i}"), Vec::new(), format!("true {i}"))).collect();
+    let loaded = build_file(dir, "throughput", &jobs)?;
+    let cluster = Embedded::start(&dir.join("throughput-state"), 2, 2).await?;
+    let (_, elapsed) = measure(&cluster, &loaded).await?;
+    eprintln!("throughput: the floor (sh -c true, {n} times, 2 at a time) ...");
+    let floor = tokio::task::spawn_blocking(move || spawn_floor(n))
+        .await
+        .context("floor")
+        .map_err(Failure::Runtime)?
+        .map_err(Failure::Runtime)?;
+    let ours = rate(n, elapsed);
+    let floor_rate = rate(n, floor);
+    Ok(vec![
+        Row {
+            name: format!("throughput, {n} `true` jobs"),
+            value: format!("{ours:.0} jobs/s ({:.1}s)", elapsed.as_secs_f64()),
+            target: String::new(),
+        },
+        Row {
+            name: "floor: `sh -c true`, 2 at a time".into(),
+            value: format!("{floor_rate:.0} jobs/s"),
+            target: String::new(),
+        },
+        Row {
+            name: "throughput / floor".into(),
+            value: format!("{:.0}%", 100.0 * ours / floor_rate),
+            target: "at least 70%".into(),
+        },
+    ])
+}
+
+/// Spawns `sh -c true` `n` times on two threads.
+fn spawn_floor(n: usize) -> anyhow::Result<Duration> {
+    let start = Instant::now();
+    let spawn = |count: usize| -> anyhow::Result<()> {
+        for i in 0..count {
+            let status = std::process::Command::new("sh").arg("-c").arg(format!("true {i}")).status()?;
+            anyhow::ensure!(status.success(), "sh -c true failed");
+        }
+        Ok(())
+    };
+    std::thread::scope(|scope| {
+        let a = scope.spawn(|| spawn(n / 2));
+        let b = spawn(n - n / 2);
+        a.join().map_err(|_| anyhow::anyhow!("floor thread panicked"))??;
+        b
+    })?;
+    Ok(start.elapsed())
+}
+
+async fn chain(dir: &Path, n: usize) -> Result<Vec<Row>, Failure> {
+    eprintln!("chain: {n} dependent jobs ...");
+    let jobs: Vec<_> = (0..n)
+        .map(|i| {
+            let needs = if i == 0 { Vec::new() } else { vec![format!("c{}", i - 1)] };
+            (format!("c{i}"), needs, format!("true {i}"))
+        })
+        .collect();
+    let loaded = build_file(dir, "chain", &jobs)?;
+    let cluster = Embedded::start(&dir.join("chain-state"), 2, 2).await?;
+    let (events, elapsed) = measure(&cluster, &loaded).await?;
+    let mut finished = BTreeMap::new();
+    let mut started = BTreeMap::new();
+    for e in &events {
+        match &e.kind {
+            EventKind::JobFinished { job, .. } => {
+                finished.insert(job.clone(), e.at);
+            }
+            EventKind::JobStarted { job, .. } => {
+                started.insert(job.clone(), e.at);
+            }
+            _ => {}
+        }
+    }
+    let mut gaps: Vec<u64> = (1..n)
+        .filter_map(|i| {
+            Some(started.get(&format!("c{i}"))?.saturating_sub(*finished.get(&format!("c{}", i - 1))?))
+        })
+        .collect();
+    gaps.sort_unstable();
+    let median = gaps.get(gaps.len() / 2).copied().unwrap_or(0);
+    let p90 = gaps.get(gaps.len() * 9 / 10).copied().unwrap_or(0);
+    Ok(vec![
+        Row {
+            name: format!("chain of {n}: wall time per link (job included)"),
+            value: format!("{:.2} ms", elapsed.as_secs_f64() * 1000.0 / n as f64),
+            target: String::new(),
+        },
+        Row {
+            name: format!("chain of {n}: scheduling overhead per link, median (p90)"),
+            value: format!("{median} ms ({p90} ms), at the coordinator's millisecond clock"),
+            target: "under 2 ms".into(),
+        },
+    ])
+}
+
+async fn noop(dir: &Path, n: usize) -> Result<Vec<Row>, Failure> {
+    eprintln!("noop: {n} jobs built, then rebuilt with everything cached ...");
+    // Layers of 50 jobs, each needing two jobs of the layer before.
+    let width = 50;
+    let jobs: Vec<_> = (0..n)
+        .map(|i| {
+            let mut needs = Vec::new();
+            if i >= width {
+                needs.push(format!("n{}", i - width));
+                if i % width != width - 1 {
+                    needs.push(format!("n{}", i - width + 1));
+                }
+            }
+            (format!("n{i}"), needs, format!("echo {i} > {{{{out}}}}/r"))
+        })
+        .collect();
+    let loaded = build_file(dir, "noop", &jobs)?;
+    let cluster = Embedded::start(&dir.join("noop-state"), 2, 2).await?;
+    let (_, cold) = measure(&cluster, &loaded).await?;
+    let (events, warm) = measure(&cluster, &loaded).await?;
+    let cached = events
+        .iter()
+        .filter(|e| matches!(&e.kind, EventKind::JobFinished { state: drover_proto::JobState::Cached, .. }))
+        .count();
+    if cached != n {
+        return Err(Failure::Runtime(anyhow::anyhow!("the rebuild ran {} of {n} jobs again", n - cached)));
+    }
+    Ok(vec![
+        Row {
+            name: format!("first build of {n} jobs"),
+            value: format!("{:.2} s", cold.as_secs_f64()),
+            target: String::new(),
+        },
+        Row {
+            name: format!("no-op rebuild of {n} jobs (all cached)"),
+            value: format!("{:.3} s", warm.as_secs_f64()),
+            target: "under 2 s".into(),
+        },
+    ])
+}
