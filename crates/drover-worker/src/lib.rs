@@ -137,11 +137,13 @@ impl Worker {
 }
 
 /// Opens the cache, starts serving and joins the cluster.
-pub async fn start(config: WorkerConfig) -> Result<Worker, WorkerError> {
+pub async fn start(mut config: WorkerConfig) -> Result<Worker, WorkerError> {
     let dir_err = |path: &PathBuf| {
         let path = path.display().to_string();
         move |source| WorkerError::Dir { path, source }
     };
+    // Paths handed to jobs must not depend on their working directory.
+    config.dir = std::path::absolute(&config.dir).map_err(dir_err(&config.dir))?;
     let runs = config.dir.join("runs");
     // Run directories of an earlier life are stale: their runs are gone.
     if runs.exists() {

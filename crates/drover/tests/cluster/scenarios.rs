@@ -251,15 +251,15 @@ fn a_token_is_required_when_configured() {
 fn run_builds_the_c_example_on_an_embedded_cluster() {
     let dir = tempfile::tempdir().expect("tempdir");
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/hello-c/drover.yaml");
+    // The state goes to ./.drover, a relative path, as in the quick start.
     let out_dir = dir.path().join("out");
     let out = drover()
         .arg("run")
         .arg(&example)
         .arg("--out")
         .arg(&out_dir)
-        .arg("--state")
-        .arg(dir.path().join("state"))
         .arg("--json")
+        .current_dir(dir.path())
         .output()
         .expect("drover run");
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
@@ -272,9 +272,8 @@ fn run_builds_the_c_example_on_an_embedded_cluster() {
     let again = drover()
         .arg("run")
         .arg(&example)
-        .arg("--state")
-        .arg(dir.path().join("state"))
         .arg("--json")
+        .current_dir(dir.path())
         .output()
         .expect("drover run");
     assert_eq!(again.status.code(), Some(0), "{}", stderr(&again));
