@@ -560,10 +560,18 @@ impl Scheduler {
             labels,
             ..WorkerResources::default()
         };
+        // Token names new to the core are interned only once the event is
+        // accepted: a refused event changes nothing. No job uses them yet,
+        // so they cannot matter to the over-commit check.
+        let mut new_tokens = Vec::new();
         for (token, amount) in capacity.tokens {
             if amount > 0 {
-                let t = self.intern_token(&token);
-                res.tokens.insert(t, amount);
+                match self.token_index.get(&token) {
+                    Some(&t) => {
+                        res.tokens.insert(t, amount);
+                    }
+                    None => new_tokens.push((token, amount)),
+                }
             }
         }
         let mut withdrawn = Vec::new();
@@ -612,6 +620,10 @@ impl Scheduler {
                 w
             }
         };
+        for (token, amount) in new_tokens {
+            let t = self.intern_token(&token);
+            self.workers[w as usize].res.tokens.insert(t, amount);
+        }
         self.set_capabilities(w, true);
         withdrawn.retain(|&c| self.classes[c as usize].capable == 0);
         self.renew_lease(w);
@@ -1183,7 +1195,24 @@ impl Scheduler {
                     break;
                 }
                 if let Some(j) = worker.reserved {
-                    let key = &self.classes[self.job(j).class as usize].key;
+                    let job = self.job(j);
+                    // The worker or the job may have changed since the
+                    // reservation was made (labels, capacity, evicted
+                    // artifacts): a reservation only holds while the worker
+                    // could run the job and still sees it in its queues.
+                    let capable = worker.capable.get(job.class as usize).copied().unwrap_or(false);
+                    let visible = job.places.iter().any(|p| match p {
+                        Place::First(x) | Place::Second(x) => *x == w,
+                        Place::Global => true,
+                    });
+                    if !capable || !visible {
+                        self.workers[w as usize].reserved = None;
+                        self.job_mut(j).reserved_on = None;
+                        // Workers that held back for the reservation may take the job.
+                        self.dirty.extend(self.hungry.iter().copied());
+                        continue;
+                    }
+                    let key = &self.classes[job.class as usize].key;
                     if worker.res.fits(key, None) {
                         self.assign(w, j);
                         continue;

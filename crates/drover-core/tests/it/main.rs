@@ -1,7 +1,9 @@
 //! Integration tests of drover-core: scenario scripts (`scenarios`), property
-//! tests over random event sequences (`properties`), and the crate's
+//! tests over random event sequences (`properties`), reservation regressions
+//! (`reservations`), and the crate's
 //! dependency rules (`boundaries`). One binary, so one link step.
 
 mod boundaries;
 mod properties;
+mod reservations;
 mod scenario;

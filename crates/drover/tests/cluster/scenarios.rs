@@ -269,13 +269,8 @@ fn run_builds_the_c_example_on_an_embedded_cluster() {
     let output = std::fs::read_to_string(out_dir.join("test/output.txt")).expect("exported");
     assert!(output.contains("the answer is 42"), "{output}");
     // A second run finds everything cached.
-    let again = drover()
-        .arg("run")
-        .arg(&example)
-        .arg("--json")
-        .current_dir(dir.path())
-        .output()
-        .expect("drover run");
+    let again =
+        drover().arg("run").arg(&example).arg("--json").current_dir(dir.path()).output().expect("drover run");
     assert_eq!(again.status.code(), Some(0), "{}", stderr(&again));
     let status: Value = serde_json::from_slice(&again.stdout).expect("status JSON");
     assert!(status["jobs"].as_array().expect("jobs").iter().all(|j| j["state"] == "cached"), "{status}");
