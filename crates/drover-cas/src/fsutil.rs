@@ -152,3 +152,15 @@ pub(crate) fn copy_stored_file(
     }
     Ok(())
 }
+
+/// Takes an exclusive lock on `dir/LOCK` (created if missing) for as long as
+/// the returned file is open; `None` if another process holds it. Keeps two
+/// processes from sharing a cache or state directory.
+pub fn try_lock_dir(dir: &Path) -> io::Result<Option<File>> {
+    let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(dir.join("LOCK"))?;
+    match file.try_lock() {
+        Ok(()) => Ok(Some(file)),
+        Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+        Err(std::fs::TryLockError::Error(e)) => Err(e),
+    }
+}

@@ -68,6 +68,7 @@ use std::time::SystemTime;
 
 pub use artifact::{ArtifactGuard, ArtifactWriter};
 pub use error::CasError;
+pub use fsutil::try_lock_dir;
 pub use key::{Key, ParseKeyError};
 pub use manifest::ArtifactInfo;
 

@@ -66,6 +66,9 @@ pub enum CoordinatorError {
         #[source]
         source: std::io::Error,
     },
+    /// Another coordinator uses the data directory.
+    #[error("data directory {0} is in use by another coordinator (one coordinator per directory)")]
+    Busy(String),
     /// The state log failed.
     #[error(transparent)]
     Store(#[from] drover_store::StoreError),
@@ -88,6 +91,8 @@ pub enum CoordinatorError {
 pub struct Coordinator {
     addr: SocketAddr,
     server: tokio::task::JoinHandle<()>,
+    /// Held while the coordinator lives: one coordinator per data directory.
+    _lock: std::fs::File,
 }
 
 impl Coordinator {
@@ -107,10 +112,23 @@ impl Coordinator {
     }
 }
 
+/// Takes the data directory's lock file, so that two coordinators never
+/// append to the same log.
+fn lock_dir(dir: &std::path::Path) -> Result<std::fs::File, CoordinatorError> {
+    match drover_cas::try_lock_dir(dir) {
+        Ok(Some(file)) => Ok(file),
+        Ok(None) => Err(CoordinatorError::Busy(dir.display().to_string())),
+        Err(source) => {
+            Err(CoordinatorError::DataDir { path: dir.join("LOCK").display().to_string(), source })
+        }
+    }
+}
+
 /// Recovers the state and starts serving.
 pub async fn start(config: CoordinatorConfig) -> Result<Coordinator, CoordinatorError> {
     let dir_err = |source| CoordinatorError::DataDir { path: config.data_dir.display().to_string(), source };
     std::fs::create_dir_all(&config.data_dir).map_err(dir_err)?;
+    let lock = lock_dir(&config.data_dir)?;
     let store = Store::open_with(&config.data_dir.join("state.db"), config.durability)?;
     let blobs = Arc::new(Cas::open(&config.data_dir.join("sources"), config.source_cache_bytes)?);
     let shared = state::start(store, Solver::new(config.core.clone()))?;
@@ -133,5 +151,5 @@ pub async fn start(config: CoordinatorConfig) -> Result<Coordinator, Coordinator
         }
     });
     tracing::info!(%addr, "coordinator listening");
-    Ok(Coordinator { addr, server })
+    Ok(Coordinator { addr, server, _lock: lock })
 }

@@ -72,6 +72,9 @@ pub enum WorkerError {
         #[source]
         source: std::io::Error,
     },
+    /// Another worker uses the directory.
+    #[error("{0} is in use by another worker (one worker per cache directory)")]
+    Busy(String),
     /// The artifact cache failed to open.
     #[error("artifact cache: {0}")]
     Cas(#[from] drover_cas::CasError),
@@ -122,6 +125,8 @@ impl Shared {
 pub struct Worker {
     url: String,
     tasks: tokio::task::JoinSet<()>,
+    /// Held while the worker lives: one worker per directory.
+    _lock: std::fs::File,
 }
 
 impl Worker {
@@ -136,6 +141,16 @@ impl Worker {
     }
 }
 
+/// Takes the directory's lock file: a second worker on the same cache would
+/// delete the first one's run directories.
+fn lock_dir(dir: &std::path::Path) -> Result<std::fs::File, WorkerError> {
+    match drover_cas::try_lock_dir(dir) {
+        Ok(Some(file)) => Ok(file),
+        Ok(None) => Err(WorkerError::Busy(dir.display().to_string())),
+        Err(source) => Err(WorkerError::Dir { path: dir.join("LOCK").display().to_string(), source }),
+    }
+}
+
 /// Opens the cache, starts serving and joins the cluster.
 pub async fn start(mut config: WorkerConfig) -> Result<Worker, WorkerError> {
     let dir_err = |path: &PathBuf| {
@@ -144,6 +159,8 @@ pub async fn start(mut config: WorkerConfig) -> Result<Worker, WorkerError> {
     };
     // Paths handed to jobs must not depend on their working directory.
     config.dir = std::path::absolute(&config.dir).map_err(dir_err(&config.dir))?;
+    std::fs::create_dir_all(&config.dir).map_err(dir_err(&config.dir))?;
+    let lock = lock_dir(&config.dir)?;
     let runs = config.dir.join("runs");
     // Run directories of an earlier life are stale: their runs are gone.
     if runs.exists() {
@@ -179,5 +196,5 @@ pub async fn start(mut config: WorkerConfig) -> Result<Worker, WorkerError> {
     tasks.spawn(session::run(shared.clone()));
     tasks.spawn(report::run(shared));
     tracing::info!(%url, "worker listening");
-    Ok(Worker { url, tasks })
+    Ok(Worker { url, tasks, _lock: lock })
 }

@@ -275,3 +275,27 @@ fn run_builds_the_c_example_on_an_embedded_cluster() {
     let status: Value = serde_json::from_slice(&again.stdout).expect("status JSON");
     assert!(status["jobs"].as_array().expect("jobs").iter().all(|j| j["state"] == "cached"), "{status}");
 }
+
+#[test]
+fn a_second_coordinator_or_worker_on_the_same_directory_is_refused() {
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", 1, &[]);
+    let data = cluster.dir.path().join("coordinator");
+    let out =
+        drover().args(["serve", "--listen", "127.0.0.1:0"]).arg("--data").arg(&data).output().expect("serve");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("in use by another coordinator"), "{}", stderr(&out));
+    let cache = cluster.dir.path().join("w1");
+    let out = drover()
+        .args(["worker", "--coordinator", &cluster.url])
+        .arg("--cache")
+        .arg(&cache)
+        .output()
+        .expect("worker");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("in use by another worker"), "{}", stderr(&out));
+    // The first worker still works.
+    let file = cluster.project("after", "jobs:\n  - name: a\n    run: [\"true\"]\n", &[]);
+    let (code, status) = wait_json(&cluster, &file, &[]);
+    assert_eq!(code, Some(0), "{status}");
+}
