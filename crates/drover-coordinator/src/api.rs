@@ -59,6 +59,7 @@ impl From<SolverError> for ApiError {
         let status = match e {
             SolverError::UnknownBuild(_) => StatusCode::NOT_FOUND,
             SolverError::InvalidBuild(_) => StatusCode::BAD_REQUEST,
+            SolverError::CannotRetry(_) => StatusCode::CONFLICT,
         };
         ApiError(status, e.to_string())
     }
@@ -79,6 +80,7 @@ pub(crate) fn router(app: App) -> Router {
         .route("/v1/builds/{id}", get(build_status))
         .route("/v1/builds/{id}/events", get(build_events))
         .route("/v1/builds/{id}/cancel", post(cancel))
+        .route("/v1/builds/{id}/retry", post(retry))
         .route("/v1/builds/{id}/jobs/{name}/log", get(job_log))
         .route("/v1/blobs/missing", post(missing))
         .route("/v1/blobs/{digest}", put(put_blob).get(get_blob))
@@ -186,6 +188,11 @@ async fn build_events(
 
 async fn cancel(State(app): State<App>, Path(id): Path<u64>) -> ApiResult<StatusCode> {
     app.shared.input(Input::Cancel { build: id }).await??;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn retry(State(app): State<App>, Path(id): Path<u64>) -> ApiResult<StatusCode> {
+    app.shared.input(Input::Retry { build: id }).await??;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -161,6 +161,26 @@ pub struct SubmitRequest {
     pub tenant: String,
     /// Re-run jobs even when a cached result exists.
     pub no_cache: bool,
+    /// What the rest of the build does when a job fails.
+    #[serde(default)]
+    pub on_error: OnError,
+    /// At most this many of the build's jobs queued or running at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_parallel: Option<u32>,
+}
+
+/// A build's policy when one of its jobs fails (BuildStream's on-error).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnError {
+    /// Start nothing new in the build; running jobs finish.
+    #[default]
+    Quit,
+    /// Run every job that does not depend on a failure.
+    Continue,
+    /// Stop the build's running jobs now (shared jobs keep running for the
+    /// other builds that need them).
+    Terminate,
 }
 
 /// Reply to [`SubmitRequest`].
@@ -373,6 +393,12 @@ pub enum EventKind {
     BuildFinished {
         /// How.
         state: BuildState,
+    },
+    /// `drover retry`: the failed, skipped and cancelled jobs are queued
+    /// again; a `build_finished` follows when they are over.
+    BuildRetried {
+        /// How many jobs were queued again.
+        jobs: usize,
     },
 }
 

@@ -1,12 +1,12 @@
 //! One build: its jobs' states, what each failure skips, and its ordered event
 //! stream.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use drover_core::{JobId, JobSpec, Millis, Request, WaiterId};
 use drover_proto::{
-    BuildEvent, BuildSpec, BuildState, BuildStatus, EventKind, JobDef, JobState, JobStatus, SourceFile,
-    SubmitRequest,
+    BuildEvent, BuildSpec, BuildState, BuildStatus, EventKind, JobDef, JobState, JobStatus, OnError,
+    SourceFile, SubmitRequest,
 };
 
 /// Most jobs one build may have.
@@ -29,6 +29,12 @@ pub(crate) struct Build {
     id: u64,
     tenant: String,
     no_cache: bool,
+    on_error: OnError,
+    max_parallel: Option<u32>,
+    /// Jobs ready to run but held back by `max_parallel`, in order.
+    held: VecDeque<u32>,
+    /// Jobs the core holds for this build (queued or running there).
+    in_core: u32,
     spec: BuildSpec,
     index: BTreeMap<String, u32>,
     dependents: Vec<Vec<u32>>,
@@ -125,10 +131,17 @@ impl Build {
             };
             spec.jobs.len()
         ];
+        if req.max_parallel == Some(0) {
+            return Err("max_parallel must be at least 1".into());
+        }
         let mut build = Build {
             id,
             tenant,
             no_cache: req.no_cache,
+            on_error: req.on_error,
+            max_parallel: req.max_parallel,
+            held: VecDeque::new(),
+            in_core: 0,
             spec,
             index,
             dependents,
@@ -201,8 +214,41 @@ impl Build {
         }
     }
 
+    /// Whether `max_parallel` lets one more job go to the core.
+    pub(crate) fn has_room(&self) -> bool {
+        self.max_parallel.is_none_or(|m| self.in_core < m)
+    }
+
+    /// Holds a ready job back until the build has room.
+    pub(crate) fn hold(&mut self, i: u32) {
+        self.held.push_back(i);
+    }
+
+    /// The next held job that may go to the core now, if any.
+    pub(crate) fn next_held(&mut self) -> Option<u32> {
+        while self.has_room() {
+            let i = self.held.pop_front()?;
+            let rec = &self.jobs[i as usize];
+            // Skipped or cancelled while it waited.
+            if rec.state == JobState::Queued && rec.waiter.is_none() {
+                return Some(i);
+            }
+        }
+        None
+    }
+
+    /// Takes job `i`'s core waiter, if the core holds it for this build.
+    fn take_waiter(&mut self, i: u32) -> Option<WaiterId> {
+        let waiter = self.jobs[i as usize].waiter.take();
+        if waiter.is_some() {
+            self.in_core -= 1;
+        }
+        waiter
+    }
+
     pub(crate) fn queued(&mut self, i: u32, waiter: WaiterId, now: Millis) {
         self.jobs[i as usize].waiter = Some(waiter);
+        self.in_core += 1;
         let job = self.name_of(i);
         self.event(now, EventKind::JobQueued { job });
     }
@@ -242,11 +288,11 @@ impl Build {
         detail: String,
         now: Millis,
     ) {
+        self.take_waiter(i);
         let rec = &mut self.jobs[i as usize];
         rec.state = state;
         rec.exit_code = exit_code;
         rec.detail = detail.clone();
-        rec.waiter = None;
         if self.state == BuildState::Queued {
             self.state = BuildState::Running;
         }
@@ -271,12 +317,15 @@ impl Build {
         ready
     }
 
-    /// After job `i` failed: its dependents are skipped, and (on-error quit)
-    /// so is everything else not yet running. Returns the core waiters to
+    /// After job `i` failed: its dependents are skipped; with on-error
+    /// `quit` so is everything else not yet running, and with `terminate`
+    /// the running jobs are cancelled too. Returns the core waiters to
     /// cancel.
     pub(crate) fn stop_after_failure(&mut self, i: u32, now: Millis) -> Vec<(JobId, WaiterId)> {
-        self.stopping = true;
         let failed = self.name_of(i);
+        if self.on_error != OnError::Continue {
+            self.stopping = true;
+        }
         let mut downstream = vec![false; self.jobs.len()];
         let mut stack = vec![i];
         while let Some(j) = stack.pop() {
@@ -289,12 +338,23 @@ impl Build {
         }
         let mut cancel = Vec::new();
         for j in 0..self.jobs.len() as u32 {
-            let rec = &mut self.jobs[j as usize];
-            if rec.state != JobState::Queued {
+            let state = self.jobs[j as usize].state;
+            let skip =
+                state == JobState::Queued && (downstream[j as usize] || self.on_error != OnError::Continue);
+            let terminate = state == JobState::Running && self.on_error == OnError::Terminate;
+            if !skip && !terminate {
                 continue;
             }
-            if let Some(w) = rec.waiter.take() {
+            if let Some(w) = self.take_waiter(j) {
                 cancel.push((JobId::from(self.spec.jobs[j as usize].id), w));
+            }
+            let job = self.name_of(j);
+            let rec = &mut self.jobs[j as usize];
+            if terminate {
+                rec.state = JobState::Cancelled;
+                rec.detail = format!("terminated after {failed} failed");
+                self.event(now, EventKind::JobCancelled { job });
+                continue;
             }
             rec.state = JobState::Skipped;
             let reason = if downstream[j as usize] {
@@ -303,10 +363,44 @@ impl Build {
                 format!("the build stopped after {failed} failed")
             };
             rec.detail = reason.clone();
-            let job = self.name_of(j);
             self.event(now, EventKind::JobSkipped { job, reason });
         }
         cancel
+    }
+
+    /// Puts a finished build's failed, skipped and cancelled jobs back in
+    /// the queue (attempt counts are kept); returns those whose needs are
+    /// all done.
+    pub(crate) fn retry(&mut self, now: Millis) -> Result<Vec<u32>, String> {
+        match self.state {
+            BuildState::Succeeded => return Err(format!("build {} succeeded: nothing to retry", self.id)),
+            s if !s.is_final() => {
+                return Err(format!("build {} is still {s}: retry it once it ends", self.id));
+            }
+            _ => {}
+        }
+        let mut jobs = 0;
+        for rec in &mut self.jobs {
+            if !rec.state.is_success() {
+                rec.state = JobState::Queued;
+                rec.exit_code = None;
+                rec.detail.clear();
+                jobs += 1;
+            }
+        }
+        for (i, def) in self.spec.jobs.iter().enumerate() {
+            self.pending[i] =
+                def.needs.iter().filter(|n| !self.jobs[self.index[*n] as usize].state.is_success()).count()
+                    as u32;
+        }
+        self.held.clear();
+        self.stopping = false;
+        self.cancelled = false;
+        self.state = BuildState::Running;
+        self.event(now, EventKind::BuildRetried { jobs });
+        Ok((0..self.jobs.len() as u32)
+            .filter(|&i| self.jobs[i as usize].state == JobState::Queued && self.pending[i as usize] == 0)
+            .collect())
     }
 
     /// Cancels every job not yet over. Returns the core waiters to cancel.
@@ -314,14 +408,13 @@ impl Build {
         self.cancelled = true;
         let mut cancel = Vec::new();
         for j in 0..self.jobs.len() as u32 {
-            let rec = &mut self.jobs[j as usize];
-            if rec.state.is_final() {
+            if self.jobs[j as usize].state.is_final() {
                 continue;
             }
-            if let Some(w) = rec.waiter.take() {
+            if let Some(w) = self.take_waiter(j) {
                 cancel.push((JobId::from(self.spec.jobs[j as usize].id), w));
             }
-            rec.state = JobState::Cancelled;
+            self.jobs[j as usize].state = JobState::Cancelled;
             let job = self.name_of(j);
             self.event(now, EventKind::JobCancelled { job });
         }

@@ -52,6 +52,12 @@ pub enum Input {
         /// The build.
         build: u64,
     },
+    /// A client re-runs a finished build's failed jobs and what they
+    /// skipped or what was cancelled.
+    Retry {
+        /// The build.
+        build: u64,
+    },
     /// Time passes: due timers fire.
     Tick,
     /// The coordinator restarted: time stood still for the cluster while it
@@ -81,6 +87,9 @@ pub enum SolverError {
     /// The build is malformed.
     #[error("invalid build: {0}")]
     InvalidBuild(String),
+    /// The build cannot be retried now.
+    #[error("{0}")]
+    CannotRetry(String),
 }
 
 /// Something for the coordinator's shell to do.
@@ -181,6 +190,7 @@ impl Solver {
             Input::Report { worker, report } => Ok(self.report(worker, report)),
             Input::Submit(req) => self.submit(req),
             Input::Cancel { build } => self.cancel(build),
+            Input::Retry { build } => self.retry(build),
             Input::Tick => Ok(self.core_event(Event::Tick)),
             Input::Restarted => Ok(self.core_event(Event::Resumed)),
         };
@@ -369,6 +379,17 @@ impl Solver {
         Ok(Reply::Submitted(id))
     }
 
+    fn retry(&mut self, id: u64) -> Result<Reply, SolverError> {
+        let build = self.builds.get_mut(&id).ok_or(SolverError::UnknownBuild(id))?;
+        let ready = build.retry(self.now).map_err(SolverError::CannotRetry)?;
+        self.effects.push(Effect::BuildChanged { build: id });
+        for i in ready {
+            self.schedule(id, i);
+        }
+        self.finish_if_done(id);
+        Ok(Reply::Done)
+    }
+
     fn cancel(&mut self, id: u64) -> Result<Reply, SolverError> {
         let build = self.builds.get_mut(&id).ok_or(SolverError::UnknownBuild(id))?;
         if build.state.is_final() {
@@ -398,10 +419,14 @@ impl Solver {
             self.cache_hits.push((build, job));
             return;
         }
+        let b = self.builds.get_mut(&build).expect("build exists");
+        if !b.has_room() {
+            b.hold(job);
+            return;
+        }
         let waiter = WaiterId(self.next_waiter);
         self.next_waiter += 1;
         self.waiters.insert(waiter, (build, job));
-        let b = self.builds.get_mut(&build).expect("build exists");
         let spec = b.core_spec(job);
         b.queued(job, waiter, self.now);
         self.effects.push(Effect::BuildChanged { build });
@@ -492,13 +517,16 @@ impl Solver {
                 self.schedule(b, d);
             }
         } else {
-            // on-error quit: start nothing new in this build; running jobs
-            // finish.
+            // The build's on-error policy decides what else stops.
             let build = self.builds.get_mut(&b).expect("build exists");
             for (job, waiter) in build.stop_after_failure(i, self.now) {
                 self.waiters.remove(&waiter);
                 let _ = self.core.handle(self.now, Event::Cancel { job, waiter });
             }
+        }
+        // A job left the core: a job held back by max_parallel may go.
+        while let Some(j) = self.builds.get_mut(&b).expect("build exists").next_held() {
+            self.schedule(b, j);
         }
         self.finish_if_done(b);
     }

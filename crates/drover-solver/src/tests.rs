@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 
 use drover_core::{Config, Millis};
 use drover_proto::{
-    BuildSpec, BuildState, EventKind, Hash32, HeldArtifact, JobDef, JobState, RegisterRequest, Report,
-    RunResult, SubmitRequest, WorkerCapacity,
+    BuildSpec, BuildState, EventKind, Hash32, HeldArtifact, JobDef, JobState, OnError, RegisterRequest,
+    Report, RunResult, SubmitRequest, WorkerCapacity,
 };
 
 use super::{Effect, Input, Reply, Solver, SolverError};
@@ -33,10 +33,16 @@ fn job(name: &str, needs: &[&str]) -> JobDef {
 }
 
 fn submit(jobs: Vec<JobDef>) -> Input {
+    submit_with(jobs, OnError::Quit, None)
+}
+
+fn submit_with(jobs: Vec<JobDef>, on_error: OnError, max_parallel: Option<u32>) -> Input {
     Input::Submit(SubmitRequest {
         build: BuildSpec { name: "b".into(), sources: Vec::new(), jobs },
         tenant: "t".into(),
         no_cache: false,
+        on_error,
+        max_parallel,
     })
 }
 
@@ -345,4 +351,148 @@ fn a_no_cache_build_runs_jobs_whose_results_are_known() {
         })
         .collect();
     assert_eq!(assigned, [true], "assigned again, telling the worker to ignore its cache");
+}
+
+/// Independent branches: `bad` fails, `slow` is running, `sibling` and
+/// `later` are independent of `bad`, `after-bad` needs it.
+fn branches(h: &mut Harness, on_error: OnError) -> (u64, u64, u64) {
+    let w = worker_id(h.input(register("w1", 2, vec![])));
+    let b = build_id(h.input(submit_with(
+        vec![job("bad", &[]), job("slow", &[]), job("after-bad", &["bad"]), job("later", &[])],
+        on_error,
+        None,
+    )));
+    h.later();
+    let runs = h.assigned();
+    let bad = runs.iter().find(|a| a.2 == "bad").expect("bad ran").1;
+    let slow = runs.iter().find(|a| a.2 == "slow").expect("slow ran").1;
+    h.report(w, Report { started: vec![bad, slow], finished: vec![failed(bad, 3)], ..Report::default() });
+    (w, b, slow)
+}
+
+#[test]
+fn on_error_continue_runs_every_job_that_does_not_depend_on_the_failure() {
+    let mut h = Harness::new();
+    let (w, b, slow) = branches(&mut h, OnError::Continue);
+    h.later();
+    let runs = h.assigned();
+    assert_eq!(
+        runs.iter().map(|r| r.2.as_str()).collect::<Vec<_>>(),
+        ["later"],
+        "the independent job still runs"
+    );
+    h.report(w, Report { finished: vec![ok(slow, "slow"), ok(runs[0].1, "later")], ..Report::default() });
+    assert_eq!(
+        h.states(b),
+        [
+            ("bad".to_string(), JobState::Failed),
+            ("slow".to_string(), JobState::Succeeded),
+            ("after-bad".to_string(), JobState::Skipped),
+            ("later".to_string(), JobState::Succeeded),
+        ]
+    );
+    assert_eq!(h.solver.build_status(b).expect("build").state, BuildState::Failed);
+}
+
+#[test]
+fn on_error_terminate_stops_the_running_jobs_at_once() {
+    let mut h = Harness::new();
+    let (w, b, slow) = branches(&mut h, OnError::Terminate);
+    let effects = h.solver.take_effects();
+    assert!(effects.contains(&Effect::Stop { worker: w, run: slow }), "slow is stopped: {effects:?}");
+    assert_eq!(
+        h.states(b),
+        [
+            ("bad".to_string(), JobState::Failed),
+            ("slow".to_string(), JobState::Cancelled),
+            ("after-bad".to_string(), JobState::Skipped),
+            ("later".to_string(), JobState::Skipped),
+        ]
+    );
+    assert_eq!(h.solver.build_status(b).expect("build").state, BuildState::Failed);
+}
+
+#[test]
+fn on_error_terminate_keeps_a_job_another_build_needs() {
+    let mut h = Harness::new();
+    let w = worker_id(h.input(register("w1", 2, vec![])));
+    let b1 =
+        build_id(h.input(submit_with(vec![job("bad", &[]), job("shared", &[])], OnError::Terminate, None)));
+    let b2 = build_id(h.input(submit(vec![job("shared", &[])])));
+    h.later();
+    let runs = h.assigned();
+    let bad = runs.iter().find(|a| a.2 == "bad").expect("bad ran").1;
+    let shared = runs.iter().find(|a| a.2 == "shared").expect("shared ran").1;
+    h.report(w, Report { started: vec![bad, shared], finished: vec![failed(bad, 1)], ..Report::default() });
+    let effects = h.solver.take_effects();
+    assert!(!effects.iter().any(|e| matches!(e, Effect::Stop { .. })), "b2 still needs shared: {effects:?}");
+    h.report(w, Report { finished: vec![ok(shared, "shared")], ..Report::default() });
+    assert_eq!(h.solver.build_status(b1).expect("build").state, BuildState::Failed);
+    assert_eq!(h.solver.build_status(b2).expect("build").state, BuildState::Succeeded);
+}
+
+#[test]
+fn max_parallel_caps_a_builds_jobs_without_idling_the_cluster() {
+    let mut h = Harness::new();
+    let w = worker_id(h.input(register("w1", 4, vec![])));
+    let capped = build_id(h.input(submit_with(
+        vec![job("a1", &[]), job("a2", &[]), job("a3", &[]), job("a4", &[])],
+        OnError::Quit,
+        Some(2),
+    )));
+    let other = build_id(h.input(submit(vec![job("o1", &[]), job("o2", &[])])));
+    h.later();
+    let runs = h.assigned();
+    let names: Vec<&str> = runs.iter().map(|r| r.2.as_str()).collect();
+    assert_eq!(
+        names.iter().filter(|n| n.starts_with('a')).count(),
+        2,
+        "at most 2 of the capped build: {names:?}"
+    );
+    assert_eq!(
+        names.iter().filter(|n| n.starts_with('o')).count(),
+        2,
+        "the other build fills the rest: {names:?}"
+    );
+    let mut done: Vec<RunResult> = runs.iter().map(|r| ok(r.1, &r.2)).collect();
+    while !done.is_empty() {
+        h.report(w, Report { finished: std::mem::take(&mut done), ..Report::default() });
+        h.later();
+        let runs = h.assigned();
+        assert!(runs.len() <= 2, "still capped: {runs:?}");
+        done = runs.iter().map(|r| ok(r.1, &r.2)).collect();
+    }
+    assert_eq!(h.solver.build_status(capped).expect("build").state, BuildState::Succeeded);
+    assert_eq!(h.solver.build_status(other).expect("build").state, BuildState::Succeeded);
+}
+
+#[test]
+fn retry_reruns_the_failed_job_and_what_it_skipped() {
+    let mut h = Harness::new();
+    let w = worker_id(h.input(register("w1", 2, vec![])));
+    let b = build_id(h.input(submit(vec![job("good", &[]), job("flaky", &[]), job("after", &["flaky"])])));
+    h.later();
+    let runs = h.assigned();
+    let good = runs.iter().find(|a| a.2 == "good").expect("good ran").1;
+    let flaky = runs.iter().find(|a| a.2 == "flaky").expect("flaky ran").1;
+    h.report(w, Report { finished: vec![ok(good, "good"), failed(flaky, 1)], ..Report::default() });
+    assert_eq!(h.solver.build_status(b).expect("build").state, BuildState::Failed);
+    h.input(Input::Retry { build: b }).expect("retry");
+    h.later();
+    let runs = h.assigned();
+    assert_eq!(
+        runs.iter().map(|r| r.2.as_str()).collect::<Vec<_>>(),
+        ["flaky"],
+        "only the failure runs again"
+    );
+    h.report(w, Report { finished: vec![ok(runs[0].1, "flaky")], ..Report::default() });
+    h.later();
+    let runs = h.assigned();
+    assert_eq!(runs.iter().map(|r| r.2.as_str()).collect::<Vec<_>>(), ["after"]);
+    h.report(w, Report { finished: vec![ok(runs[0].1, "after")], ..Report::default() });
+    let status = h.solver.build_status(b).expect("build");
+    assert_eq!(status.state, BuildState::Succeeded);
+    assert_eq!(status.jobs[1].attempts, 1, "the retried run is a new first attempt of a new run");
+    let retried = h.input(Input::Retry { build: b });
+    assert!(matches!(retried, Err(SolverError::CannotRetry(_))), "{retried:?}");
 }

@@ -79,9 +79,15 @@ async fn measure(
 ) -> Result<(Vec<BuildEvent>, Duration), Failure> {
     let http = cluster.http();
     let start = Instant::now();
-    let id = client::submit_loaded(&http, &cluster.url, loaded, "bench", false).await?;
+    let options = client::Options {
+        tenant: "bench".into(),
+        no_cache: false,
+        on_error: drover_proto::OnError::Quit,
+        max_parallel: None,
+    };
+    let id = client::submit_loaded(&http, &cluster.url, loaded, &options).await?;
     let mut events = Vec::new();
-    let status = client::follow_events(&http, &cluster.url, id, |e| events.push(e.clone())).await?;
+    let status = client::follow_events(&http, &cluster.url, id, 0, |e| events.push(e.clone())).await?;
     let elapsed = start.elapsed();
     if status.state != BuildState::Succeeded {
         return Err(Failure::Runtime(anyhow::anyhow!("the benchmark build ended {}", status.state)));

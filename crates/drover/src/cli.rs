@@ -38,6 +38,8 @@ pub(crate) enum Command {
     Status(StatusArgs),
     /// Cancel a build: work no other build needs is stopped.
     Cancel(CancelArgs),
+    /// Re-run a finished build's failed jobs and what they skipped.
+    Retry(RetryArgs),
     /// List the workers.
     Workers(WorkersArgs),
     /// Print a job's output log.
@@ -75,6 +77,36 @@ pub(crate) struct BuildArgs {
     /// The tenant (team or repository) the build is scheduled for.
     #[arg(long, default_value = "default")]
     pub(crate) tenant: String,
+    /// When a job fails: quit (start nothing new, let running jobs
+    /// finish), continue (run everything that does not depend on the
+    /// failure) or terminate (also stop the running jobs).
+    #[arg(long, value_enum, default_value_t = OnErrorArg::Quit)]
+    pub(crate) on_error: OnErrorArg,
+    /// At most N of this build's jobs queued or running at once (overrides
+    /// the build file's max_parallel).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) max_parallel: Option<u32>,
+}
+
+/// `--on-error`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum OnErrorArg {
+    /// Start nothing new; running jobs finish.
+    Quit,
+    /// Run every job that does not depend on a failure.
+    Continue,
+    /// Stop the build's running jobs too.
+    Terminate,
+}
+
+impl From<OnErrorArg> for drover_proto::OnError {
+    fn from(arg: OnErrorArg) -> Self {
+        match arg {
+            OnErrorArg::Quit => drover_proto::OnError::Quit,
+            OnErrorArg::Continue => drover_proto::OnError::Continue,
+            OnErrorArg::Terminate => drover_proto::OnError::Terminate,
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -179,6 +211,20 @@ pub(crate) struct StatusArgs {
 pub(crate) struct CancelArgs {
     /// The build's ID.
     pub(crate) build: u64,
+    #[command(flatten)]
+    pub(crate) remote: Remote,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RetryArgs {
+    /// The build's ID.
+    pub(crate) build: u64,
+    /// Follow the build's progress and exit with its result.
+    #[arg(long)]
+    pub(crate) wait: bool,
+    /// With --wait: print the final status as JSON on standard output.
+    #[arg(long)]
+    pub(crate) json: bool,
     #[command(flatten)]
     pub(crate) remote: Remote,
 }

@@ -11,12 +11,12 @@ use anyhow::{Context, anyhow};
 use drover_http::{Http, HttpError};
 use drover_proto::{
     ArtifactLocation, BuildEvent, BuildSpec, BuildState, BuildStatus, EventKind, Hash32, JobDef,
-    MissingReply, MissingRequest, SourceFile, SubmitReply, SubmitRequest, WorkerStatus,
+    MissingReply, MissingRequest, OnError, SourceFile, SubmitReply, SubmitRequest, WorkerStatus,
 };
 use futures::{StreamExt, TryStreamExt};
 
 use crate::Failure;
-use crate::cli::{BuildArgs, CancelArgs, LogsArgs, Remote, StatusArgs, SubmitArgs, WorkersArgs};
+use crate::cli::{BuildArgs, CancelArgs, LogsArgs, Remote, RetryArgs, StatusArgs, SubmitArgs, WorkersArgs};
 use crate::progress::Progress;
 
 /// A build file, checked and turned into what the coordinator takes.
@@ -127,19 +127,42 @@ fn reach(base: &str) -> impl Fn(HttpError) -> Failure + '_ {
     }
 }
 
+/// How a build is submitted, besides its file.
+#[derive(Debug, Clone)]
+pub(crate) struct Options {
+    pub(crate) tenant: String,
+    pub(crate) no_cache: bool,
+    pub(crate) on_error: OnError,
+    /// Overrides the build file's `max_parallel`.
+    pub(crate) max_parallel: Option<u32>,
+}
+
+impl Options {
+    pub(crate) fn from_args(args: &BuildArgs) -> Options {
+        Options {
+            tenant: args.tenant.clone(),
+            no_cache: args.no_cache,
+            on_error: args.on_error.into(),
+            max_parallel: args.max_parallel,
+        }
+    }
+}
+
 /// Uploads and submits; returns the build's ID.
 pub(crate) async fn submit_loaded(
     http: &Http,
     base: &str,
     loaded: &Loaded,
-    tenant: &str,
-    no_cache: bool,
+    options: &Options,
 ) -> Result<u64, Failure> {
     upload(http, base, loaded).await?;
-    let request = SubmitRequest { build: loaded.spec.clone(), tenant: tenant.to_owned(), no_cache };
-    if loaded.max_parallel.is_some() {
-        tracing::warn!("max_parallel is not enforced yet; the build runs without a cap");
-    }
+    let request = SubmitRequest {
+        build: loaded.spec.clone(),
+        tenant: options.tenant.clone(),
+        no_cache: options.no_cache,
+        on_error: options.on_error,
+        max_parallel: options.max_parallel.or(loaded.max_parallel),
+    };
     let reply: SubmitReply =
         http.post_json(&api(base, "/v1/builds"), &request, None).await.map_err(reach(base))?;
     Ok(reply.id)
@@ -153,8 +176,8 @@ pub(crate) async fn build_and_wait(
     args: &BuildArgs,
 ) -> Result<(), Failure> {
     let started = Instant::now();
-    let id = submit_loaded(http, base, &loaded, &args.tenant, args.no_cache).await?;
-    let status = follow(http, base, id, loaded.spec.jobs.len()).await?;
+    let id = submit_loaded(http, base, &loaded, &Options::from_args(args)).await?;
+    let status = follow(http, base, id, 0, loaded.spec.jobs.len()).await?;
     finish(http, base, &loaded, args, &status, started).await
 }
 
@@ -191,22 +214,27 @@ async fn finish(
 }
 
 /// Follows a build's events until it ends, showing progress.
-async fn follow(http: &Http, base: &str, id: u64, total: usize) -> Result<BuildStatus, Failure> {
+async fn follow(http: &Http, base: &str, id: u64, from: u64, total: usize) -> Result<BuildStatus, Failure> {
     let mut progress = Progress::new(id, total);
-    let result = follow_events(http, base, id, |event| progress.event(event)).await;
+    let result = follow_events(http, base, id, from, |event| progress.event(event)).await;
     progress.clear();
     result
 }
 
-/// Follows a build's events until it ends, handing each to `on_event`;
-/// reconnects (from the last event seen) when the stream breaks.
+/// Follows a build's events from `from` until it ends, handing each to
+/// `on_event`; reconnects (from the last event seen) when the stream
+/// breaks. The coordinator closes the stream once the build is over, after
+/// its `build_finished` event (a retried build has several: the last one
+/// counts).
 pub(crate) async fn follow_events(
     http: &Http,
     base: &str,
     id: u64,
+    from: u64,
     mut on_event: impl FnMut(&BuildEvent),
 ) -> Result<BuildStatus, Failure> {
-    let mut next = 0u64;
+    let mut next = from;
+    let mut ended = false;
     let mut failures = 0u32;
     'outer: loop {
         let url = api(base, &format!("/v1/builds/{id}/events?from={next}"));
@@ -238,9 +266,10 @@ pub(crate) async fn follow_events(
             }
             next = event.seq + 1;
             on_event(&event);
-            if let EventKind::BuildFinished { .. } = event.kind {
-                break 'outer;
-            }
+            ended = matches!(event.kind, EventKind::BuildFinished { .. });
+        }
+        if ended {
+            break;
         }
         // The stream ended without the build's end: the coordinator went away.
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -342,14 +371,14 @@ pub(crate) async fn submit(args: SubmitArgs) -> Result<(), Failure> {
     let http = connect(&args.remote);
     let base = &args.remote.coordinator;
     let started = Instant::now();
-    let id = submit_loaded(&http, base, &loaded, &args.build.tenant, args.build.no_cache).await?;
+    let id = submit_loaded(&http, base, &loaded, &Options::from_args(&args.build)).await?;
     if !(args.wait && args.build.json) {
         println!("{id}");
     }
     if !args.wait {
         return Ok(());
     }
-    let status = follow(&http, base, id, loaded.spec.jobs.len()).await?;
+    let status = follow(&http, base, id, 0, loaded.spec.jobs.len()).await?;
     finish(&http, base, &loaded, &args.build, &status, started).await
 }
 
@@ -379,7 +408,7 @@ pub(crate) async fn status(args: StatusArgs) -> Result<(), Failure> {
     };
     let mut status = get().await?;
     if args.watch {
-        status = follow(&http, base, id, status.jobs.len()).await?;
+        status = follow(&http, base, id, 0, status.jobs.len()).await?;
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&status).map_err(anyhow::Error::from)?);
@@ -417,6 +446,42 @@ pub(crate) async fn cancel(args: CancelArgs) -> Result<(), Failure> {
     })?;
     eprintln!("build {} cancelled", args.build);
     Ok(())
+}
+
+/// `drover retry`.
+pub(crate) async fn retry(args: RetryArgs) -> Result<(), Failure> {
+    let http = connect(&args.remote);
+    let base = &args.remote.coordinator;
+    let events = api(base, &format!("/v1/builds/{}", args.build));
+    // Follow from the end of the history as it is now.
+    let before: BuildStatus = http.get_json(&events).await.map_err(|e| match e.status() {
+        Some(404) => Failure::Usage(anyhow!("no build {}", args.build)),
+        _ => reach(base)(e),
+    })?;
+    let history = count_events(&http, base, args.build).await?;
+    http.post(&api(base, &format!("/v1/builds/{}/retry", args.build))).await.map_err(|e| {
+        match e.status() {
+            Some(404 | 409) => Failure::Usage(anyhow!("{e}")),
+            _ => reach(base)(e),
+        }
+    })?;
+    eprintln!("build {} retried", args.build);
+    if !args.wait {
+        return Ok(());
+    }
+    let status = follow(&http, base, args.build, history, before.jobs.len()).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&status).map_err(anyhow::Error::from)?);
+    }
+    eprintln!("build {} {}", status.id, status.state);
+    if status.state == BuildState::Succeeded { Ok(()) } else { Err(Failure::Build) }
+}
+
+/// How many events a finished build's history holds.
+async fn count_events(http: &Http, base: &str, id: u64) -> Result<u64, Failure> {
+    let mut count = 0;
+    follow_events(http, base, id, 0, |_| count += 1).await?;
+    Ok(count)
 }
 
 /// `drover workers`.

@@ -84,6 +84,7 @@ async fn dispatch(command: Command) -> Result<(), Failure> {
         Command::Submit(args) => client::submit(args).await,
         Command::Status(args) => client::status(args).await,
         Command::Cancel(args) => client::cancel(args).await,
+        Command::Retry(args) => client::retry(args).await,
         Command::Workers(args) => client::workers(args).await,
         Command::Logs(args) => client::logs(args).await,
         Command::Bench(args) => bench::run(args).await,

@@ -109,6 +109,13 @@ impl Bars {
                     let _ = self.multi.println(text);
                 }
             }
+            EventKind::BuildRetried { jobs } => {
+                let total = self.total.length().unwrap_or(0);
+                self.total.set_position(total.saturating_sub(*jobs as u64));
+                if let Some(text) = line(event) {
+                    let _ = self.multi.println(text);
+                }
+            }
             EventKind::BuildQueued { .. } | EventKind::JobQueued { .. } | EventKind::BuildFinished { .. } => {
             }
         }
@@ -142,5 +149,6 @@ fn line(event: &BuildEvent) -> Option<String> {
         EventKind::JobSkipped { job, reason } => format!("skipped   {job}: {reason}"),
         EventKind::JobCancelled { job } => format!("cancelled {job}"),
         EventKind::BuildFinished { state } => format!("build {state}"),
+        EventKind::BuildRetried { jobs } => format!("retrying {jobs} job(s)"),
     })
 }

@@ -299,3 +299,29 @@ fn a_second_coordinator_or_worker_on_the_same_directory_is_refused() {
     let (code, status) = wait_json(&cluster, &file, &[]);
     assert_eq!(code, Some(0), "{status}");
 }
+
+#[test]
+fn on_error_continue_then_retry_finishes_the_build() {
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", 2, &[]);
+    let mark = cluster.scratch("flaky-ran");
+    let build = format!(
+        "jobs:\n  - name: flaky\n    run: [\"if [ ! -e {mark} ]; then touch {mark}; exit 7; fi; echo ok > {{{{out}}}}/r\"]\n  - name: after\n    needs: [flaky]\n    run: [\"cat {{{{dep:flaky}}}}/r > {{{{out}}}}/r\"]\n  - name: independent\n    run: [\"sleep 0.2; echo i > {{{{out}}}}/i\"]\n"
+    );
+    let file = cluster.project("retry", &build, &[]);
+    let (code, status) = wait_json(&cluster, &file, &["--on-error", "continue"]);
+    assert_eq!(code, Some(1), "{status}");
+    assert_eq!(job(&status, "flaky")["state"], "failed");
+    assert_eq!(job(&status, "after")["state"], "skipped");
+    assert_eq!(job(&status, "independent")["state"], "succeeded", "continue runs the independent branch");
+    let id = status["id"].to_string();
+    let out = cluster.run(&["retry", &id, "--wait", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let status: Value = serde_json::from_slice(&out.stdout).expect("status JSON");
+    assert_eq!(status["state"], "succeeded");
+    assert_eq!(job(&status, "flaky")["state"], "succeeded");
+    assert_eq!(job(&status, "after")["state"], "succeeded");
+    assert_eq!(job(&status, "independent")["state"], "succeeded");
+    let again = cluster.run(&["retry", &id]);
+    assert_eq!(again.status.code(), Some(2), "nothing to retry: {}", stderr(&again));
+}
