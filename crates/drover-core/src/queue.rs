@@ -22,10 +22,12 @@ pub(crate) type TenantIdx = u32;
 /// Index of a live job in the scheduler's slab.
 pub(crate) type JobIdx = u32;
 
-/// Order of a tenant's jobs: higher priority first, then first scheduled.
+/// Order of a tenant's jobs: higher priority first, then the longest
+/// remaining path (critical path first), then first scheduled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct JobKey {
     pub(crate) priority: Reverse<i32>,
+    pub(crate) path: Reverse<u64>,
     pub(crate) seq: u64,
 }
 
@@ -170,7 +172,7 @@ mod tests {
     use super::*;
 
     fn key(seq: u64) -> JobKey {
-        JobKey { priority: Reverse(0), seq }
+        JobKey { priority: Reverse(0), path: Reverse(0), seq }
     }
 
     #[test]
@@ -191,9 +193,9 @@ mod tests {
     #[test]
     fn priority_then_arrival_within_a_tenant() {
         let mut q = Queue::default();
-        q.insert(0, 1, 0, JobKey { priority: Reverse(0), seq: 1 }, 1);
-        q.insert(0, 1, 0, JobKey { priority: Reverse(5), seq: 2 }, 2);
-        q.insert(0, 1, 0, JobKey { priority: Reverse(5), seq: 3 }, 3);
+        q.insert(0, 1, 0, JobKey { priority: Reverse(0), path: Reverse(0), seq: 1 }, 1);
+        q.insert(0, 1, 0, JobKey { priority: Reverse(5), path: Reverse(0), seq: 2 }, 2);
+        q.insert(0, 1, 0, JobKey { priority: Reverse(5), path: Reverse(0), seq: 3 }, 3);
         assert_eq!(q.first_of(0, 1).map(|(_, j)| j), Some(2));
         assert_eq!(q.take_all(), vec![2, 3, 1]);
     }

@@ -438,7 +438,11 @@ impl Scheduler {
                 }
                 TimerSlot::Lease(w) => self.lose_worker(w),
             }
-            self.dispatch();
+            // Timers due at the same instant all fire before workers draw,
+            // so that what they release is picked in queue order.
+            if self.timers.first().is_none_or(|&(next, _)| next != at) {
+                self.dispatch();
+            }
         }
         self.now = target;
     }
@@ -705,7 +709,7 @@ impl Scheduler {
             id: spec.id,
             tenant,
             class,
-            key: JobKey { priority: Reverse(spec.priority), seq },
+            key: JobKey { priority: Reverse(spec.priority), path: Reverse(spec.path), seq },
             deps: deps.into_boxed_slice(),
             waiters: vec![waiter],
             attempts: 0,

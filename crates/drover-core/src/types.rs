@@ -142,6 +142,12 @@ pub struct JobSpec {
     pub labels: BTreeMap<String, String>,
     /// Higher runs first within its tenant.
     pub priority: i32,
+    /// Expected work left on the longest path from this job to the end of
+    /// its build, the job itself included (any unit; the solver uses
+    /// milliseconds). Among a tenant's jobs of equal priority, the longest
+    /// path goes first: critical path first.
+    #[serde(default)]
+    pub path: u64,
     /// Attempts allowed when workers are lost under it (at least 1).
     pub max_attempts: u32,
 }
@@ -157,6 +163,7 @@ impl JobSpec {
             exclusive: Vec::new(),
             labels: BTreeMap::new(),
             priority: 0,
+            path: 0,
             max_attempts: 3,
         }
     }

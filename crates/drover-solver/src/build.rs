@@ -9,6 +9,9 @@ use drover_proto::{
     SourceFile, SubmitRequest,
 };
 
+/// The expected duration of a job no earlier run tells about.
+const DEFAULT_DURATION_MS: u64 = 1_000;
+
 /// Most jobs one build may have.
 const MAX_JOBS: usize = 1_000_000;
 
@@ -35,6 +38,9 @@ pub(crate) struct Build {
     held: VecDeque<u32>,
     /// Jobs the core holds for this build (queued or running there).
     in_core: u32,
+    /// Per job: expected milliseconds on the longest path from it to the
+    /// build's end, itself included (critical-path order).
+    path: Vec<u64>,
     spec: BuildSpec,
     index: BTreeMap<String, u32>,
     dependents: Vec<Vec<u32>>,
@@ -61,7 +67,12 @@ fn valid_path(path: &str) -> bool {
 
 impl Build {
     /// Checks and accepts a submitted build.
-    pub(crate) fn new(id: u64, req: SubmitRequest, now: Millis) -> Result<Build, String> {
+    pub(crate) fn new(
+        id: u64,
+        req: SubmitRequest,
+        now: Millis,
+        durations: &BTreeMap<String, u64>,
+    ) -> Result<Build, String> {
         let spec = req.build;
         if spec.jobs.is_empty() {
             return Err("the build has no jobs".into());
@@ -131,6 +142,13 @@ impl Build {
             };
             spec.jobs.len()
         ];
+        // Needs come earlier, so a backward pass sees dependents first.
+        let mut path = vec![0u64; spec.jobs.len()];
+        for i in (0..spec.jobs.len()).rev() {
+            let own = durations.get(&spec.jobs[i].name).copied().unwrap_or(DEFAULT_DURATION_MS);
+            let after = dependents[i].iter().map(|&d| path[d as usize]).max().unwrap_or(0);
+            path[i] = own.saturating_add(after);
+        }
         if req.max_parallel == Some(0) {
             return Err("max_parallel must be at least 1".into());
         }
@@ -142,6 +160,7 @@ impl Build {
             max_parallel: req.max_parallel,
             held: VecDeque::new(),
             in_core: 0,
+            path,
             spec,
             index,
             dependents,
@@ -191,7 +210,19 @@ impl Build {
 
     /// Jobs with no needs.
     pub(crate) fn ready_roots(&self) -> Vec<u32> {
-        (0..self.jobs.len() as u32).filter(|&i| self.pending[i as usize] == 0).collect()
+        let mut ready: Vec<u32> =
+            (0..self.jobs.len() as u32).filter(|&i| self.pending[i as usize] == 0).collect();
+        self.order(&mut ready);
+        ready
+    }
+
+    /// Puts jobs handed to the core together in the order the core would
+    /// pick them (priority, then the longest remaining path), since an idle
+    /// worker takes the first one at once.
+    fn order(&self, jobs: &mut [u32]) {
+        jobs.sort_by_key(|&i| {
+            (std::cmp::Reverse(self.def(i).priority), std::cmp::Reverse(self.path[i as usize]), i)
+        });
     }
 
     /// The core's view of a job.
@@ -210,6 +241,7 @@ impl Build {
             exclusive: def.exclusive.clone(),
             labels: def.labels.clone(),
             priority: def.priority,
+            path: self.path[i as usize],
             max_attempts: def.retries.saturating_add(1),
         }
     }
@@ -314,6 +346,7 @@ impl Build {
                 ready.push(d);
             }
         }
+        self.order(&mut ready);
         ready
     }
 
@@ -398,9 +431,11 @@ impl Build {
         self.cancelled = false;
         self.state = BuildState::Running;
         self.event(now, EventKind::BuildRetried { jobs });
-        Ok((0..self.jobs.len() as u32)
+        let mut ready: Vec<u32> = (0..self.jobs.len() as u32)
             .filter(|&i| self.jobs[i as usize].state == JobState::Queued && self.pending[i as usize] == 0)
-            .collect())
+            .collect();
+        self.order(&mut ready);
+        Ok(ready)
     }
 
     /// Cancels every job not yet over. Returns the core waiters to cancel.

@@ -153,6 +153,9 @@ pub struct Solver {
     run_workers: BTreeMap<u64, u64>,
     /// Build jobs whose result is known and held: they finish as cached.
     cache_hits: Vec<(u64, u32)>,
+    /// How long the last run of each job name took (milliseconds), for
+    /// critical-path order.
+    durations: BTreeMap<String, u64>,
     effects: Vec<Effect>,
     now: Millis,
 }
@@ -171,6 +174,7 @@ impl Solver {
             outputs: BTreeMap::new(),
             run_workers: BTreeMap::new(),
             cache_hits: Vec::new(),
+            durations: BTreeMap::new(),
             effects: Vec::new(),
             now: Millis(0),
         }
@@ -344,6 +348,14 @@ impl Solver {
             }
         }
         for r in report.finished {
+            if r.success
+                && !r.cached
+                && let Some((_, job, _)) = self.core.run_info(RunId(r.run))
+            {
+                for (b, i) in self.job_waiters(&job) {
+                    self.durations.insert(self.builds[&b].def(i).name.clone(), r.duration_ms.max(1));
+                }
+            }
             if let Some(out) = &r.output {
                 self.outputs.insert(out.job.into(), out.tree);
             }
@@ -367,7 +379,7 @@ impl Solver {
 
     fn submit(&mut self, req: SubmitRequest) -> Result<Reply, SolverError> {
         let id = self.next_build;
-        let build = Build::new(id, req, self.now).map_err(SolverError::InvalidBuild)?;
+        let build = Build::new(id, req, self.now, &self.durations).map_err(SolverError::InvalidBuild)?;
         self.next_build += 1;
         self.builds.insert(id, build);
         self.effects.push(Effect::BuildChanged { build: id });

@@ -496,3 +496,54 @@ fn retry_reruns_the_failed_job_and_what_it_skipped() {
     let retried = h.input(Input::Retry { build: b });
     assert!(matches!(retried, Err(SolverError::CannotRetry(_))), "{retried:?}");
 }
+
+#[test]
+fn the_longest_remaining_path_goes_first() {
+    let mut h = Harness::new();
+    worker_id(h.input(register("w1", 1, vec![])));
+    h.input(submit(vec![
+        job("short", &[]),
+        job("long1", &[]),
+        job("long2", &["long1"]),
+        job("long3", &["long2"]),
+    ]))
+    .expect("submit");
+    h.later();
+    let runs = h.assigned();
+    assert_eq!(runs.iter().map(|r| r.2.as_str()).collect::<Vec<_>>(), ["long1"], "the chain's head first");
+}
+
+#[test]
+fn durations_of_earlier_runs_order_later_builds() {
+    let mut h = Harness::new();
+    let w = worker_id(h.input(register("w1", 2, vec![])));
+    // First build: learn that `slow` takes 5 s and `fast` 10 ms.
+    h.input(submit(vec![job("fast", &[]), job("slow", &[])])).expect("submit");
+    h.later();
+    let mut done = Vec::new();
+    for (_, run, name) in h.assigned() {
+        let mut result = ok(run, &name);
+        result.duration_ms = if name == "slow" { 5_000 } else { 10 };
+        done.push(result);
+    }
+    h.report(w, Report { finished: done, ..Report::default() });
+    assert_eq!(h.solver.durations.get("slow"), Some(&5_000), "{:?}", h.solver.durations);
+    // Second build: the same names with new contents (new IDs) on a worker
+    // with one slot; `fast` comes first in the file.
+    let mut fast = job("fast", &[]);
+    fast.id = Hash32([0xf2; 32]);
+    fast.labels = BTreeMap::from([("pool".to_string(), "one".to_string())]);
+    let mut slow = job("slow", &[]);
+    slow.id = Hash32([0x52; 32]);
+    slow.labels = fast.labels.clone();
+    let mut one = register("w2", 1, vec![]);
+    if let Input::Register(r) = &mut one {
+        r.labels = fast.labels.clone();
+    }
+    let w2 = worker_id(h.input(one));
+    h.input(submit(vec![fast, slow])).expect("submit");
+    h.later();
+    let runs = h.assigned();
+    assert!(runs.iter().all(|r| r.0 == w2), "{runs:?}");
+    assert_eq!(runs.iter().map(|r| r.2.as_str()).collect::<Vec<_>>(), ["slow"], "the slow job starts first");
+}
