@@ -203,6 +203,10 @@ pub(crate) struct StatusArgs {
     /// Follow the build's events until it ends.
     #[arg(long, requires = "build")]
     pub(crate) watch: bool,
+    /// Print the build's events as JSON lines (its whole history, then live
+    /// events until it ends) instead of its status.
+    #[arg(long, requires = "build", conflicts_with_all = ["watch", "json"])]
+    pub(crate) events: bool,
     #[command(flatten)]
     pub(crate) remote: Remote,
 }

@@ -407,6 +407,18 @@ pub(crate) async fn status(args: StatusArgs) -> Result<(), Failure> {
         })
     };
     let mut status = get().await?;
+    if args.events {
+        let mut failed = None;
+        let status = follow_events(&http, base, id, 0, |event| match serde_json::to_string(event) {
+            Ok(line) => println!("{line}"),
+            Err(e) => failed = Some(e),
+        })
+        .await?;
+        if let Some(e) = failed {
+            return Err(Failure::Runtime(e.into()));
+        }
+        return if status.state == BuildState::Succeeded { Ok(()) } else { Err(Failure::Build) };
+    }
     if args.watch {
         status = follow(&http, base, id, 0, status.jobs.len()).await?;
     }

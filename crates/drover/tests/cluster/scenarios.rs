@@ -325,3 +325,61 @@ fn on_error_continue_then_retry_finishes_the_build() {
     let again = cluster.run(&["retry", &id]);
     assert_eq!(again.status.code(), Some(2), "nothing to retry: {}", stderr(&again));
 }
+
+/// The raw event history of a build, as NDJSON lines.
+fn history(cluster: &Cluster, id: u64) -> Vec<Value> {
+    let out = std::process::Command::new("curl")
+        .args(["-sf", &format!("{}/v1/builds/{id}/events", cluster.url)])
+        .output()
+        .expect("curl");
+    assert!(out.status.success(), "events: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("event JSON"))
+        .collect()
+}
+
+#[test]
+fn concurrent_builds_share_a_job_and_the_history_survives_a_restart() {
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", 4, &[]);
+    let counter = cluster.scratch("shared-runs");
+    let go = cluster.scratch("go");
+    let shared =
+        format!("echo x >> {counter}; while [ ! -e {go} ]; do sleep 0.02; done; echo s > {{{{out}}}}/s");
+    let mut waiters = Vec::new();
+    for n in 0..3 {
+        let build = format!(
+            "jobs:\n  - name: shared-{n}\n    run: [\"{shared}\"]\n  - name: own-{n}\n    needs: [shared-{n}]\n    run: [\"cat {{{{dep:shared-{n}}}}}/s > {{{{out}}}}/o; echo {n} >> {{{{out}}}}/o\"]\n"
+        );
+        let file = cluster.project(&format!("share{n}"), &build, &[]);
+        waiters.push(
+            cluster
+                .client(&["submit", file.to_str().expect("utf-8"), "--wait", "--json"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("submit"),
+        );
+    }
+    eventually("the shared job to start", || {
+        std::fs::read_to_string(&counter).ok().filter(|t| !t.is_empty())
+    });
+    eventually("all three builds to be queued", || {
+        let out = cluster.run(&["status", "--json"]);
+        let builds: Value = serde_json::from_slice(&out.stdout).ok()?;
+        (builds.as_array()?.len() == 3).then_some(())
+    });
+    std::fs::write(&go, "").expect("go");
+    for waiter in waiters {
+        let out = waiter.wait_with_output().expect("submit --wait ends");
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    }
+    assert_eq!(std::fs::read_to_string(&counter).expect("counter"), "x\n", "three builds, one execution");
+    let before: Vec<Vec<Value>> = (1..=3).map(|id| history(&cluster, id)).collect();
+    assert!(before.iter().all(|h| h.last().is_some_and(|e| e["event"] == "build_finished")), "{before:?}");
+    cluster.kill_coordinator();
+    cluster.start_coordinator();
+    let after: Vec<Vec<Value>> = (1..=3).map(|id| history(&cluster, id)).collect();
+    assert_eq!(before, after, "the event history is the same after a restart");
+}
