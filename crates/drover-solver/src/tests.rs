@@ -547,3 +547,195 @@ fn durations_of_earlier_runs_order_later_builds() {
     assert!(runs.iter().all(|r| r.0 == w2), "{runs:?}");
     assert_eq!(runs.iter().map(|r| r.2.as_str()).collect::<Vec<_>>(), ["slow"], "the slow job starts first");
 }
+
+mod random {
+    //! Random graphs, shared between builds, with random cancels: no job
+    //! runs for builds that were all cancelled, and every job a surviving
+    //! build needs completes.
+
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// A universe of jobs: job `i` needs some earlier jobs. A build is a
+    /// downward-closed subset, so the same job (same ID) appears in many.
+    #[derive(Clone, Debug)]
+    struct Universe {
+        needs: Vec<Vec<usize>>,
+    }
+
+    fn universe() -> impl Strategy<Value = Universe> {
+        (3usize..10).prop_flat_map(|n| {
+            proptest::collection::vec(proptest::collection::vec(any::<bool>(), n), n).prop_map(move |m| {
+                Universe {
+                    needs: (0..n)
+                        .map(|i| (0..i).filter(|&j| m[i][j] && (i + j) % 3 != 0).collect())
+                        .collect(),
+                }
+            })
+        })
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        /// Submit the build made of job `top` and everything it needs.
+        Submit(usize),
+        /// Cancel the k-th submitted build (if any).
+        Cancel(usize),
+        /// Workers finish what they run (successfully) and time passes.
+        Work,
+    }
+
+    fn ops() -> impl Strategy<Value = Vec<Op>> {
+        proptest::collection::vec(
+            prop_oneof![
+                3 => (0usize..10).prop_map(Op::Submit),
+                1 => (0usize..6).prop_map(Op::Cancel),
+                3 => Just(Op::Work),
+            ],
+            1..30,
+        )
+    }
+
+    fn closure(u: &Universe, top: usize) -> Vec<usize> {
+        let mut seen = BTreeSet::new();
+        let mut stack = vec![top];
+        while let Some(i) = stack.pop() {
+            if seen.insert(i) {
+                stack.extend(u.needs[i].iter().copied());
+            }
+        }
+        seen.into_iter().collect()
+    }
+
+    fn def(u: &Universe, i: usize) -> JobDef {
+        let needs: Vec<String> = u.needs[i].iter().map(|j| format!("j{j}")).collect();
+        let needs: Vec<&str> = needs.iter().map(String::as_str).collect();
+        job(&format!("j{i}"), &needs)
+    }
+
+    /// Renews the workers' leases, as their polls do.
+    fn keep_alive(h: &mut Harness, workers: &[u64]) {
+        for &worker in workers {
+            assert_eq!(
+                h.input(Input::Poll { worker }).expect("poll"),
+                Reply::Done,
+                "worker {worker} was lost"
+            );
+        }
+    }
+
+    /// Runs the program and checks both properties.
+    fn run(u: &Universe, program: &[Op]) {
+        let mut h = Harness::new();
+        let workers =
+            [worker_id(h.input(register("w1", 2, vec![]))), worker_id(h.input(register("w2", 2, vec![])))];
+        let mut builds: Vec<u64> = Vec::new();
+        let mut cancelled = BTreeSet::new();
+        // Runs in flight: run → (worker, job name).
+        let mut running: BTreeMap<u64, (u64, String)> = BTreeMap::new();
+        let step = |h: &mut Harness,
+                    running: &mut BTreeMap<u64, (u64, String)>,
+                    cancelled: &BTreeSet<u64>| {
+            for effect in h.solver.take_effects() {
+                match effect {
+                    Effect::Assign { worker, assignment } => {
+                        // Some live build must need the job.
+                        let needed =
+                            h.solver.build_ids().into_iter().filter(|b| !cancelled.contains(b)).any(|b| {
+                                let status = h.solver.build_status(b).expect("build");
+                                status.jobs.iter().any(|j| j.name == assignment.name && !j.state.is_final())
+                            });
+                        assert!(
+                            needed,
+                            "{} runs although every build needing it was cancelled",
+                            assignment.name
+                        );
+                        running.insert(assignment.run, (worker, assignment.name));
+                    }
+                    Effect::Stop { worker, run } | Effect::Drop { worker, run } => {
+                        if running.remove(&run).is_some() {
+                            let mut stopped = failed(run, 143);
+                            stopped.exit_code = None;
+                            h.report(worker, Report { finished: vec![stopped], ..Report::default() });
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        };
+        for op in program {
+            match op {
+                Op::Submit(top) => {
+                    let jobs = closure(u, top % u.needs.len()).into_iter().map(|i| def(u, i)).collect();
+                    builds.push(build_id(h.input(submit(jobs))));
+                }
+                Op::Cancel(k) => {
+                    if let Some(&b) = builds.get(k % builds.len().max(1)) {
+                        // Cancelling a finished build changes nothing.
+                        if !h.solver.build_status(b).expect("build").state.is_final() {
+                            cancelled.insert(b);
+                        }
+                        h.input(Input::Cancel { build: b }).expect("cancel");
+                    }
+                }
+                Op::Work => {
+                    let done: Vec<(u64, u64, String)> =
+                        running.iter().map(|(&run, (w, name))| (run, *w, name.clone())).collect();
+                    running.clear();
+                    for (run, w, name) in done {
+                        h.report(
+                            w,
+                            Report {
+                                started: vec![run],
+                                finished: vec![ok(run, &name)],
+                                ..Report::default()
+                            },
+                        );
+                    }
+                    keep_alive(&mut h, &workers);
+                    h.later();
+                }
+            }
+            step(&mut h, &mut running, &cancelled);
+        }
+        // Drain: keep working until nothing runs.
+        for _ in 0..200 {
+            step(&mut h, &mut running, &cancelled);
+            if running.is_empty()
+                && builds.iter().all(|b| h.solver.build_status(*b).expect("build").state.is_final())
+            {
+                break;
+            }
+            let done: Vec<(u64, u64, String)> =
+                running.iter().map(|(&run, (w, n))| (run, *w, n.clone())).collect();
+            running.clear();
+            for (run, w, name) in done {
+                h.report(
+                    w,
+                    Report { started: vec![run], finished: vec![ok(run, &name)], ..Report::default() },
+                );
+            }
+            keep_alive(&mut h, &workers);
+            h.later();
+        }
+        for b in builds {
+            let state = h.solver.build_status(b).expect("build").state;
+            if cancelled.contains(&b) {
+                assert_eq!(state, BuildState::Cancelled, "build {b}");
+            } else {
+                assert_eq!(state, BuildState::Succeeded, "build {b}: {:?}", h.solver.build_status(b));
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+        #[test]
+        fn cancels_stop_only_unneeded_work_and_survivors_complete(u in universe(), program in ops()) {
+            run(&u, &program);
+        }
+    }
+}
