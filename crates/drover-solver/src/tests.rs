@@ -655,12 +655,12 @@ mod random {
                         );
                         running.insert(assignment.run, (worker, assignment.name));
                     }
-                    Effect::Stop { worker, run } | Effect::Drop { worker, run } => {
-                        if running.remove(&run).is_some() {
-                            let mut stopped = failed(run, 143);
-                            stopped.exit_code = None;
-                            h.report(worker, Report { finished: vec![stopped], ..Report::default() });
-                        }
+                    Effect::Stop { worker, run } | Effect::Drop { worker, run }
+                        if running.remove(&run).is_some() =>
+                    {
+                        let mut stopped = failed(run, 143);
+                        stopped.exit_code = None;
+                        h.report(worker, Report { finished: vec![stopped], ..Report::default() });
                     }
                     _ => {}
                 }
