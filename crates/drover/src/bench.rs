@@ -8,6 +8,10 @@
 //!   of a link is the time from a job's end to its successor's start as the
 //!   coordinator saw them.
 //! - `noop`: a graph of N jobs built once, then again with everything cached.
+//! - `share`: 20 builds of the same 500-job graph submitted at once, against
+//!   one alone: executions are counted by the jobs themselves.
+//! - `makespan`: random DAGs of `sleep` jobs (10 to 80 ms) on 2 workers with
+//!   2 slots each; the makespan against max(critical path, work / slots).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -43,6 +47,12 @@ pub(crate) async fn run(args: BenchArgs) -> Result<(), Failure> {
     }
     if all || args.scenario == Scenario::Noop {
         rows.extend(noop(dir.path(), args.noop).await?);
+    }
+    if all || args.scenario == Scenario::Share {
+        rows.extend(share(dir.path()).await?);
+    }
+    if all || args.scenario == Scenario::Makespan {
+        rows.extend(makespan(dir.path()).await?);
     }
     println!("| benchmark | result | target |\n|---|---|---|");
     for row in rows {
@@ -199,20 +209,7 @@ async fn chain(dir: &Path, n: usize) -> Result<Vec<Row>, Failure> {
 
 async fn noop(dir: &Path, n: usize) -> Result<Vec<Row>, Failure> {
     eprintln!("noop: {n} jobs built, then rebuilt with everything cached ...");
-    // Layers of 50 jobs, each needing two jobs of the layer before.
-    let width = 50;
-    let jobs: Vec<_> = (0..n)
-        .map(|i| {
-            let mut needs = Vec::new();
-            if i >= width {
-                needs.push(format!("n{}", i - width));
-                if i % width != width - 1 {
-                    needs.push(format!("n{}", i - width + 1));
-                }
-            }
-            (format!("n{i}"), needs, format!("echo {i} > {{{{out}}}}/r"))
-        })
-        .collect();
+    let jobs = layered(n, |i| format!("echo {i} > {{{{out}}}}/r"));
     let loaded = build_file(dir, "noop", &jobs)?;
     let cluster = Embedded::start(&dir.join("noop-state"), 2, 2).await?;
     let (_, cold) = measure(&cluster, &loaded).await?;
@@ -236,4 +233,137 @@ async fn noop(dir: &Path, n: usize) -> Result<Vec<Row>, Failure> {
             target: "under 2 s".into(),
         },
     ])
+}
+
+/// `n` jobs in layers of 50, each needing two jobs of the layer before.
+fn layered(n: usize, command: impl Fn(usize) -> String) -> Vec<(String, Vec<String>, String)> {
+    let width = 50;
+    (0..n)
+        .map(|i| {
+            let mut needs = Vec::new();
+            if i >= width {
+                needs.push(format!("n{}", i - width));
+                if i % width != width - 1 {
+                    needs.push(format!("n{}", i - width + 1));
+                }
+            }
+            (format!("n{i}"), needs, command(i))
+        })
+        .collect()
+}
+
+async fn share(dir: &Path) -> Result<Vec<Row>, Failure> {
+    let (n, builds) = (500, 20);
+    eprintln!("share: {builds} concurrent builds of one {n}-job graph, against one alone ...");
+    let run = |name: &'static str, count: usize| {
+        let dir = dir.to_owned();
+        async move {
+            let counter = dir.join(format!("{name}-executions"));
+            let path = counter.display().to_string();
+            let jobs = layered(n, |i| format!("echo {i} >> {path}"));
+            let loaded = build_file(&dir, name, &jobs)?;
+            let cluster = Embedded::start(&dir.join(format!("{name}-state")), 2, 2).await?;
+            let start = Instant::now();
+            let all = futures::future::join_all((0..count).map(|_| measure(&cluster, &loaded))).await;
+            let elapsed = start.elapsed();
+            for result in all {
+                result?;
+            }
+            let executions = std::fs::read_to_string(&counter).map(|t| t.lines().count()).unwrap_or(0);
+            Ok::<_, Failure>((elapsed, executions))
+        }
+    };
+    let (alone, alone_runs) = run("share-alone", 1).await?;
+    let (together, runs) = run("share-20", builds).await?;
+    Ok(vec![
+        Row {
+            name: format!("one build of {n} jobs alone"),
+            value: format!("{:.2} s, {alone_runs} executions", alone.as_secs_f64()),
+            target: String::new(),
+        },
+        Row {
+            name: format!("{builds} concurrent builds of the same {n} jobs"),
+            value: format!(
+                "{:.2} s ({:.2}x one alone), {runs} executions",
+                together.as_secs_f64(),
+                together.as_secs_f64() / alone.as_secs_f64()
+            ),
+            target: format!("{n} executions, within 1.3x"),
+        },
+    ])
+}
+
+/// A small deterministic generator (splitmix64) for the random DAGs.
+fn next(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+async fn makespan(dir: &Path) -> Result<Vec<Row>, Failure> {
+    let slots = 4u64;
+    let mut rows = Vec::new();
+    let mut ratios = Vec::new();
+    let mut seed = 7u64;
+    for graph in 0..5 {
+        let n = 40 + (next(&mut seed) % 41) as usize;
+        let width = 2 + (next(&mut seed) % 12) as usize;
+        let mut durations = Vec::new();
+        let mut jobs = Vec::new();
+        for i in 0..n {
+            let ms = 10 + next(&mut seed) % 71;
+            let layer = i / width;
+            let mut needs = Vec::new();
+            if layer > 0 {
+                for _ in 0..1 + next(&mut seed) % 2 {
+                    let j = (layer - 1) * width + (next(&mut seed) as usize % width);
+                    let name = format!("g{graph}n{j}");
+                    if !needs.contains(&name) {
+                        needs.push(name);
+                    }
+                }
+            }
+            durations.push((ms, needs.clone()));
+            jobs.push((format!("g{graph}n{i}"), needs, format!("sleep 0.{ms:03}; : {graph}.{i}")));
+        }
+        // Lower bound: the longest path of sleeps, or the work over the slots.
+        let mut finish = vec![0u64; n];
+        for i in 0..n {
+            let start = durations[i]
+                .1
+                .iter()
+                .map(|name| {
+                    finish[name.rsplit('n').next().and_then(|k| k.parse::<usize>().ok()).unwrap_or(0)]
+                })
+                .max()
+                .unwrap_or(0);
+            finish[i] = start + durations[i].0;
+        }
+        let critical = finish.iter().copied().max().unwrap_or(0);
+        let work: u64 = durations.iter().map(|d| d.0).sum();
+        let bound = critical.max(work.div_ceil(slots));
+        eprintln!("makespan: graph {graph}: {n} jobs, {width} wide, bound {bound} ms ...");
+        let loaded = build_file(dir, &format!("makespan-{graph}"), &jobs)?;
+        let cluster = Embedded::start(&dir.join(format!("makespan-{graph}-state")), 2, 2).await?;
+        let (_, elapsed) = measure(&cluster, &loaded).await?;
+        let ratio = elapsed.as_secs_f64() * 1000.0 / bound as f64;
+        ratios.push(ratio);
+        rows.push(Row {
+            name: format!("makespan, random DAG {graph} ({n} jobs, {width} wide)"),
+            value: format!(
+                "{:.0} ms against a bound of {bound} ms: {ratio:.2}x",
+                elapsed.as_secs_f64() * 1000.0
+            ),
+            target: String::new(),
+        });
+    }
+    let mean = ratios.iter().sum::<f64>() / ratios.len() as f64;
+    rows.push(Row {
+        name: "makespan / bound, mean".into(),
+        value: format!("{mean:.2}x"),
+        target: "at most 1.10".into(),
+    });
+    Ok(rows)
 }

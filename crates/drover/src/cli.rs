@@ -266,6 +266,10 @@ pub(crate) enum Scenario {
     Chain,
     /// A fully cached rebuild.
     Noop,
+    /// 20 concurrent builds of the same graph: executions and wall time.
+    Share,
+    /// Random DAGs of short `sleep` jobs: makespan against its lower bound.
+    Makespan,
 }
 
 #[derive(Debug, Args)]
