@@ -226,6 +226,9 @@ async fn embedded_coordinator(state: &Path) -> anyhow::Result<drover_coordinator
     config.listen = ([127, 0, 0, 1], 0).into();
     // Local workers answer at once; a lost one is noticed quickly.
     config.core.lease_timeout = drover_core::Millis(5_000);
+    // Every worker is on this machine: an artifact is as close to one as to
+    // another, so locality is worth only a short wait.
+    config.core.deps_timeout = drover_core::Millis(10);
     drover_coordinator::start(config)
         .await
         .with_context(|| format!("cannot start the embedded coordinator in {}", state.display()))
