@@ -36,6 +36,8 @@ pub(crate) struct App {
     pub(crate) http: Http,
     pub(crate) token: Option<String>,
     pub(crate) max_blob: u64,
+    /// How often a polling worker's lease is renewed (a tenth of the lease).
+    pub(crate) renew_every: Duration,
 }
 
 /// A failed request.
@@ -328,7 +330,12 @@ async fn poll(
     let notified = notify.notified();
     tokio::pin!(notified);
     notified.as_mut().enable();
-    if app.shared.input(Input::Poll { worker: id }).await?? == Reply::Reregister {
+    let alive = if app.shared.renewal_due(id, app.renew_every) {
+        app.shared.input(Input::Poll { worker: id }).await?? != Reply::Reregister
+    } else {
+        app.shared.query(move |s| s.worker_alive(id)).await?
+    };
+    if !alive {
         return Ok(Json(PollReply { reregister: true, ..PollReply::default() }));
     }
     let take = |app: &App| {

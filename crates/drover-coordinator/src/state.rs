@@ -45,6 +45,8 @@ pub(crate) struct Shared {
     pub(crate) mailboxes: Mutex<BTreeMap<u64, Mailbox>>,
     /// Bumped whenever any build's event stream grows.
     pub(crate) version: watch::Sender<u64>,
+    /// When each worker's lease was last renewed through a recorded poll.
+    renewed: Mutex<BTreeMap<u64, std::time::Instant>>,
 }
 
 /// The state thread is gone (the log failed, or the coordinator is stopping).
@@ -73,6 +75,21 @@ impl Shared {
             let _ = tx.send(f(s));
         })))?;
         rx.await.map_err(|_| Stopped)
+    }
+
+    /// Whether a poll from `worker` should renew its lease (and so be
+    /// recorded): at most once per `every`, so that busy workers polling
+    /// many times a second do not grow the log with renewals.
+    pub(crate) fn renewal_due(&self, worker: u64, every: Duration) -> bool {
+        let now = std::time::Instant::now();
+        let mut renewed = self.renewed.lock().expect("renewals");
+        match renewed.get(&worker) {
+            Some(&last) if now.duration_since(last) < every => false,
+            _ => {
+                renewed.insert(worker, now);
+                true
+            }
+        }
     }
 
     /// The mailbox's notifier, creating the mailbox if needed.
@@ -114,7 +131,12 @@ pub(crate) fn start(mut store: Store, mut solver: Solver) -> Result<Arc<Shared>,
     }
     let (tx, rx) = std::sync::mpsc::channel();
     let (version, _) = watch::channel(0);
-    let shared = Arc::new(Shared { tx: Mutex::new(tx), mailboxes: Mutex::new(BTreeMap::new()), version });
+    let shared = Arc::new(Shared {
+        tx: Mutex::new(tx),
+        mailboxes: Mutex::new(BTreeMap::new()),
+        version,
+        renewed: Mutex::new(BTreeMap::new()),
+    });
     let thread_shared = shared.clone();
     std::thread::Builder::new()
         .name("drover-state".into())
