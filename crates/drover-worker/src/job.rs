@@ -23,6 +23,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::Shared;
 
+/// The shared working directory of jobs that see no source, under `runs/`.
+pub(crate) const EMPTY_SRC: &str = "empty-src";
+
 /// How much of a failed job's standard error goes into its report.
 const STDERR_TAIL: usize = 2048;
 
@@ -84,8 +87,11 @@ async fn execute(
         });
     }
     let dir = shared.runs_dir().join(a.run.to_string());
-    let src = dir.join("src");
-    tokio::fs::create_dir_all(&src).await.map_err(|e| format!("cannot create {}: {e}", src.display()))?;
+    // A job that sees no source shares one empty, read-only directory.
+    let own_src = !a.sources.is_empty();
+    let src = if own_src { dir.join("src") } else { shared.runs_dir().join(EMPTY_SRC) };
+    let made = if own_src { &src } else { &dir };
+    tokio::fs::create_dir_all(made).await.map_err(|e| format!("cannot create {}: {e}", made.display()))?;
     let prepared = tokio::select! {
         prepared = prepare(shared, a, &src) => prepared,
         () = cancel.cancelled() => Err("cancelled".into()),
@@ -94,8 +100,9 @@ async fn execute(
         Ok(deps) => run_commands(shared, a, &dir, &src, &deps, cancel).await,
         Err(e) => Err(e),
     };
-    let cleanup = src.clone();
-    let _ = tokio::task::spawn_blocking(move || remove_tree(&cleanup)).await;
+    if own_src {
+        let _ = tokio::task::spawn_blocking(move || remove_tree(&src)).await;
+    }
     result
 }
 

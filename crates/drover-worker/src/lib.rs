@@ -167,6 +167,10 @@ pub async fn start(mut config: WorkerConfig) -> Result<Worker, WorkerError> {
         job::remove_tree(&runs).map_err(dir_err(&runs))?;
     }
     std::fs::create_dir_all(&runs).map_err(dir_err(&runs))?;
+    let empty = runs.join(job::EMPTY_SRC);
+    std::fs::create_dir(&empty).map_err(dir_err(&empty))?;
+    std::fs::set_permissions(&empty, std::os::unix::fs::PermissionsExt::from_mode(0o555))
+        .map_err(dir_err(&empty))?;
     let cas = Arc::new(Cas::open(&config.dir.join("cache"), config.cache_bytes)?);
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
