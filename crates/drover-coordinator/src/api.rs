@@ -97,19 +97,8 @@ pub(crate) fn router(app: App) -> Router {
 }
 
 async fn require_token(State(app): State<App>, req: Request, next: Next) -> Response {
-    if let Some(token) = &app.token {
-        let presented = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if presented != Some(token.as_str()) {
-            return ApiError(
-                StatusCode::UNAUTHORIZED,
-                "a valid token is required (--token or DROVER_TOKEN)".into(),
-            )
-            .into_response();
-        }
+    if !drover_http::authorized(req.headers(), app.token.as_deref()) {
+        return ApiError(StatusCode::UNAUTHORIZED, drover_http::TOKEN_REQUIRED.into()).into_response();
     }
     next.run(req).await
 }

@@ -77,6 +77,21 @@ impl HttpError {
     }
 }
 
+/// What a server answers a request without the cluster's token.
+pub const TOKEN_REQUIRED: &str = "a valid token is required (--token or DROVER_TOKEN)";
+
+/// Whether a request's headers carry `Bearer <token>` (always true when no
+/// token is configured). Shared by the coordinator's and the workers'
+/// servers, so both check tokens alike.
+pub fn authorized(headers: &hyper::HeaderMap, token: Option<&str>) -> bool {
+    let Some(token) = token else { return true };
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|presented| presented == token)
+}
+
 /// A streamed response body.
 pub type ByteStream = std::pin::Pin<Box<dyn Stream<Item = Result<Bytes, std::io::Error>> + Send>>;
 
@@ -199,23 +214,6 @@ impl Http {
         self.read_all(url, resp).await.map(|_| ())
     }
 
-    /// PUT a stream of bytes.
-    pub async fn put_stream(
-        &self,
-        url: &str,
-        reader: impl AsyncRead + Send + Sync + 'static,
-    ) -> Result<(), HttpError> {
-        let stream = tokio_util::io::ReaderStream::new(reader).map_ok(Frame::data);
-        let req = self.request(
-            Method::PUT,
-            url,
-            BodyExt::boxed(StreamBody::new(stream)),
-            "application/octet-stream",
-        );
-        let resp = self.send(req, None).await?;
-        self.read_all(url, resp).await.map(|_| ())
-    }
-
     /// GET a body as a stream of chunks (downloads, logs, event streams).
     pub async fn get_stream(&self, url: &str) -> Result<ByteStream, HttpError> {
         let req = self.request(Method::GET, url, full(Bytes::new()), "application/octet-stream");
@@ -248,4 +246,22 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         source = inner.source();
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_configured_bearer_token_is_authorized() {
+        let mut headers = hyper::HeaderMap::new();
+        assert!(authorized(&headers, None), "no token configured: open");
+        assert!(!authorized(&headers, Some("s3cret")), "missing header");
+        headers.insert(header::AUTHORIZATION, "Bearer wrong".parse().expect("header"));
+        assert!(!authorized(&headers, Some("s3cret")));
+        headers.insert(header::AUTHORIZATION, "s3cret".parse().expect("header"));
+        assert!(!authorized(&headers, Some("s3cret")), "the Bearer scheme is required");
+        headers.insert(header::AUTHORIZATION, "Bearer s3cret".parse().expect("header"));
+        assert!(authorized(&headers, Some("s3cret")));
+    }
 }

@@ -29,16 +29,8 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
 }
 
 async fn require_token(State(shared): State<Arc<Shared>>, req: Request, next: Next) -> Response {
-    if let Some(token) = &shared.config.token {
-        let presented = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if presented != Some(token.as_str()) {
-            return (StatusCode::UNAUTHORIZED, "a valid token is required (--token or DROVER_TOKEN)\n")
-                .into_response();
-        }
+    if !drover_http::authorized(req.headers(), shared.config.token.as_deref()) {
+        return (StatusCode::UNAUTHORIZED, format!("{}\n", drover_http::TOKEN_REQUIRED)).into_response();
     }
     next.run(req).await
 }

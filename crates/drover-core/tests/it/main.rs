@@ -1,9 +1,8 @@
 //! Integration tests of drover-core: scenario scripts (`scenarios`), property
-//! tests over random event sequences (`properties`), reservation regressions
-//! (`reservations`), and the crate's
-//! dependency rules (`boundaries`). One binary, so one link step.
+//! tests over random event sequences (`properties`) and reservation
+//! regressions (`reservations`). One binary, so one link step. The core's
+//! purity rules are checked with the solver's in `crates/drover/tests/purity.rs`.
 
-mod boundaries;
 mod properties;
 mod reservations;
 mod scenario;

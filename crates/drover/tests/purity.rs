@@ -1,0 +1,110 @@
+//! The pure crates' architecture rules, enforced: `drover-core` and
+//! `drover-solver` depend only on an allowed set of pure crates (no tokio, no
+//! I/O, no database, no randomness crate), and their sources use no clock, no
+//! hash-ordered container, no I/O and no threads, so replaying the recorded
+//! inputs rebuilds the same state. Adding a dependency to a list is an
+//! architecture decision: update ARCHITECTURE.md with it.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Crates every pure crate may depend on (normal dependencies, directly or
+/// not; dev-dependencies are for tests and benchmarks).
+const PURE: &[&str] = &[
+    "serde",
+    "serde_core",
+    "serde_derive",
+    "thiserror",
+    "thiserror-impl",
+    "proc-macro2",
+    "quote",
+    "syn",
+    "unicode-ident",
+];
+
+/// Forbidden in a pure crate's source, with the reason.
+const FORBIDDEN: &[(&str, &str)] = &[
+    ("Instant", "no clock reads: `now` is an input"),
+    ("SystemTime", "no clock reads: `now` is an input"),
+    ("HashMap", "hash order would make decisions nondeterministic"),
+    ("HashSet", "hash order would make decisions nondeterministic"),
+    ("std::fs", "no I/O"),
+    ("std::net", "no I/O"),
+    ("std::io", "no I/O"),
+    ("std::process", "no I/O"),
+    ("std::thread", "single-threaded, never blocks"),
+    ("std::env", "settings come in the crate's Config"),
+    ("tokio", "never depends on an async runtime"),
+];
+
+fn crate_dir(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(name)
+}
+
+/// Fails unless every normal dependency of `name` is in `PURE` or `extra`.
+fn depends_only_on_pure_crates(name: &str, extra: &[&str]) {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["tree", "-e", "normal", "--prefix", "none", "--target", "all", "--manifest-path"])
+        .arg(crate_dir(name).join("Cargo.toml"))
+        .output()
+        .expect("run cargo tree");
+    assert!(out.status.success(), "cargo tree failed: {}", String::from_utf8_lossy(&out.stderr));
+    let tree = String::from_utf8(out.stdout).expect("utf-8");
+    let crates: Vec<&str> = tree.lines().filter_map(|l| l.split_whitespace().next()).collect();
+    assert!(crates.contains(&"serde"), "the tree output was not parsed: {tree}");
+    let foreign: Vec<&&str> =
+        crates.iter().filter(|c| **c != name && !PURE.contains(c) && !extra.contains(c)).collect();
+    assert!(foreign.is_empty(), "{name} must stay pure, but depends on {foreign:?}");
+}
+
+fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("read src") {
+        let path = entry.expect("entry").path();
+        if path.is_dir() {
+            sources(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// Fails if `name`'s source (at least `min_files` files) uses a forbidden API.
+fn source_is_pure(name: &str, min_files: usize) {
+    let mut files = Vec::new();
+    sources(&crate_dir(name).join("src"), &mut files);
+    assert!(files.len() >= min_files, "found only {files:?}");
+    let mut found = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("read");
+        for (n, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            for (word, why) in FORBIDDEN {
+                if code.contains(word) {
+                    found.push(format!("{}:{}: `{word}`: {why}", file.display(), n + 1));
+                }
+            }
+        }
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
+
+#[test]
+fn core_depends_only_on_pure_crates() {
+    depends_only_on_pure_crates("drover-core", &[]);
+}
+
+#[test]
+fn core_source_uses_no_clock_io_threads_or_hash_order() {
+    source_is_pure("drover-core", 5);
+}
+
+#[test]
+fn solver_depends_only_on_pure_crates_and_the_core() {
+    depends_only_on_pure_crates("drover-solver", &["drover-core", "drover-proto"]);
+}
+
+#[test]
+fn solver_source_uses_no_clock_io_threads_or_hash_order() {
+    source_is_pure("drover-solver", 2);
+}
