@@ -204,6 +204,13 @@ impl Cluster {
     /// past DepsTimeout (those jobs enter the global queue too), then the
     /// tail (local queues only). Every slot is busy afterwards.
     fn new(pending: u64) -> Cluster {
+        let mut c = Cluster::registered(pending);
+        c.fill();
+        c
+    }
+
+    /// The workers registered with their artifacts; nothing scheduled yet.
+    fn registered(pending: u64) -> Cluster {
         let mut c = Cluster {
             sched: Scheduler::new(config()),
             now: Millis(0),
@@ -218,13 +225,19 @@ impl Cluster {
         for event in c.registrations.clone() {
             c.handle(event);
         }
+        c
+    }
+
+    /// Builds the backlog on a registered cluster.
+    fn fill(&mut self) {
+        let c = self;
+        let pending = c.target as u64;
         let tail = pending * TAIL_PER_MILLE / 1000;
         c.schedule(pending - tail + u64::from(SLOTS) * WORKERS);
         c.now = c.now.after(Millis(config().deps_timeout.0 * 10));
         c.handle(Event::Tick);
         c.top_up();
         assert_eq!(c.queued(), c.target, "backlog built");
-        c
     }
 
     /// Untimed: hands in an event and follows the runs it starts.
@@ -405,14 +418,19 @@ fn rss() -> u64 {
 }
 
 /// In a fresh child process (so that no memory freed earlier is reused):
-/// builds the backlog, returns (resident bytes per queued job, build time).
-fn memory(pending: u64) -> (f64, f64) {
+/// registers the workers, then builds the backlog; returns (resident bytes
+/// per queued job: the growth while the backlog is built, over its size;
+/// resident bytes of the registered cluster alone; build time).
+fn memory(pending: u64) -> (f64, f64, f64) {
     if let Ok(n) = std::env::var(MEM_ENV) {
         let before = rss();
+        let mut cluster = Cluster::registered(n.parse().expect("backlog size"));
+        let registered = rss();
         let start = Instant::now();
-        let cluster = Cluster::new(n.parse().expect("backlog size"));
+        cluster.fill();
         let secs = start.elapsed().as_secs_f64();
-        println!("{} {secs}", (rss() - before) as f64 / cluster.target as f64);
+        let per_job = (rss() - registered) as f64 / cluster.target as f64;
+        println!("{per_job} {} {secs}", registered - before);
         std::process::exit(0);
     }
     let exe = std::env::current_exe().expect("bench executable");
@@ -420,7 +438,7 @@ fn memory(pending: u64) -> (f64, f64) {
     assert!(out.status.success(), "memory child failed: {}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout);
     let f: Vec<f64> = text.split_whitespace().map(|f| f.parse().expect("number")).collect();
-    (f[0], f[1])
+    (f[0], f[1], f[2])
 }
 
 fn percentile(sorted: &[u64], p: f64) -> f64 {
@@ -450,11 +468,12 @@ fn main() {
     let mut latencies = BTreeMap::new();
     for &pending in &sizes {
         if !test_mode {
-            let (bytes, secs) = memory(pending);
+            let (bytes, cluster, secs) = memory(pending);
             eprintln!(
                 "\n{pending} queued: built in {secs:.1} s ({:.0} schedules/s including the workers' first \
-                 draws); {bytes:.0} resident bytes per queued job\n",
-                pending as f64 / secs
+                 draws); {bytes:.0} resident bytes per queued job (the registered cluster alone: {:.0} MB)\n",
+                pending as f64 / secs,
+                cluster / 1e6
             );
         }
         let mut c = Cluster::new(pending);

@@ -119,6 +119,9 @@ struct Tenant {
     /// Value of the serve clock when this tenant last had a job assigned
     /// (0: never).
     served: u64,
+    /// Entries of this tenant's jobs in all queues; in `Scheduler::lrs` while
+    /// not zero.
+    placed: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -204,6 +207,9 @@ pub struct Scheduler {
     runs: BTreeMap<RunId, Run>,
 
     global: Queue,
+    /// (last served, tenant) of every tenant with queued jobs: the fairness
+    /// order a draw walks, least recently served first.
+    lrs: BTreeSet<(u64, TenantIdx)>,
     /// Artifact → live workers holding it.
     holders: BTreeMap<JobId, BTreeSet<WorkerIdx>>,
     /// Artifact → queued jobs in their dependency stage (or later) that read it.
@@ -226,16 +232,6 @@ pub struct Scheduler {
 enum Pick {
     Run(JobIdx),
     Reserve(JobIdx),
-}
-
-/// One (queue, class) a worker may draw from, with its front tenant.
-#[derive(Clone, Copy, Debug)]
-struct Candidate {
-    served: u64,
-    tenant: TenantIdx,
-    place: Place,
-    class: ClassIdx,
-    fits: bool,
 }
 
 impl Scheduler {
@@ -261,6 +257,7 @@ impl Scheduler {
             job_index: BTreeMap::new(),
             runs: BTreeMap::new(),
             global: Queue::default(),
+            lrs: BTreeSet::new(),
             holders: BTreeMap::new(),
             dependents: BTreeMap::new(),
             unplaceable: BTreeSet::new(),
@@ -944,20 +941,31 @@ impl Scheduler {
         }
         job.places.push(place);
         let (class, tenant, key) = (job.class, job.tenant, job.key);
-        let served = self.tenants[tenant as usize].served;
+        self.queue_mut(place).insert(class, tenant, key, j);
+        self.placed(tenant, true);
         match place {
-            Place::Global => {
-                self.global.insert(class, tenant, served, key, j);
-                self.global_dirty = true;
-            }
+            Place::Global => self.global_dirty = true,
             Place::First(w) | Place::Second(w) => {
-                let worker = &mut self.workers[w as usize];
-                let queue =
-                    if matches!(place, Place::First(_)) { &mut worker.first } else { &mut worker.second };
-                queue.insert(class, tenant, served, key, j);
                 if self.hungry.contains(&w) {
                     self.dirty.insert(w);
                 }
+            }
+        }
+    }
+
+    /// Counts one more (`add`) or one fewer queue entry of `tenant`'s jobs,
+    /// keeping `lrs` to the tenants with queued jobs.
+    fn placed(&mut self, t: TenantIdx, add: bool) {
+        let tenant = &mut self.tenants[t as usize];
+        if add {
+            tenant.placed += 1;
+            if tenant.placed == 1 {
+                self.lrs.insert((tenant.served, t));
+            }
+        } else {
+            tenant.placed -= 1;
+            if tenant.placed == 0 {
+                self.lrs.remove(&(tenant.served, t));
             }
         }
     }
@@ -967,7 +975,9 @@ impl Scheduler {
         let Some(pos) = job.places.iter().position(|p| *p == place) else { return };
         job.places.swap_remove(pos);
         let (class, tenant, key) = (job.class, job.tenant, job.key);
-        self.queue_mut(place).remove(class, tenant, key);
+        if self.queue_mut(place).remove(class, tenant, key) {
+            self.placed(tenant, false);
+        }
     }
 
     fn queue_mut(&mut self, place: Place) -> &mut Queue {
@@ -984,7 +994,9 @@ impl Scheduler {
         let places = std::mem::take(&mut job.places);
         let (class, tenant, key) = (job.class, job.tenant, job.key);
         for place in places {
-            self.queue_mut(place).remove(class, tenant, key);
+            if self.queue_mut(place).remove(class, tenant, key) {
+                self.placed(tenant, false);
+            }
         }
         self.clear_timer(j);
         let job = self.jobs[j as usize].as_mut().expect("live job");
@@ -1087,17 +1099,19 @@ impl Scheduler {
         if let Some(j) = reserved {
             self.job_mut(j).reserved_on = None;
         }
-        for j in first.iter().copied() {
+        for &(t, j) in &first {
             self.job_mut(j).places.retain(|p| *p != Place::First(w));
+            self.placed(t, false);
         }
-        for j in second {
+        for (t, j) in second {
             self.job_mut(j).places.retain(|p| *p != Place::Second(w));
+            self.placed(t, false);
         }
         for a in held {
             self.forget_holder(w, a);
         }
         let dropped = self.set_capabilities(w, false);
-        for j in first {
+        for (_, j) in first {
             if self.jobs[j as usize].is_some() {
                 self.leave_cache_stage_if_uncached(j);
             }
@@ -1236,79 +1250,68 @@ impl Scheduler {
 
     /// Chooses the next job for worker `w`: fairness picks the tenant, locality
     /// the queue, resources filter the classes. See ARCHITECTURE.md.
+    ///
+    /// The walk visits tenants least recently served first and stops at the
+    /// first that has a job this worker can take (or reserve room for): in a
+    /// busy cluster that is the first or second tenant, since the global
+    /// queue offers every tenant's jobs. Each step costs one lookup per queue.
     fn draw(&mut self, w: WorkerIdx) -> Option<Pick> {
-        let Scheduler { workers, global, classes, tenants, jobs, .. } = self;
-        let worker = &mut workers[w as usize];
-        let reserved_key = worker.reserved.map(|j| {
-            let class = jobs[j as usize].as_ref().expect("live job").class;
-            &classes[class as usize].key
-        });
-        let served = |t: TenantIdx| tenants[t as usize].served;
-        let mut candidates: Vec<Candidate> = Vec::new();
-        for place in [Place::First(w), Place::Second(w), Place::Global] {
-            let queue = match place {
-                Place::First(_) => &mut worker.first,
-                Place::Second(_) => &mut worker.second,
-                Place::Global => &mut *global,
-            };
-            if queue.len() == 0 {
-                continue;
-            }
-            let lanes: Vec<ClassIdx> = queue.classes().collect();
-            for class in lanes {
-                if !worker.capable.get(class as usize).copied().unwrap_or(false) {
-                    continue;
-                }
-                let fits = worker.res.fits(&classes[class as usize].key, reserved_key);
-                if !fits && worker.reserved.is_some() {
-                    continue;
-                }
-                if let Some((served, tenant)) = queue.front(class, served) {
-                    candidates.push(Candidate { served, tenant, place, class, fits });
-                }
-            }
+        let worker = &self.workers[w as usize];
+        let reserved_key = worker.reserved.map(|j| &self.classes[self.job(j).class as usize].key);
+        // A worker holding a reservation takes only what fits beside it; if
+        // no class does, no tenant can have anything for it, and the walk
+        // below would visit every tenant to find that out.
+        if reserved_key.is_some()
+            && !self.classes.iter().enumerate().any(|(c, class)| {
+                worker.capable.get(c).copied().unwrap_or(false) && worker.res.fits(&class.key, reserved_key)
+            })
+        {
+            return None;
         }
-        let best_fit = candidates.iter().filter(|c| c.fits).map(|c| (c.served, c.tenant)).min();
-        // Fairness first: if the tenant whose turn it is has nothing that fits
-        // here now, this worker reserves room for its job (one reservation per
-        // worker), unless another worker already does.
-        let mut blocked: Vec<&Candidate> = candidates
-            .iter()
-            .filter(|c| !c.fits && best_fit.is_none_or(|b| (c.served, c.tenant) < b))
-            .collect();
-        blocked.sort_by_key(|c| (c.served, c.tenant, c.place, c.class));
-        for c in blocked {
-            let (_, j) = self.queue_of(c.place).first_of(c.class, c.tenant)?;
-            if self.job(j).reserved_on.is_none() {
+        let queues = [
+            (Place::First(w), &worker.first),
+            (Place::Second(w), &worker.second),
+            (Place::Global, &self.global),
+        ];
+        // The best fitting job of the current tenant in each queue.
+        let mut fitting: Vec<(Place, JobKey, JobIdx)> = Vec::new();
+        for &(_, tenant) in &self.lrs {
+            fitting.clear();
+            let mut reserve = None;
+            for &(place, queue) in &queues {
+                for (class, key, j) in queue.fronts(tenant) {
+                    if !worker.capable.get(class as usize).copied().unwrap_or(false) {
+                        continue;
+                    }
+                    if worker.res.fits(&self.classes[class as usize].key, reserved_key) {
+                        match fitting.last_mut() {
+                            Some(best) if best.0 == place => *best = (*best).min((place, key, j)),
+                            _ => fitting.push((place, key, j)),
+                        }
+                    } else if worker.reserved.is_none()
+                        && reserve.is_none()
+                        && self.job(j).reserved_on.is_none()
+                    {
+                        reserve = Some(j);
+                    }
+                }
+            }
+            // Locality: a uniform draw among the queues offering this tenant
+            // a job that fits (distbuild's random choice among the three
+            // queues); within the queue, the tenant's best job.
+            match fitting.len() {
+                0 => {}
+                1 => return Some(Pick::Run(fitting[0].2)),
+                n => return Some(Pick::Run(fitting[self.rng.below(n)].2)),
+            }
+            // Fairness first: if the tenant whose turn it is has nothing that
+            // fits here now, this worker reserves room for its job (one
+            // reservation per worker), unless another worker already does.
+            if let Some(j) = reserve {
                 return Some(Pick::Reserve(j));
             }
         }
-        let (served, tenant) = best_fit?;
-        // Locality: a uniform draw among the queues offering this tenant a job
-        // that fits (distbuild's random choice among the three queues).
-        let mut places: Vec<Place> = candidates
-            .iter()
-            .filter(|c| c.fits && c.served == served && c.tenant == tenant)
-            .map(|c| c.place)
-            .collect();
-        places.dedup();
-        let place = if places.len() == 1 { places[0] } else { places[self.rng.below(places.len())] };
-        // Within the queue, the tenant's best job across the classes that fit.
-        let queue = self.queue_of(place);
-        candidates
-            .iter()
-            .filter(|c| c.fits && c.place == place && c.tenant == tenant)
-            .filter_map(|c| queue.first_of(c.class, tenant))
-            .min()
-            .map(|(_, j)| Pick::Run(j))
-    }
-
-    fn queue_of(&self, place: Place) -> &Queue {
-        match place {
-            Place::Global => &self.global,
-            Place::First(w) => &self.workers[w as usize].first,
-            Place::Second(w) => &self.workers[w as usize].second,
-        }
+        None
     }
 
     fn assign(&mut self, w: WorkerIdx, j: JobIdx) {
@@ -1321,7 +1324,12 @@ impl Scheduler {
         job.attempts += 1;
         job.state = JobState::Assigned(run);
         let (class, tenant, id, attempt) = (job.class, job.tenant, job.id, job.attempts);
-        self.tenants[tenant as usize].served = serve_clock;
+        let served = &mut self.tenants[tenant as usize];
+        if served.placed > 0 {
+            self.lrs.remove(&(served.served, tenant));
+            self.lrs.insert((serve_clock, tenant));
+        }
+        served.served = serve_clock;
         let worker = &mut self.workers[w as usize];
         worker.res.take(&self.classes[class as usize].key);
         worker.runs.insert(run);
@@ -1340,7 +1348,7 @@ impl Scheduler {
             return t;
         }
         let t = self.tenants.len() as TenantIdx;
-        self.tenants.push(Tenant { name: name.to_owned(), served: 0 });
+        self.tenants.push(Tenant { name: name.to_owned(), served: 0, placed: 0 });
         self.tenant_index.insert(name.to_owned(), t);
         t
     }

@@ -83,6 +83,7 @@ impl Scheduler {
             }
         }
         let mut queued_places = 0;
+        let mut placed: BTreeMap<u32, u32> = BTreeMap::new();
         for (j, job) in self.jobs.iter().enumerate() {
             let Some(job) = job else { continue };
             let j = j as u32;
@@ -132,6 +133,7 @@ impl Scheduler {
             }
             if queued {
                 queued_places += job.places.len();
+                *placed.entry(job.tenant).or_default() += job.places.len() as u32;
                 // Rule 1: the first queue of every live holder of its result.
                 for &w in self.holders.get(&job.id).into_iter().flatten() {
                     if !job.places.contains(&Place::First(w)) {
@@ -152,6 +154,19 @@ impl Scheduler {
             self.global.len() + self.workers.iter().map(|w| w.first.len() + w.second.len()).sum::<usize>();
         if in_queues != queued_places {
             return Err(format!("queues hold {in_queues} entries, jobs list {queued_places}"));
+        }
+        // The fairness order holds exactly the tenants with queued entries,
+        // each under its current last-served value.
+        placed.retain(|_, n| *n > 0);
+        for (t, tenant) in self.tenants.iter().enumerate() {
+            let t = t as u32;
+            let expect = placed.get(&t).copied().unwrap_or(0);
+            if tenant.placed != expect || self.lrs.contains(&(tenant.served, t)) != (expect > 0) {
+                return Err(format!("tenant {} fairness entry is stale", tenant.name));
+            }
+        }
+        if self.lrs.len() != placed.len() {
+            return Err("the fairness order lists tenants without queued jobs".to_owned());
         }
         for (at, slot) in &self.timers {
             let ok = match *slot {
