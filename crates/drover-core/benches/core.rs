@@ -39,7 +39,8 @@
 //! in `/work/shared/reference/anchors.md`.
 //!
 //! Run with `cargo bench -p drover-core`. `DROVER_BENCH_PENDING=100000`
-//! (comma-separated sizes) overrides the backlog sizes. `cargo test
+//! (comma-separated sizes) overrides the backlog sizes; `DROVER_BENCH_QUEUES=50`
+//! spreads the tenants over 50 weighted queues (a fifth of them capped). `cargo test
 //! --benches` runs every benchmark once on a 20,000-job backlog.
 
 // The core's clippy.toml bans clocks so that the core stays a pure function of
@@ -53,8 +54,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, SamplingMode, Throughput};
 use drover_core::{
-    Capacity, Config, Decision, Event, JobId, JobResult, JobSpec, Millis, Request, RunId, Scheduler,
-    WaiterId, WorkerId,
+    Capacity, Config, Decision, Event, JobId, JobResult, JobSpec, Millis, QueueConfig, QueueLimits, Request,
+    RunId, Scheduler, WaiterId, WorkerId,
 };
 
 const WORKERS: u64 = 1_000;
@@ -71,6 +72,8 @@ const STEP: Millis = Millis(50);
 const GIB: u64 = 1 << 30;
 const MEM_ENV: &str = "DROVER_BENCH_MEMORY_CHILD";
 const SIZES_ENV: &str = "DROVER_BENCH_PENDING";
+/// Number of weighted queues the tenants are spread over (0: none).
+const QUEUES_ENV: &str = "DROVER_BENCH_QUEUES";
 
 /// splitmix64: a tiny seeded generator, so every run builds the same cluster.
 struct Rng(u64);
@@ -90,6 +93,7 @@ impl Rng {
 }
 
 fn config() -> Config {
+    let queues: u64 = std::env::var(QUEUES_ENV).map_or(0, |v| v.parse().expect("queue count"));
     Config {
         cache_timeout: Millis(10),
         deps_timeout: Millis(100),
@@ -97,6 +101,22 @@ fn config() -> Config {
         lease_timeout: Millis(24 * 3600 * 1000),
         unplaceable_grace: Millis(0),
         seed: 0x5eed,
+        // Weights 1 to 4, every fifth queue capped at a tenth of the slots.
+        queues: (0..queues)
+            .map(|q| QueueConfig {
+                name: format!("q{q:02}"),
+                weight: 1 + (q % 4) as u32,
+                capability: QueueLimits {
+                    slots: (q % 5 == 0).then_some((WORKERS * u64::from(SLOTS) / 10) as u32),
+                    ..QueueLimits::default()
+                },
+                ..QueueConfig::default()
+            })
+            .collect(),
+        tenant_queues: (0..TENANTS)
+            .filter(|_| queues > 0)
+            .map(|t| (format!("tenant-{t:02}"), format!("q{:02}", t % queues.max(1))))
+            .collect(),
     }
 }
 

@@ -17,13 +17,15 @@
 #![warn(missing_docs)]
 
 mod queue;
+mod quota;
 mod resources;
 mod rng;
 mod scheduler;
 mod types;
 
-pub use scheduler::{JobStatus, JobView, QueueName, Scheduler};
+pub use quota::DEFAULT_QUEUE;
+pub use scheduler::{JobStatus, JobView, QueueAmounts, QueueName, QueueView, Scheduler};
 pub use types::{
     CancelStage, Capacity, Completion, Config, Decision, Event, FailReason, JobId, JobResult, JobSpec,
-    Millis, Rejected, Request, RunId, Timer, TimerKind, WaiterId, WorkerId,
+    Millis, QueueConfig, QueueLimits, Rejected, Request, RunId, Timer, TimerKind, WaiterId, WorkerId,
 };

@@ -15,7 +15,10 @@ mod invariants;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 
+use serde::{Deserialize, Serialize};
+
 use crate::queue::{ClassIdx, JobIdx, JobKey, Queue, TenantIdx};
+use crate::quota::{Amounts, QueueIdx, Queues};
 use crate::resources::{ClassKey, TokenIdx, WorkerResources};
 use crate::rng::SplitMix64;
 use crate::types::{
@@ -81,6 +84,8 @@ struct Job {
     timer: Option<(Millis, TimerSlot)>,
     /// Registered in `dependents` under each dependency.
     indexed: bool,
+    /// Counted in its queue's pending request and its tenant's priorities.
+    counted: bool,
     /// The worker holding a reservation for this job.
     reserved_on: Option<WorkerIdx>,
 }
@@ -88,6 +93,7 @@ struct Job {
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Run {
     worker: WorkerIdx,
+    tenant: TenantIdx,
     class: ClassIdx,
     job_id: JobId,
     /// `None` once the job was cancelled: the run is being dropped or stopped
@@ -119,16 +125,71 @@ struct Tenant {
     /// Value of the serve clock when this tenant last had a job assigned
     /// (0: never).
     served: u64,
-    /// Entries of this tenant's jobs in all queues; in `Scheduler::lrs` while
-    /// not zero.
+    /// The leaf queue of this tenant's jobs (a tenant whose jobs go to two
+    /// queues is two tenants here, one per queue).
+    queue: QueueIdx,
+    /// Entries of this tenant's jobs in all queues; filed in its queue's
+    /// order while not zero.
     placed: u32,
+    /// Queued jobs by priority (for the tenant's top priority).
+    priorities: BTreeMap<i32, u32>,
+    /// Held by this tenant's runs (for its dominant share).
+    allocated: Amounts,
+    /// The key it is filed under in `Scheduler::orders[queue]`.
+    filed: Option<TenantKey>,
 }
+
+/// A tenant's place in its queue's order: highest queued priority first,
+/// then the lowest dominant share (DRF), then least recently served.
+type TenantKey = (Reverse<i32>, u64, u64, TenantIdx);
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Class {
     key: ClassKey,
+    /// What a run of the class holds, for queue quotas and shares.
+    amounts: Amounts,
     /// Live workers that could ever run this class.
     capable: u32,
+}
+
+/// One queue of the quota tree, as [`Scheduler::queue_views`] shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueView {
+    /// Its name.
+    pub name: String,
+    /// Its parent queue, if any.
+    pub parent: Option<String>,
+    /// Relative entitlement among its siblings.
+    pub weight: u64,
+    /// Higher-priority queues are offered work first.
+    pub priority: i32,
+    /// May other queues reclaim what it holds above its share.
+    pub reclaimable: bool,
+    /// Hard maximum, if any.
+    pub capability: Option<QueueAmounts>,
+    /// Reserved minimum.
+    pub guarantee: QueueAmounts,
+    /// What it deserves now (proportion of the live workers' capacity).
+    pub deserved: QueueAmounts,
+    /// Held by its running jobs.
+    pub allocated: QueueAmounts,
+    /// Asked for by its queued jobs.
+    pub pending: QueueAmounts,
+    /// Its queued jobs (its subtree's, for a parent).
+    pub queued_jobs: u64,
+    /// Its runs holding resources.
+    pub running: u64,
+}
+
+/// Amounts of a queue view.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueAmounts {
+    /// Job slots, in thousandths.
+    pub slots_milli: u64,
+    /// CPU in millicores.
+    pub cpu: u64,
+    /// Memory in bytes.
+    pub memory: u64,
 }
 
 /// A queue as named in views: where a queued job is visible.
@@ -192,7 +253,7 @@ pub struct Scheduler {
     next_run: u64,
 
     tenants: Vec<Tenant>,
-    tenant_index: BTreeMap<String, TenantIdx>,
+    tenant_index: BTreeMap<(String, QueueIdx), TenantIdx>,
     tokens: Vec<String>,
     token_index: BTreeMap<String, TokenIdx>,
     classes: Vec<Class>,
@@ -207,9 +268,17 @@ pub struct Scheduler {
     runs: BTreeMap<RunId, Run>,
 
     global: Queue,
-    /// (last served, tenant) of every tenant with queued jobs: the fairness
-    /// order a draw walks, least recently served first.
-    lrs: BTreeSet<(u64, TenantIdx)>,
+    /// The queue tree with quotas and deserved shares.
+    quotas: Queues,
+    /// Capacity of the live workers.
+    total: Amounts,
+    /// `total` changed: every tenant's dominant share did too.
+    total_changed: bool,
+    /// Per leaf queue: its tenants with queued jobs, in the order a draw
+    /// walks them (empty for parent queues).
+    orders: Vec<BTreeSet<TenantKey>>,
+    /// Leaf queues with a non-empty order.
+    active_queues: BTreeSet<QueueIdx>,
     /// Artifact → live workers holding it.
     holders: BTreeMap<JobId, BTreeSet<WorkerIdx>>,
     /// Artifact → queued jobs in their dependency stage (or later) that read it.
@@ -228,6 +297,9 @@ pub struct Scheduler {
     decisions: Vec<Decision>,
 }
 
+/// A tenant's best fitting job in one of a worker's queues.
+type Offer = (Place, JobKey, JobIdx);
+
 /// What a worker's draw came up with.
 enum Pick {
     Run(JobIdx),
@@ -237,8 +309,14 @@ enum Pick {
 impl Scheduler {
     /// An empty cluster.
     pub fn new(config: Config) -> Scheduler {
+        let quotas = Queues::new(&config.queues, &config.tenant_queues);
         Scheduler {
             rng: SplitMix64::new(config.seed),
+            orders: vec![BTreeSet::new(); quotas.nodes.len()],
+            quotas,
+            total: Amounts::default(),
+            total_changed: false,
+            active_queues: BTreeSet::new(),
             config,
             now: Millis(0),
             serve_clock: 0,
@@ -257,7 +335,6 @@ impl Scheduler {
             job_index: BTreeMap::new(),
             runs: BTreeMap::new(),
             global: Queue::default(),
-            lrs: BTreeSet::new(),
             holders: BTreeMap::new(),
             dependents: BTreeMap::new(),
             unplaceable: BTreeSet::new(),
@@ -372,6 +449,33 @@ impl Scheduler {
             JobState::Running(run) => JobStatus::Running { worker: wid(self.runs[&run].worker), run },
         };
         Some(JobView { status, waiters: job.waiters.clone(), attempts: job.attempts })
+    }
+
+    /// Every queue, in configuration order (the implicit `default` queue
+    /// last), with its deserved share for the cluster as it is now.
+    pub fn queue_views(&self) -> Vec<QueueView> {
+        let mut quotas = self.quotas.clone();
+        quotas.deserve(self.total);
+        let amounts = |a: Amounts| QueueAmounts { slots_milli: a.0[0], cpu: a.0[1], memory: a.0[2] };
+        let limit = |a: Amounts| (a != Amounts([u64::MAX; 3])).then(|| amounts(a));
+        quotas
+            .nodes
+            .iter()
+            .map(|n| QueueView {
+                name: n.name.clone(),
+                parent: n.parent.map(|p| quotas.nodes[p as usize].name.clone()),
+                weight: n.weight,
+                priority: n.priority,
+                reclaimable: n.reclaimable,
+                capability: limit(n.capability),
+                guarantee: amounts(n.guarantee),
+                deserved: amounts(n.deserved),
+                allocated: amounts(n.allocated),
+                pending: amounts(n.pending),
+                queued_jobs: n.queued_jobs,
+                running: n.running,
+            })
+            .collect()
     }
 
     /// Jobs pending or running (not counting cancelled runs still stopping).
@@ -523,6 +627,7 @@ impl Scheduler {
                 worker.runs.remove(&run);
                 worker.res.release(&self.classes[r.class as usize].key);
                 let name = worker.name.clone();
+                self.charge_run(r.tenant, r.class, false);
                 self.update_hungry(w);
                 self.dirty.insert(w);
                 self.requeue_lost_run(r, &name);
@@ -656,6 +761,16 @@ impl Scheduler {
     fn set_capabilities(&mut self, w: WorkerIdx, add: bool) -> Vec<ClassIdx> {
         let mut dropped = Vec::new();
         let worker = &mut self.workers[w as usize];
+        let capacity = Amounts::new(worker.res.slots, worker.res.cpu, worker.res.memory);
+        // Called with `add` when a worker (re-)registers, without when its
+        // registration is withdrawn (re-registration, loss): always in pairs.
+        if add {
+            self.total.add(capacity);
+        } else {
+            self.total.sub(capacity);
+        }
+        self.quotas.dirty = true;
+        self.total_changed = true;
         if add {
             worker.capable = self.classes.iter().map(|c| worker.res.capable(&c.key)).collect();
             for (c, &ok) in worker.capable.iter().enumerate() {
@@ -695,7 +810,11 @@ impl Scheduler {
         if spec.deps.contains(&spec.id) {
             return invalid("a job cannot depend on itself");
         }
-        let tenant = self.intern_tenant(&spec.tenant);
+        let queue = match self.quotas.resolve(spec.queue.as_deref(), &spec.tenant) {
+            Ok(q) => q,
+            Err(why) => return invalid(&why),
+        };
+        let tenant = self.intern_tenant(&spec.tenant, queue);
         let class = self.intern_class(&spec);
         let seq = self.next_seq;
         self.next_seq += 1;
@@ -715,6 +834,7 @@ impl Scheduler {
             places: Vec::new(),
             timer: None,
             indexed: false,
+            counted: false,
             reserved_on: None,
         };
         let j = match self.free_jobs.pop() {
@@ -793,6 +913,7 @@ impl Scheduler {
             worker.runs.remove(&run);
             worker.res.release(&self.classes[r.class as usize].key);
         }
+        self.charge_run(r.tenant, r.class, false);
         self.update_hungry(w);
         self.dirty.insert(w);
         self.renew_lease(w);
@@ -888,11 +1009,17 @@ impl Scheduler {
     /// Puts a new or requeued job into the queues.
     fn enqueue(&mut self, j: JobIdx) {
         let (class, id) = (self.job(j).class, self.job(j).id);
+        self.job_mut(j).state = JobState::Queued(Stage::Cache);
+        self.queued_changed(j, true);
+        let queue = self.tenants[self.job(j).tenant as usize].queue;
+        if let Some(why) = self.quotas.beyond_capability(queue, self.classes[class as usize].amounts) {
+            self.give_up(j, FailReason::Unplaceable(why));
+            return;
+        }
         if self.classes[class as usize].capable == 0 {
             self.make_unplaceable(j);
             return;
         }
-        self.job_mut(j).state = JobState::Queued(Stage::Cache);
         let holders: Vec<WorkerIdx> =
             self.holders.get(&id).map(|ws| ws.iter().copied().collect()).unwrap_or_default();
         for &w in &holders {
@@ -953,21 +1080,105 @@ impl Scheduler {
         }
     }
 
-    /// Counts one more (`add`) or one fewer queue entry of `tenant`'s jobs,
-    /// keeping `lrs` to the tenants with queued jobs.
+    /// Counts one more (`add`) or one fewer queue entry of `tenant`'s jobs:
+    /// a tenant is in its queue's order while it has entries.
     fn placed(&mut self, t: TenantIdx, add: bool) {
         let tenant = &mut self.tenants[t as usize];
         if add {
             tenant.placed += 1;
             if tenant.placed == 1 {
-                self.lrs.insert((tenant.served, t));
+                self.refile(t);
             }
         } else {
             tenant.placed -= 1;
             if tenant.placed == 0 {
-                self.lrs.remove(&(tenant.served, t));
+                self.refile(t);
             }
         }
+    }
+
+    /// Files the tenant in its queue's order under its current key (or takes
+    /// it out, when it has no queue entries).
+    fn refile(&mut self, t: TenantIdx) {
+        let tenant = &self.tenants[t as usize];
+        let key = (tenant.placed > 0).then(|| {
+            let top = tenant.priorities.last_key_value().map_or(i32::MIN, |(p, _)| *p);
+            (Reverse(top), tenant.allocated.share_of(&self.total), tenant.served, t)
+        });
+        if key == tenant.filed {
+            return;
+        }
+        let q = tenant.queue as usize;
+        if let Some(old) = self.tenants[t as usize].filed.take() {
+            self.orders[q].remove(&old);
+        }
+        if let Some(key) = key {
+            self.orders[q].insert(key);
+        }
+        self.tenants[t as usize].filed = key;
+        if self.orders[q].is_empty() {
+            self.active_queues.remove(&(q as QueueIdx));
+        } else {
+            self.active_queues.insert(q as QueueIdx);
+        }
+    }
+
+    /// A job became queued (`add`) or stopped being queued: its tenant's
+    /// priorities and its queue's pending request follow.
+    fn queued_changed(&mut self, j: JobIdx, add: bool) {
+        let job = self.jobs[j as usize].as_mut().expect("live job");
+        job.counted = add;
+        let (t, priority, amounts) =
+            (job.tenant, job.key.priority.0, self.classes[job.class as usize].amounts);
+        let tenant = &mut self.tenants[t as usize];
+        let q = tenant.queue;
+        if add {
+            *tenant.priorities.entry(priority).or_insert(0) += 1;
+        } else if let Some(n) = tenant.priorities.get_mut(&priority) {
+            *n -= 1;
+            if *n == 0 {
+                tenant.priorities.remove(&priority);
+            }
+        }
+        self.quotas.dirty = true;
+        self.quotas.charge(q, |node| {
+            if add {
+                node.pending.add(amounts);
+                node.queued_jobs += 1;
+            } else {
+                node.pending.sub(amounts);
+                node.queued_jobs -= 1;
+            }
+        });
+        self.refile(t);
+    }
+
+    /// A run took (`add`) or gave back its resources: its queue's and its
+    /// tenant's allocation follow.
+    fn charge_run(&mut self, t: TenantIdx, class: ClassIdx, add: bool) {
+        let amounts = self.classes[class as usize].amounts;
+        let tenant = &mut self.tenants[t as usize];
+        if add {
+            tenant.allocated.add(amounts);
+        } else {
+            tenant.allocated.sub(amounts);
+            self.quotas.dirty = true;
+            if self.quotas.active() {
+                // Room under a capability: an idle worker may now take a
+                // job its queue held back.
+                self.dirty.extend(self.hungry.iter().copied());
+            }
+        }
+        self.quotas.charge(tenant.queue, |node| {
+            if add {
+                node.allocated.add(amounts);
+                node.running += 1;
+            } else {
+                node.allocated.sub(amounts);
+                node.running -= 1;
+            }
+        });
+        self.refile(t);
     }
 
     fn remove_place(&mut self, j: JobIdx, place: Place) {
@@ -990,6 +1201,9 @@ impl Scheduler {
 
     /// Takes a queued job out of every queue, index, timer and reservation.
     fn unqueue(&mut self, j: JobIdx) {
+        if self.job(j).counted {
+            self.queued_changed(j, false);
+        }
         let job = self.jobs[j as usize].as_mut().expect("live job");
         let places = std::mem::take(&mut job.places);
         let (class, tenant, key) = (job.class, job.tenant, job.key);
@@ -1118,6 +1332,7 @@ impl Scheduler {
         }
         for run in runs {
             let r = self.runs.remove(&run).expect("worker's run is in flight");
+            self.charge_run(r.tenant, r.class, false);
             self.requeue_lost_run(r, &name);
         }
         self.handle_uncapable_classes(&dropped);
@@ -1203,6 +1418,14 @@ impl Scheduler {
     }
 
     fn dispatch(&mut self) {
+        if std::mem::take(&mut self.total_changed) {
+            for t in 0..self.tenants.len() as TenantIdx {
+                self.refile(t);
+            }
+        }
+        if self.quotas.dirty && self.quotas.active() {
+            self.quotas.deserve(self.total);
+        }
         if std::mem::take(&mut self.global_dirty) && self.global.len() > 0 {
             self.dirty.extend(self.hungry.iter().copied());
         }
@@ -1216,14 +1439,18 @@ impl Scheduler {
                     let job = self.job(j);
                     // The worker or the job may have changed since the
                     // reservation was made (labels, capacity, evicted
-                    // artifacts): a reservation only holds while the worker
-                    // could run the job and still sees it in its queues.
+                    // artifacts, queue quotas): a reservation only holds
+                    // while the worker could run the job, still sees it in
+                    // its queues, and the job's queue has room for it.
                     let capable = worker.capable.get(job.class as usize).copied().unwrap_or(false);
                     let visible = job.places.iter().any(|p| match p {
                         Place::First(x) | Place::Second(x) => *x == w,
                         Place::Global => true,
                     });
-                    if !capable || !visible {
+                    let tenant = &self.tenants[job.tenant as usize];
+                    let admitted = !self.quotas.active()
+                        || self.quotas.admits(tenant.queue, self.classes[job.class as usize].amounts, false);
+                    if !capable || !visible || !admitted {
                         self.workers[w as usize].reserved = None;
                         self.job_mut(j).reserved_on = None;
                         // Workers that held back for the reservation may take the job.
@@ -1248,13 +1475,15 @@ impl Scheduler {
         }
     }
 
-    /// Chooses the next job for worker `w`: fairness picks the tenant, locality
-    /// the queue, resources filter the classes. See ARCHITECTURE.md.
+    /// Chooses the next job for worker `w`: the queue order picks the queue,
+    /// the job order inside it the tenant, locality the local or global
+    /// queue, and resources filter the classes. See ARCHITECTURE.md.
     ///
-    /// The walk visits tenants least recently served first and stops at the
-    /// first that has a job this worker can take (or reserve room for): in a
+    /// Each queue's tenants are walked in order and the walk stops at the
+    /// first that has a job this worker can take (or reserve room for). In a
     /// busy cluster that is the first or second tenant, since the global
-    /// queue offers every tenant's jobs. Each step costs one lookup per queue.
+    /// queue offers every tenant's jobs. Each step costs one lookup per
+    /// worker queue.
     fn draw(&mut self, w: WorkerIdx) -> Option<Pick> {
         let worker = &self.workers[w as usize];
         let reserved_key = worker.reserved.map(|j| &self.classes[self.job(j).class as usize].key);
@@ -1268,53 +1497,81 @@ impl Scheduler {
         {
             return None;
         }
+        let quotas = self.quotas.active();
+        let mut leaves: Vec<(Reverse<i32>, u64, QueueIdx)> =
+            self.active_queues.iter().map(|&q| self.quotas.order_key(q)).collect();
+        leaves.sort_unstable();
         let queues = [
             (Place::First(w), &worker.first),
             (Place::Second(w), &worker.second),
             (Place::Global, &self.global),
         ];
-        // The best fitting job of the current tenant in each queue.
-        let mut fitting: Vec<(Place, JobKey, JobIdx)> = Vec::new();
-        for &(_, tenant) in &self.lrs {
-            fitting.clear();
-            let mut reserve = None;
-            for &(place, queue) in &queues {
-                for (class, key, j) in queue.fronts(tenant) {
-                    if !worker.capable.get(class as usize).copied().unwrap_or(false) {
-                        continue;
-                    }
-                    if worker.res.fits(&self.classes[class as usize].key, reserved_key) {
-                        match fitting.last_mut() {
-                            Some(best) if best.0 == place => *best = (*best).min((place, key, j)),
-                            _ => fitting.push((place, key, j)),
+        // With quotas, first only what keeps every queue within its deserved
+        // share; then, so that no slot idles, what stays within capabilities.
+        let phases: &[bool] = if quotas { &[true, false] } else { &[false] };
+        // The current tenant's best fitting job in each worker queue.
+        let mut fitting: Vec<Offer> = Vec::new();
+        for &within_deserved in phases {
+            for &(_, _, q) in &leaves {
+                // Every job takes a slot: a queue without room for one more
+                // has nothing to offer in this phase.
+                if quotas && !self.quotas.admits(q, Amounts::new(1, 0, 0), within_deserved) {
+                    continue;
+                }
+                for &(_, _, _, tenant) in &self.orders[q as usize] {
+                    fitting.clear();
+                    let mut reserve = None;
+                    for &(place, queue) in &queues {
+                        for (class, key, j) in queue.fronts(tenant) {
+                            if !worker.capable.get(class as usize).copied().unwrap_or(false) {
+                                continue;
+                            }
+                            let class = &self.classes[class as usize];
+                            if quotas && !self.quotas.admits(q, class.amounts, within_deserved) {
+                                continue;
+                            }
+                            if worker.res.fits(&class.key, reserved_key) {
+                                match fitting.last_mut() {
+                                    Some(best) if best.0 == place => *best = (*best).min((place, key, j)),
+                                    _ => fitting.push((place, key, j)),
+                                }
+                            } else if worker.reserved.is_none()
+                                && reserve.is_none()
+                                && self.job(j).reserved_on.is_none()
+                            {
+                                reserve = Some(j);
+                            }
                         }
-                    } else if worker.reserved.is_none()
-                        && reserve.is_none()
-                        && self.job(j).reserved_on.is_none()
-                    {
-                        reserve = Some(j);
+                    }
+                    // Locality: a uniform draw among the worker queues
+                    // offering this tenant a fitting job of its highest
+                    // priority (distbuild's random choice among the three
+                    // queues); within the queue, the tenant's best job.
+                    if let Some(p) = fitting.iter().map(|f| f.1.priority.0).max() {
+                        fitting.retain(|f| f.1.priority.0 == p);
+                        let pick = match fitting.len() {
+                            1 => fitting[0].2,
+                            n => fitting[self.rng.below(n)].2,
+                        };
+                        return Some(Pick::Run(pick));
+                    }
+                    // Fairness first: if the tenant whose turn it is has
+                    // nothing that fits here now, this worker reserves room
+                    // for its job (one reservation per worker), unless
+                    // another worker already does.
+                    if let Some(j) = reserve {
+                        return Some(Pick::Reserve(j));
                     }
                 }
-            }
-            // Locality: a uniform draw among the queues offering this tenant
-            // a job that fits (distbuild's random choice among the three
-            // queues); within the queue, the tenant's best job.
-            match fitting.len() {
-                0 => {}
-                1 => return Some(Pick::Run(fitting[0].2)),
-                n => return Some(Pick::Run(fitting[self.rng.below(n)].2)),
-            }
-            // Fairness first: if the tenant whose turn it is has nothing that
-            // fits here now, this worker reserves room for its job (one
-            // reservation per worker), unless another worker already does.
-            if let Some(j) = reserve {
-                return Some(Pick::Reserve(j));
             }
         }
         None
     }
 
     fn assign(&mut self, w: WorkerIdx, j: JobIdx) {
+        // Moving a job from queued to running leaves every queue's request
+        // (held plus queued) as it was: deserved shares need no update.
+        let requests_changed = self.quotas.dirty;
         self.unqueue(j);
         let run = RunId(self.next_run);
         self.next_run += 1;
@@ -1324,17 +1581,14 @@ impl Scheduler {
         job.attempts += 1;
         job.state = JobState::Assigned(run);
         let (class, tenant, id, attempt) = (job.class, job.tenant, job.id, job.attempts);
-        let served = &mut self.tenants[tenant as usize];
-        if served.placed > 0 {
-            self.lrs.remove(&(served.served, tenant));
-            self.lrs.insert((serve_clock, tenant));
-        }
-        served.served = serve_clock;
+        self.tenants[tenant as usize].served = serve_clock;
+        self.charge_run(tenant, class, true);
+        self.quotas.dirty = requests_changed;
         let worker = &mut self.workers[w as usize];
         worker.res.take(&self.classes[class as usize].key);
         worker.runs.insert(run);
         let worker_id = worker.id;
-        self.runs.insert(run, Run { worker: w, class, job_id: id, job: Some(j), started: false });
+        self.runs.insert(run, Run { worker: w, tenant, class, job_id: id, job: Some(j), started: false });
         self.update_hungry(w);
         self.decisions.push(Decision::Assign { worker: worker_id, job: id, run, attempt });
     }
@@ -1343,13 +1597,21 @@ impl Scheduler {
     // Interning and access
     // ------------------------------------------------------------------
 
-    fn intern_tenant(&mut self, name: &str) -> TenantIdx {
-        if let Some(&t) = self.tenant_index.get(name) {
+    fn intern_tenant(&mut self, name: &str, queue: QueueIdx) -> TenantIdx {
+        if let Some(&t) = self.tenant_index.get(&(name.to_owned(), queue)) {
             return t;
         }
         let t = self.tenants.len() as TenantIdx;
-        self.tenants.push(Tenant { name: name.to_owned(), served: 0, placed: 0 });
-        self.tenant_index.insert(name.to_owned(), t);
+        self.tenants.push(Tenant {
+            name: name.to_owned(),
+            served: 0,
+            queue,
+            placed: 0,
+            priorities: BTreeMap::new(),
+            allocated: Amounts::default(),
+            filed: None,
+        });
+        self.tenant_index.insert((name.to_owned(), queue), t);
         t
     }
 
@@ -1399,7 +1661,8 @@ impl Scheduler {
             worker.capable.push(ok);
             capable += u32::from(ok);
         }
-        self.classes.push(Class { key: key.clone(), capable });
+        let amounts = Amounts::new(key.slots, key.cpu, key.memory);
+        self.classes.push(Class { key: key.clone(), amounts, capable });
         self.class_index.insert(key, c);
         c
     }

@@ -150,6 +150,10 @@ pub struct JobSpec {
     pub path: u64,
     /// Attempts allowed when workers are lost under it (at least 1).
     pub max_attempts: u32,
+    /// The leaf queue it goes to; when unset, its tenant's queue
+    /// ([`Config::tenant_queues`]), else the `default` queue.
+    #[serde(default)]
+    pub queue: Option<String>,
 }
 
 impl JobSpec {
@@ -165,6 +169,7 @@ impl JobSpec {
             priority: 0,
             path: 0,
             max_attempts: 3,
+            queue: None,
         }
     }
 }
@@ -442,6 +447,126 @@ pub struct Config {
     pub unplaceable_grace: Millis,
     /// Seed of the draw among a worker's queues.
     pub seed: u64,
+    /// Queues with weights and quotas (none: one `default` queue for all).
+    #[serde(default)]
+    pub queues: Vec<QueueConfig>,
+    /// Tenant → the leaf queue its jobs go to when they name none.
+    #[serde(default)]
+    pub tenant_queues: BTreeMap<String, String>,
+}
+
+impl Config {
+    /// Checks the queue settings: unique names, known parents, no cycles,
+    /// weights of at least 1, guarantees within capabilities, tenants mapped
+    /// to leaf queues. Every problem is listed.
+    pub fn validate(&self) -> Result<(), Vec<String>> {
+        let mut errors = Vec::new();
+        let mut names = BTreeMap::new();
+        for q in &self.queues {
+            if q.name.is_empty() {
+                errors.push("a queue has an empty name".to_owned());
+            }
+            if names.insert(q.name.as_str(), q).is_some() {
+                errors.push(format!("queue {} is declared twice", q.name));
+            }
+            if q.weight == 0 {
+                errors.push(format!("queue {}: weight must be at least 1", q.name));
+            }
+            let over = |g: Option<u64>, c: Option<u64>| matches!((g, c), (Some(g), Some(c)) if g > c);
+            if over(q.guarantee.slots.map(u64::from), q.capability.slots.map(u64::from))
+                || over(q.guarantee.cpu, q.capability.cpu)
+                || over(q.guarantee.memory, q.capability.memory)
+            {
+                errors.push(format!("queue {}: guarantee exceeds capability", q.name));
+            }
+        }
+        for q in &self.queues {
+            let Some(parent) = &q.parent else { continue };
+            if !names.contains_key(parent.as_str()) {
+                errors.push(format!("queue {}: no parent queue named {parent}", q.name));
+                continue;
+            }
+            // Walk up: a cycle comes back to this queue.
+            let mut seen = vec![q.name.as_str()];
+            let mut up = Some(parent.as_str());
+            while let Some(name) = up {
+                if seen.contains(&name) {
+                    errors.push(format!("queue {}: its parents form a cycle", q.name));
+                    break;
+                }
+                seen.push(name);
+                up = names.get(name).and_then(|p| p.parent.as_deref());
+            }
+        }
+        let has_children = |name: &str| self.queues.iter().any(|q| q.parent.as_deref() == Some(name));
+        for (tenant, queue) in &self.tenant_queues {
+            if !names.contains_key(queue.as_str()) && queue != crate::quota::DEFAULT_QUEUE {
+                errors.push(format!("tenant {tenant}: no queue named {queue}"));
+            } else if has_children(queue) {
+                errors
+                    .push(format!("tenant {tenant}: queue {queue} has child queues; map tenants to leaves"));
+            }
+        }
+        if errors.is_empty() { Ok(()) } else { Err(errors) }
+    }
+}
+
+/// One queue of [`Config::queues`] (Volcano's queue).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueConfig {
+    /// Unique name.
+    pub name: String,
+    /// The queue whose share this one splits with its siblings (none: the
+    /// cluster's). Only leaf queues hold jobs.
+    #[serde(default)]
+    pub parent: Option<String>,
+    /// Relative entitlement among siblings (at least 1).
+    pub weight: u32,
+    /// Hard maximum held at once; unset dimensions are unlimited.
+    #[serde(default)]
+    pub capability: QueueLimits,
+    /// Reserved minimum: the deserved share never falls below it.
+    #[serde(default)]
+    pub guarantee: QueueLimits,
+    /// May other queues reclaim what this one holds above its share.
+    #[serde(default = "yes")]
+    pub reclaimable: bool,
+    /// Higher-priority queues are offered work first.
+    #[serde(default)]
+    pub priority: i32,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        QueueConfig {
+            name: String::new(),
+            parent: None,
+            weight: 1,
+            capability: QueueLimits::default(),
+            guarantee: QueueLimits::default(),
+            reclaimable: true,
+            priority: 0,
+        }
+    }
+}
+
+/// Amounts of a queue's capability or guarantee; unset means unlimited
+/// (capability) or zero (guarantee).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueLimits {
+    /// Job slots.
+    #[serde(default)]
+    pub slots: Option<u32>,
+    /// CPU in millicores.
+    #[serde(default)]
+    pub cpu: Option<u64>,
+    /// Memory in bytes.
+    #[serde(default)]
+    pub memory: Option<u64>,
 }
 
 impl Default for Config {
@@ -452,6 +577,8 @@ impl Default for Config {
             lease_timeout: Millis(10_000),
             unplaceable_grace: Millis(0),
             seed: 0x5eed,
+            queues: Vec::new(),
+            tenant_queues: BTreeMap::new(),
         }
     }
 }

@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 
 use super::{JobState, Place, Scheduler, Stage, TimerSlot};
+use crate::quota::Amounts;
 use crate::resources::WorkerResources;
 
 impl Scheduler {
@@ -155,18 +156,55 @@ impl Scheduler {
         if in_queues != queued_places {
             return Err(format!("queues hold {in_queues} entries, jobs list {queued_places}"));
         }
-        // The fairness order holds exactly the tenants with queued entries,
-        // each under its current last-served value.
+        // Each queue's order holds exactly its tenants with queued entries,
+        // each under its current key.
         placed.retain(|_, n| *n > 0);
         for (t, tenant) in self.tenants.iter().enumerate() {
             let t = t as u32;
             let expect = placed.get(&t).copied().unwrap_or(0);
-            if tenant.placed != expect || self.lrs.contains(&(tenant.served, t)) != (expect > 0) {
-                return Err(format!("tenant {} fairness entry is stale", tenant.name));
+            let top = tenant.priorities.last_key_value().map_or(i32::MIN, |(p, _)| *p);
+            let key = (std::cmp::Reverse(top), tenant.allocated.share_of(&self.total), tenant.served, t);
+            let filed = self.orders[tenant.queue as usize].contains(&key);
+            if tenant.placed != expect || filed != (expect > 0) || tenant.filed != filed.then_some(key) {
+                return Err(format!("tenant {} is not filed under its current key", tenant.name));
             }
         }
-        if self.lrs.len() != placed.len() {
-            return Err("the fairness order lists tenants without queued jobs".to_owned());
+        let filed: usize = self.orders.iter().map(|o| o.len()).sum();
+        if filed != placed.len() {
+            return Err("a queue order lists tenants without queued jobs".to_owned());
+        }
+        for (q, order) in self.orders.iter().enumerate() {
+            if self.active_queues.contains(&(q as u32)) == order.is_empty() {
+                return Err(format!("queue {q} active flag is stale"));
+            }
+        }
+        // Queue totals match the jobs and runs.
+        let mut pending = vec![Amounts::default(); self.quotas.nodes.len()];
+        let mut allocated = pending.clone();
+        let up = |totals: &mut Vec<Amounts>, leaf: u32, a: Amounts| {
+            let mut q = Some(leaf);
+            while let Some(i) = q {
+                totals[i as usize].add(a);
+                q = self.quotas.nodes[i as usize].parent;
+            }
+        };
+        for job in self.jobs.iter().flatten() {
+            if matches!(job.state, JobState::Queued(_)) {
+                let leaf = self.tenants[job.tenant as usize].queue;
+                up(&mut pending, leaf, self.classes[job.class as usize].amounts);
+            }
+        }
+        for run in self.runs.values() {
+            let leaf = self.tenants[run.tenant as usize].queue;
+            up(&mut allocated, leaf, self.classes[run.class as usize].amounts);
+        }
+        for (q, node) in self.quotas.nodes.iter().enumerate() {
+            if node.pending != pending[q] || node.allocated != allocated[q] {
+                return Err(format!("queue {} totals do not match its jobs and runs", node.name));
+            }
+            if !node.allocated.within(&node.capability) {
+                return Err(format!("queue {} holds more than its capability", node.name));
+            }
         }
         for (at, slot) in &self.timers {
             let ok = match *slot {

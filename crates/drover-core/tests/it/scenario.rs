@@ -11,6 +11,8 @@
 //!
 //! ```text
 //! config cache=10 deps=100 lease=10000 grace=0 seed=1
+//! queue q1 weight=1 parent=p priority=0 tenants=a,b cap=slots:2,cpu:4000,mem:8Gi
+//!          guarantee=slots:1        (before any other command but config)
 //! worker w1 slots=2 cpu=4000 mem=8Gi tokens=network:2 labels=os:linux artifacts=d1,d2
 //! rejoin w1 ...            same keys: re-registration of a live worker
 //! at 50                    move the clock to 50 (fires due timers)
@@ -20,7 +22,7 @@
 //! cancel j1 waiter=1
 //! start j1 | exit j1 ok|fail=CODE|cached   (the job's latest run)
 //! heartbeat w1 | leave w1 | add w1 a,b | evict w1 a,b | lose-run j1
-//! timers | job j1 | locate a               (print state)
+//! timers | job j1 | locate a | queues      (print state)
 //! ```
 
 use std::collections::BTreeMap;
@@ -28,8 +30,8 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use drover_core::{
-    Capacity, Completion, Config, Decision, Event, JobId, JobResult, JobSpec, JobStatus, Millis, QueueName,
-    RunId, Scheduler, TimerKind, WaiterId, WorkerId,
+    Capacity, Completion, Config, Decision, Event, JobId, JobResult, JobSpec, JobStatus, Millis,
+    QueueAmounts, QueueConfig, QueueLimits, QueueName, RunId, Scheduler, TimerKind, WaiterId, WorkerId,
 };
 
 /// Maps names in scripts to IDs and back.
@@ -150,6 +152,7 @@ impl Runner {
                 spec.labels = pairs(get("labels").unwrap_or(""));
                 spec.priority = get("priority").map_or(0, |v| v.parse().expect("priority"));
                 spec.max_attempts = get("attempts").map_or(3, |v| v.parse().expect("attempts"));
+                spec.queue = get("queue").map(str::to_owned);
                 let waiter = WaiterId(get("waiter").map_or(1, |v| v.parse().expect("waiter")));
                 self.event(Event::Schedule { spec, waiter }, &mut out);
             }
@@ -230,6 +233,20 @@ impl Runner {
                     format!("{} is on {}", words[1], names.join(","))
                 });
             }
+            "queues" => {
+                let slots = |a: QueueAmounts| format!("{}", a.slots_milli as f64 / 1000.0);
+                for q in self.core.queue_views() {
+                    out.push(format!(
+                        "queue {}: deserved {} slots, allocated {}, pending {}; {} queued, {} running",
+                        q.name,
+                        slots(q.deserved),
+                        slots(q.allocated),
+                        slots(q.pending),
+                        q.queued_jobs,
+                        q.running
+                    ));
+                }
+            }
             other => panic!("unknown command {other:?}"),
         }
         for d in self.core.take_decisions() {
@@ -297,6 +314,43 @@ impl Runner {
     }
 }
 
+/// `slots:2,cpu:4000,mem:8Gi`.
+fn limits(v: &str) -> QueueLimits {
+    let mut l = QueueLimits::default();
+    for (k, v) in pairs(v) {
+        match k.as_str() {
+            "slots" => l.slots = Some(v.parse().expect("slots")),
+            "cpu" => l.cpu = Some(size(&v)),
+            "mem" => l.memory = Some(size(&v)),
+            other => panic!("unknown limit {other}"),
+        }
+    }
+    l
+}
+
+/// A `queue` line: adds the queue (and its tenants) to the configuration.
+fn parse_queue(line: &str, config: &mut Config) {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let mut q = QueueConfig { name: words[1].to_owned(), ..QueueConfig::default() };
+    for (k, v) in args(&words[2..]) {
+        match k.as_str() {
+            "weight" => q.weight = v.parse().expect("weight"),
+            "parent" => q.parent = Some(v),
+            "priority" => q.priority = v.parse().expect("priority"),
+            "reclaimable" => q.reclaimable = v == "yes",
+            "cap" => q.capability = limits(&v),
+            "guarantee" => q.guarantee = limits(&v),
+            "tenants" => {
+                for t in v.split(',') {
+                    config.tenant_queues.insert(t.to_owned(), q.name.clone());
+                }
+            }
+            other => panic!("unknown queue key {other}"),
+        }
+    }
+    config.queues.push(q);
+}
+
 fn parse_config(line: &str) -> Config {
     let mut config = Config::default();
     let words: Vec<&str> = line.split_whitespace().collect();
@@ -318,6 +372,7 @@ fn parse_config(line: &str) -> Config {
 /// output.
 fn execute(script: &str) -> String {
     let mut runner: Option<Runner> = None;
+    let mut config: Option<Config> = None;
     let mut actual = String::new();
     for line in script.lines() {
         if line.starts_with("> ") || line == ">" {
@@ -330,11 +385,20 @@ fn execute(script: &str) -> String {
             continue;
         }
         if trimmed.starts_with("config") {
-            assert!(runner.is_none(), "config must come first");
-            runner = Some(Runner::new(parse_config(trimmed)));
+            assert!(runner.is_none() && config.is_none(), "config must come first");
+            config = Some(parse_config(trimmed));
             continue;
         }
-        let r = runner.get_or_insert_with(|| Runner::new(Config::default()));
+        if trimmed.starts_with("queue ") {
+            assert!(runner.is_none(), "queues come before other commands");
+            parse_queue(trimmed, config.get_or_insert_with(Config::default));
+            continue;
+        }
+        let r = runner.get_or_insert_with(|| {
+            let config = config.take().unwrap_or_default();
+            assert_eq!(config.validate(), Ok(()), "queue configuration");
+            Runner::new(config)
+        });
         for out in r.run(trimmed) {
             actual.push_str("> ");
             actual.push_str(&out);
@@ -390,6 +454,11 @@ scenarios!(
     labels_wait,
     cancellation,
     worker_loss,
+    queue_weights,
+    queue_capability,
+    queue_guarantee,
+    queue_hierarchy,
+    job_order,
 );
 
 /// Draws of one worker between its second queue and the global queue: returns

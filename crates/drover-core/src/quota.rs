@@ -1,0 +1,441 @@
+//! Queues with weights and quotas (Volcano's proportion plugin), as a tree.
+//!
+//! Every job belongs to a leaf queue. A queue has a weight, an optional hard
+//! `capability`, a `guarantee` and a priority; a queue with children splits
+//! what it deserves among them by the same rule, recursively. Amounts have
+//! three dimensions: slots (in thousandths, so that a split of 4 slots three
+//! ways is not rounded away), CPU (millicores) and memory (bytes).
+//!
+//! **Deserved share** (per level, for the children of one parent, starting
+//! from the whole cluster at the top): in rounds, each queue not yet
+//! satisfied is offered `remaining × weight / Σ weights`; its deserved amount
+//! is then capped by its real capability (its capability, and what the
+//! siblings' guarantees leave), capped by its request (what it holds plus
+//! what it has queued: idle demand is not hoarded) and raised to its
+//! guarantee. A queue whose request is met, or whose deserved amount stopped
+//! growing (capped), leaves the rounds; what it did not take is offered again
+//! to the others. Rounds end when nothing is left or nothing changed.
+//!
+//! Nothing here reads a clock or iterates a hash: it is part of the pure core.
+
+use std::cmp::Reverse;
+use std::collections::BTreeMap;
+
+use crate::types::{QueueConfig, QueueLimits};
+
+/// Index of a queue in the tree.
+pub(crate) type QueueIdx = u32;
+
+/// Thousandths of a slot per slot.
+pub(crate) const SLOT_UNITS: u64 = 1000;
+
+/// Slots (thousandths), CPU (millicores), memory (bytes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Amounts(pub(crate) [u64; 3]);
+
+impl Amounts {
+    pub(crate) fn new(slots: u32, cpu: u64, memory: u64) -> Amounts {
+        Amounts([u64::from(slots) * SLOT_UNITS, cpu, memory])
+    }
+
+    fn from_limits(limits: &QueueLimits, unset: u64) -> Amounts {
+        Amounts([
+            limits.slots.map_or(unset, |s| u64::from(s).saturating_mul(SLOT_UNITS)),
+            limits.cpu.unwrap_or(unset),
+            limits.memory.unwrap_or(unset),
+        ])
+    }
+
+    pub(crate) fn add(&mut self, other: Amounts) {
+        for d in 0..3 {
+            self.0[d] = self.0[d].saturating_add(other.0[d]);
+        }
+    }
+
+    pub(crate) fn sub(&mut self, other: Amounts) {
+        for d in 0..3 {
+            self.0[d] = self.0[d].saturating_sub(other.0[d]);
+        }
+    }
+
+    fn plus(mut self, other: Amounts) -> Amounts {
+        self.add(other);
+        self
+    }
+
+    fn zip(self, other: Amounts, f: impl Fn(u64, u64) -> u64) -> Amounts {
+        Amounts(std::array::from_fn(|d| f(self.0[d], other.0[d])))
+    }
+
+    /// Every dimension at most `other`'s.
+    pub(crate) fn within(&self, other: &Amounts) -> bool {
+        (0..3).all(|d| self.0[d] <= other.0[d])
+    }
+
+    pub(crate) fn is_zero(&self) -> bool {
+        self.0 == [0; 3]
+    }
+
+    /// `self / of` in the dimension where it is largest, in millionths
+    /// (Volcano's share; `x / 0` counts as 1 when `x > 0`).
+    pub(crate) fn share_of(&self, of: &Amounts) -> u64 {
+        (0..3)
+            .map(|d| match (self.0[d], of.0[d]) {
+                (0, _) => 0,
+                (_, 0) => 1_000_000,
+                (x, y) => (u128::from(x) * 1_000_000 / u128::from(y)).min(u128::from(u64::MAX)) as u64,
+            })
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// One queue's configuration and live totals (its subtree's, for a parent).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct QueueNode {
+    pub(crate) name: String,
+    pub(crate) parent: Option<QueueIdx>,
+    pub(crate) children: Vec<QueueIdx>,
+    pub(crate) weight: u64,
+    pub(crate) priority: i32,
+    pub(crate) reclaimable: bool,
+    /// Hard maximum (`u64::MAX` where unset).
+    pub(crate) capability: Amounts,
+    pub(crate) guarantee: Amounts,
+    /// Held by running jobs.
+    pub(crate) allocated: Amounts,
+    /// Asked for by queued jobs.
+    pub(crate) pending: Amounts,
+    pub(crate) deserved: Amounts,
+    /// Jobs queued and runs holding resources, for people.
+    pub(crate) queued_jobs: u64,
+    pub(crate) running: u64,
+}
+
+impl QueueNode {
+    fn request(&self) -> Amounts {
+        self.allocated.plus(self.pending)
+    }
+}
+
+/// The queue tree. Queue 0 is always a leaf named `default` unless the
+/// configuration names one itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Queues {
+    pub(crate) nodes: Vec<QueueNode>,
+    pub(crate) index: BTreeMap<String, QueueIdx>,
+    /// Tenant name → leaf queue.
+    pub(crate) tenants: BTreeMap<String, QueueIdx>,
+    pub(crate) default: QueueIdx,
+    /// Requests or the cluster changed since deserved amounts were computed.
+    pub(crate) dirty: bool,
+}
+
+/// The name of the queue of jobs that name none and whose tenant maps to none.
+pub const DEFAULT_QUEUE: &str = "default";
+
+impl Queues {
+    /// Builds the tree from a configuration that passed
+    /// [`validate`](crate::Config::validate); anything it would refuse is
+    /// made harmless here (an unknown parent makes a top-level queue).
+    pub(crate) fn new(configs: &[QueueConfig], tenants: &BTreeMap<String, String>) -> Queues {
+        let mut q = Queues {
+            nodes: Vec::new(),
+            index: BTreeMap::new(),
+            tenants: BTreeMap::new(),
+            default: 0,
+            dirty: true,
+        };
+        for c in configs {
+            if q.index.contains_key(&c.name) {
+                continue;
+            }
+            q.index.insert(c.name.clone(), q.nodes.len() as QueueIdx);
+            q.nodes.push(QueueNode {
+                name: c.name.clone(),
+                parent: None,
+                children: Vec::new(),
+                weight: u64::from(c.weight.max(1)),
+                priority: c.priority,
+                reclaimable: c.reclaimable,
+                capability: Amounts::from_limits(&c.capability, u64::MAX),
+                guarantee: Amounts::from_limits(&c.guarantee, 0),
+                allocated: Amounts::default(),
+                pending: Amounts::default(),
+                deserved: Amounts::default(),
+                queued_jobs: 0,
+                running: 0,
+            });
+        }
+        for c in configs {
+            let me = q.index[&c.name];
+            if let Some(parent) = c.parent.as_ref().and_then(|p| q.index.get(p)).copied()
+                && parent != me
+                && q.nodes[me as usize].parent.is_none()
+                && !q.is_ancestor(me, parent)
+            {
+                q.nodes[me as usize].parent = Some(parent);
+                q.nodes[parent as usize].children.push(me);
+            }
+        }
+        q.default = match q.index.get(DEFAULT_QUEUE) {
+            Some(&d) if q.nodes[d as usize].children.is_empty() => d,
+            _ => {
+                let d = q.nodes.len() as QueueIdx;
+                let mut name = DEFAULT_QUEUE.to_owned();
+                while q.index.contains_key(&name) {
+                    name.push('_');
+                }
+                q.index.insert(name.clone(), d);
+                q.nodes.push(QueueNode {
+                    name,
+                    parent: None,
+                    children: Vec::new(),
+                    weight: 1,
+                    priority: 0,
+                    reclaimable: true,
+                    capability: Amounts([u64::MAX; 3]),
+                    guarantee: Amounts::default(),
+                    allocated: Amounts::default(),
+                    pending: Amounts::default(),
+                    deserved: Amounts::default(),
+                    queued_jobs: 0,
+                    running: 0,
+                });
+                d
+            }
+        };
+        for (tenant, queue) in tenants {
+            if let Some(&leaf) = q.index.get(queue)
+                && q.nodes[leaf as usize].children.is_empty()
+            {
+                q.tenants.insert(tenant.clone(), leaf);
+            }
+        }
+        q
+    }
+
+    fn is_ancestor(&self, of: QueueIdx, mut q: QueueIdx) -> bool {
+        while let Some(p) = self.nodes[q as usize].parent {
+            if p == of {
+                return true;
+            }
+            q = p;
+        }
+        false
+    }
+
+    /// More than the one implicit queue: quotas and shares apply.
+    pub(crate) fn active(&self) -> bool {
+        self.nodes.len() > 1 || self.nodes[0].capability != Amounts([u64::MAX; 3])
+    }
+
+    /// The leaf queue a job goes to: the one it names, else its tenant's,
+    /// else the default. `Err` for a name that is not a leaf queue.
+    pub(crate) fn resolve(&self, named: Option<&str>, tenant: &str) -> Result<QueueIdx, String> {
+        match named {
+            Some(name) => match self.index.get(name) {
+                Some(&q) if self.nodes[q as usize].children.is_empty() => Ok(q),
+                Some(_) => Err(format!("queue {name} has child queues: jobs go to its leaves")),
+                None => Err(format!("no queue named {name}")),
+            },
+            None => Ok(self.tenants.get(tenant).copied().unwrap_or(self.default)),
+        }
+    }
+
+    /// Applies `f` to a leaf and each of its ancestors. (The caller sets
+    /// `dirty` when requests changed.)
+    pub(crate) fn charge(&mut self, leaf: QueueIdx, mut f: impl FnMut(&mut QueueNode)) {
+        let mut q = Some(leaf);
+        while let Some(i) = q {
+            f(&mut self.nodes[i as usize]);
+            q = self.nodes[i as usize].parent;
+        }
+    }
+
+    /// Why a job asking for `amounts` can never start in `leaf`: it exceeds
+    /// the capability of the queue or of one of its parents.
+    pub(crate) fn beyond_capability(&self, leaf: QueueIdx, amounts: Amounts) -> Option<String> {
+        let mut q = Some(leaf);
+        while let Some(i) = q {
+            let node = &self.nodes[i as usize];
+            if !amounts.within(&node.capability) {
+                const DIMS: [&str; 3] = ["slots", "CPU", "memory"];
+                let d = (0..3).find(|&d| amounts.0[d] > node.capability.0[d]).unwrap_or(0);
+                let show = |v: u64| if d == 0 { (v / SLOT_UNITS).to_string() } else { v.to_string() };
+                return Some(format!(
+                    "the job asks for {} {} but queue {} allows at most {} at once",
+                    show(amounts.0[d]),
+                    DIMS[d],
+                    node.name,
+                    show(node.capability.0[d])
+                ));
+            }
+            q = node.parent;
+        }
+        None
+    }
+
+    /// May a job asking for `amounts` start in `leaf` now? Never beyond any
+    /// capability on the way up; with `within_deserved`, never beyond any
+    /// deserved amount either.
+    pub(crate) fn admits(&self, leaf: QueueIdx, amounts: Amounts, within_deserved: bool) -> bool {
+        let mut q = Some(leaf);
+        while let Some(i) = q {
+            let node = &self.nodes[i as usize];
+            let after = node.allocated.plus(amounts);
+            if !after.within(&node.capability) || (within_deserved && !after.within(&node.deserved)) {
+                return false;
+            }
+            q = node.parent;
+        }
+        true
+    }
+
+    /// Order in which leaves are offered to a drawing worker: higher queue
+    /// priority first, then the lowest share (allocated over deserved).
+    pub(crate) fn order_key(&self, leaf: QueueIdx) -> (Reverse<i32>, u64, QueueIdx) {
+        let node = &self.nodes[leaf as usize];
+        (Reverse(node.priority), node.allocated.share_of(&node.deserved), leaf)
+    }
+
+    /// Recomputes every queue's deserved amount for a cluster of `total`.
+    pub(crate) fn deserve(&mut self, total: Amounts) {
+        self.dirty = false;
+        let top: Vec<QueueIdx> =
+            (0..self.nodes.len() as QueueIdx).filter(|&q| self.nodes[q as usize].parent.is_none()).collect();
+        let mut levels = vec![(top, total)];
+        while let Some((children, amount)) = levels.pop() {
+            self.split(&children, amount);
+            for c in children {
+                let node = &self.nodes[c as usize];
+                if !node.children.is_empty() {
+                    levels.push((node.children.clone(), node.deserved));
+                }
+            }
+        }
+    }
+
+    /// Proportion's rounds among siblings sharing `total`.
+    fn split(&mut self, siblings: &[QueueIdx], total: Amounts) {
+        let guarantees =
+            siblings.iter().fold(Amounts::default(), |sum, &q| sum.plus(self.nodes[q as usize].guarantee));
+        let mut met = vec![false; siblings.len()];
+        for &q in siblings {
+            self.nodes[q as usize].deserved = Amounts::default();
+        }
+        let mut remaining = total;
+        // Deserved amounts only grow, so `remaining` only shrinks: the rounds
+        // end. The bound is a guard, never reached in practice.
+        for _ in 0..64 {
+            let weights: u64 = siblings
+                .iter()
+                .zip(&met)
+                .filter(|(_, m)| !**m)
+                .map(|(q, _)| self.nodes[*q as usize].weight)
+                .sum();
+            if weights == 0 {
+                break;
+            }
+            let before = remaining;
+            let mut given = Amounts::default();
+            for (i, &q) in siblings.iter().enumerate() {
+                if met[i] {
+                    continue;
+                }
+                let node = &mut self.nodes[q as usize];
+                let old = node.deserved;
+                let offer = remaining.zip(Amounts([node.weight; 3]), |r, w| {
+                    (u128::from(r) * u128::from(w) / u128::from(weights)) as u64
+                });
+                // What the siblings' guarantees leave this queue at most.
+                let real_cap = node
+                    .capability
+                    .zip(total.zip(guarantees, u64::saturating_sub).plus(node.guarantee), u64::min);
+                let request = node.request();
+                let deserved = old
+                    .plus(offer)
+                    .zip(real_cap, u64::min)
+                    .zip(request, u64::min)
+                    .zip(node.guarantee, u64::max);
+                node.deserved = deserved;
+                // Met: asks for no more, or capped (offered something and
+                // did not grow). An offer rounded down to nothing is not a
+                // cap: the rounds end when nothing moves any more.
+                if request.within(&deserved) || (deserved == old && !offer.is_zero()) {
+                    met[i] = true;
+                }
+                given.add(deserved.zip(old, u64::saturating_sub));
+            }
+            remaining.sub(given);
+            if remaining.is_zero() || remaining == before {
+                break;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queue(name: &str, weight: u32) -> QueueConfig {
+        QueueConfig { name: name.to_owned(), weight, ..QueueConfig::default() }
+    }
+
+    fn cpu(n: u64) -> Amounts {
+        Amounts([0, n, 0])
+    }
+
+    /// Volcano's worked example: 12 CPU; A (weight 1) asks for 2, B (weight
+    /// 1, capability 3) for 8, C (weight 2) for 12: A = 2, B = 3, C = 7.
+    #[test]
+    fn proportion_worked_example() {
+        let mut b = queue("b", 1);
+        b.capability.cpu = Some(3_000);
+        let mut q = Queues::new(&[queue("a", 1), b, queue("c", 2)], &BTreeMap::new());
+        for (name, ask) in [("a", 2_000), ("b", 8_000), ("c", 12_000)] {
+            let i = q.index[name];
+            q.nodes[i as usize].pending = cpu(ask);
+        }
+        q.deserve(cpu(12_000));
+        let got: Vec<u64> =
+            ["a", "b", "c"].iter().map(|n| q.nodes[q.index[*n] as usize].deserved.0[1]).collect();
+        assert_eq!(got, vec![2_000, 3_000, 7_000]);
+    }
+
+    #[test]
+    fn guarantees_are_honoured_and_children_split_their_parent() {
+        let mut a = queue("a", 1);
+        a.guarantee.cpu = Some(9_000);
+        let mut child1 = queue("b1", 1);
+        child1.parent = Some("b".into());
+        let mut child2 = queue("b2", 3);
+        child2.parent = Some("b".into());
+        let mut q = Queues::new(&[a, queue("b", 1), child1, child2], &BTreeMap::new());
+        for name in ["a", "b1", "b2"] {
+            let i = q.index[name];
+            q.charge(i, |n| n.pending = n.pending.plus(cpu(100_000)));
+        }
+        q.deserve(cpu(12_000));
+        let d = |n: &str| q.nodes[q.index[n] as usize].deserved.0[1];
+        // a is raised to its guarantee; b gets the rest, split 1:3.
+        assert_eq!((d("a"), d("b"), d("b1"), d("b2")), (9_000, 3_000, 750, 2_250));
+        assert!(!q.nodes[q.index["b"] as usize].children.is_empty());
+        assert_eq!(q.resolve(Some("b"), "t").unwrap_err(), "queue b has child queues: jobs go to its leaves");
+        assert_eq!(q.resolve(None, "t"), Ok(q.default));
+    }
+
+    #[test]
+    fn shares_and_admission() {
+        let mut q = Queues::new(&[queue("a", 1)], &BTreeMap::new());
+        let a = q.index["a"];
+        q.charge(a, |n| n.pending = n.pending.plus(Amounts::new(4, 0, 0)));
+        q.deserve(Amounts::new(2, 0, 0));
+        assert_eq!(q.nodes[a as usize].deserved, Amounts::new(2, 0, 0));
+        q.charge(a, |n| n.allocated = n.allocated.plus(Amounts::new(2, 0, 0)));
+        assert!(!q.admits(a, Amounts::new(1, 0, 0), true), "at its deserved share");
+        assert!(q.admits(a, Amounts::new(1, 0, 0), false), "no capability");
+        assert_eq!(q.order_key(a).1, 1_000_000);
+    }
+}
