@@ -88,6 +88,7 @@ pub(crate) fn router(app: App) -> Router {
         .route("/v1/blobs/{digest}", put(put_blob).get(get_blob))
         .route("/v1/artifacts/{job}", get(artifact_location))
         .route("/v1/workers", get(workers))
+        .route("/v1/queues", get(queues))
         .route("/v1/workers/register", post(register))
         .route("/v1/workers/{id}/poll", post(poll))
         .route("/v1/workers/{id}/report", post(report))
@@ -281,6 +282,10 @@ async fn artifact_location(
 
 async fn workers(State(app): State<App>) -> ApiResult<Json<Vec<WorkerStatus>>> {
     Ok(Json(app.shared.query(|s| s.workers()).await?))
+}
+
+async fn queues(State(app): State<App>) -> ApiResult<Json<Vec<drover_proto::QueueView>>> {
+    Ok(Json(app.shared.query(|s| s.queues()).await?))
 }
 
 async fn register(

@@ -451,6 +451,13 @@ impl Scheduler {
         Some(JobView { status, waiters: job.waiters.clone(), attempts: job.attempts })
     }
 
+    /// The leaf queue a job naming `named` (or none) for `tenant` goes to,
+    /// or why there is none.
+    pub fn queue_for(&self, named: Option<&str>, tenant: &str) -> Result<String, String> {
+        let q = self.quotas.resolve(named, tenant)?;
+        Ok(self.quotas.nodes[q as usize].name.clone())
+    }
+
     /// Every queue, in configuration order (the implicit `default` queue
     /// last), with its deserved share for the cluster as it is now.
     pub fn queue_views(&self) -> Vec<QueueView> {

@@ -1,22 +1,24 @@
-//! The worker side: starting a job's supervisor ([`Supervisor::start`]),
-//! waiting for it with the job's timeout ([`RunningJob::wait`]), and
-//! cancelling, suspending and resuming it ([`RunningJob`], [`JobHandle`]).
+//! The worker side: starting a job's supervisor through the zygote
+//! ([`Supervisor::start`]), waiting for it with the job's timeout
+//! ([`RunningJob::wait`]), and cancelling, suspending and resuming it
+//! ([`RunningJob`], [`JobHandle`]).
 
 use std::ffi::OsString;
 use std::io::Write;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::process::{ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
-use tokio::process::{Child, ChildStderr, Command};
-use tokio::sync::watch;
+use tokio::net::unix::pipe;
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::launcher::{Launcher, SupervisorExit, SupervisorFds, Zygote};
 use crate::procfs;
 use crate::spec::{JobReport, JobSpec};
 use crate::supervisor::{EXIT_SUPERVISOR_ERROR, READY_LINE};
@@ -79,37 +81,57 @@ pub enum ExecError {
     Signal(#[from] nix::errno::Errno),
 }
 
-/// How to start a job's supervisor process: `program args… <spec file>`.
-/// The program must call [`supervisor_main`](crate::supervisor_main), which
-/// takes the spec file from its last argument.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// How to start jobs' supervisor processes: through a **zygote**, one
+/// helper process started as `program args…` when the first job needs it
+/// (and again if it dies), which forks a supervisor per job. The program
+/// must call [`zygote_main`](crate::zygote_main) first thing.
+///
+/// Clones share the zygote. It exits when this value, its clones and every
+/// job started through them have been dropped (or when the worker dies).
+#[derive(Debug, Clone)]
 pub struct Supervisor {
-    program: PathBuf,
-    args: Vec<OsString>,
+    launcher: Arc<Launcher>,
 }
 
+impl PartialEq for Supervisor {
+    /// Same program and arguments (whatever their zygotes).
+    fn eq(&self, other: &Self) -> bool {
+        self.program() == other.program() && self.args() == other.args()
+    }
+}
+
+impl Eq for Supervisor {}
+
 impl Supervisor {
-    /// A supervisor started as `program args… <spec file>`: e.g. the `drover`
-    /// binary with a hidden argument,
-    /// `Supervisor::new(std::env::current_exe()?, vec!["__supervise".into()])`,
+    /// Jobs whose supervisors are forked by a zygote started as `program
+    /// args…`: e.g. the `drover` binary with a hidden argument,
+    /// `Supervisor::new(std::env::current_exe()?, vec!["__zygote".into()])`,
     /// or this crate's `drover-exec-supervisor` binary with no argument.
+    /// Nothing is started until the first job.
     pub fn new(program: PathBuf, args: Vec<OsString>) -> Self {
-        Supervisor { program, args }
+        Supervisor { launcher: Arc::new(Launcher::new(program, args)) }
     }
 
-    /// The supervisor's executable.
+    /// The zygote's executable.
     pub fn program(&self) -> &Path {
-        &self.program
+        self.launcher.program()
     }
 
-    /// The arguments given before the spec file.
+    /// The zygote's arguments.
     pub fn args(&self) -> &[OsString] {
-        &self.args
+        self.launcher.args()
     }
 
-    /// Starts a job: writes its spec to a temporary file, starts the
-    /// supervisor and waits until it handles signals (so that
+    /// The process id of the running zygote, if there is one (none before
+    /// the first job, and once it has died until the next job).
+    pub fn zygote_pid(&self) -> Option<u32> {
+        self.launcher.zygote_pid()
+    }
+
+    /// Starts a job: has the zygote (started if none is running) fork its
+    /// supervisor, and waits until that handles signals (so that
     /// [`RunningJob::terminate`] can never kill it before it can clean up).
+    /// Must be called within a tokio runtime.
     ///
     /// A stale [`JobSpec::outcome_file`] is removed first. Problems with the
     /// job itself (a missing `cwd`, say) are not errors here: the job then
@@ -123,53 +145,77 @@ impl Supervisor {
                 return Err(ExecError::Io { context, source });
             }
         }
-        let spec_file = write_spec_file(spec)?;
         let io = |context: &str| {
             let context = context.to_owned();
             move |source| ExecError::Io { context, source }
         };
+        // The zygote's working directory is not ours to rely on.
+        let mut spec = spec.clone();
+        for path in [&mut spec.cwd, &mut spec.stdout, &mut spec.stderr, &mut spec.outcome_file] {
+            *path = std::path::absolute(&*path).map_err(io("cannot make the job's paths absolute"))?;
+        }
+        let json = serde_json::to_vec(&spec).map_err(|e| ExecError::Io {
+            context: "cannot encode the job spec".to_owned(),
+            source: std::io::Error::other(e),
+        })?;
+        // Every pipe is close-on-exec: the worker's ends stay in the worker.
         let (control_reader, control) = std::io::pipe().map_err(io("cannot create the control pipe"))?;
-        let mut child = Command::new(&self.program)
-            .args(&self.args)
-            .arg(spec_file.path())
-            .stdin(control_reader)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| ExecError::Supervisor(format!("cannot run {}: {e}", self.program.display())))?;
-        let pid = child.id().ok_or_else(|| ExecError::Supervisor("exited at once".to_owned()))?;
-        let stderr = tokio::spawn(read_limited(child.stderr.take()));
-        let stdout = child.stdout.take();
-        let ready = async move {
-            let mut line = String::new();
-            if let Some(stdout) = stdout {
-                BufReader::new(stdout).read_line(&mut line).await.ok();
-            }
-            line.trim_end() == READY_LINE
+        let (stdout_reader, stdout_writer) = std::io::pipe().map_err(io("cannot create a pipe"))?;
+        let (stderr_reader, stderr_writer) = std::io::pipe().map_err(io("cannot create a pipe"))?;
+        let stdout = pipe::Receiver::from_owned_fd_unchecked(OwnedFd::from(stdout_reader))
+            .map_err(io("cannot read the supervisor's output"))?;
+        let stderr = pipe::Receiver::from_owned_fd_unchecked(OwnedFd::from(stderr_reader))
+            .map_err(io("cannot read the supervisor's output"))?;
+        let fds = SupervisorFds {
+            control: OwnedFd::from(control_reader),
+            stdout: OwnedFd::from(stdout_writer),
+            stderr: OwnedFd::from(stderr_writer),
         };
-        let ready = tokio::time::timeout(READY_TIMEOUT, ready).await.unwrap_or(false);
-        drop(spec_file); // read by now, or never
+        let ready = async move {
+            // The supervisor's ends are closed here once sent, so that end
+            // of file on its output means it is gone.
+            let launched = self.launcher.launch(&json, fds).await?;
+            let stderr = tokio::spawn(read_limited(stderr));
+            let mut line = String::new();
+            BufReader::new(stdout).read_line(&mut line).await.ok();
+            Ok::<_, ExecError>((launched, stderr, line.trim_end() == READY_LINE))
+        };
+        let (launched, stderr, ready) =
+            tokio::time::timeout(READY_TIMEOUT, ready).await.map_err(|_| {
+                ExecError::Supervisor(format!("no answer from the zygote {}", self.program().display()))
+            })??;
+        let mut exit = launched.exit;
         if !ready {
-            let _ = child.start_kill();
-            let status = child.wait().await;
+            // Kill it unless it has exited already (its pid may be reused
+            // once it has been reaped).
+            if matches!(exit.try_recv(), Err(oneshot::error::TryRecvError::Empty)) {
+                let _ = procfs::signal_pid(launched.pid as i32, Signal::SIGKILL);
+            }
+            let status = tokio::time::timeout(READY_TIMEOUT, &mut exit).await;
+            let status = match status {
+                Ok(Ok(status)) => describe(&status),
+                Ok(Err(_)) => describe(&lost(&launched.zygote)),
+                Err(_) => "still running".to_owned(),
+            };
             let stderr = stderr.await.unwrap_or_default();
-            let status = status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
             return Err(ExecError::Supervisor(format!(
                 "{} did not report ready ({status}): {}",
-                self.program.display(),
+                self.program().display(),
                 stderr.trim()
             )));
         }
         let (clock, clock_rx) = watch::channel(Clock::new(Instant::now()));
         let shared = Arc::new(Shared {
-            pid,
+            pid: launched.pid,
             exited: AtomicBool::new(false),
             control: Mutex::new(Some(control)),
             clock,
         });
         Ok(RunningJob {
             shared,
-            child,
+            zygote: launched.zygote,
+            exit,
+            status: None,
             clock_rx,
             stderr: Some(stderr),
             timeout: spec.timeout,
@@ -179,33 +225,31 @@ impl Supervisor {
     }
 }
 
-fn write_spec_file(spec: &JobSpec) -> Result<tempfile::NamedTempFile, ExecError> {
-    let io = |context: &str| {
-        let context = context.to_owned();
-        move |source| ExecError::Io { context, source }
-    };
-    let mut file = tempfile::Builder::new()
-        .prefix("drover-job-")
-        .suffix(".json")
-        .tempfile()
-        .map_err(io("cannot create the job spec file"))?;
-    let json = serde_json::to_vec(spec).map_err(|e| ExecError::Io {
-        context: "cannot encode the job spec".to_owned(),
-        source: std::io::Error::other(e),
-    })?;
-    file.write_all(&json).and_then(|()| file.flush()).map_err(io("cannot write the job spec file"))?;
-    Ok(file)
+/// The exit of a supervisor whose zygote died.
+fn lost(zygote: &Zygote) -> SupervisorExit {
+    SupervisorExit::Lost(zygote.lost().unwrap_or_else(|| "it went away".to_owned()))
 }
 
-async fn read_limited(stream: Option<ChildStderr>) -> String {
-    let mut bytes = Vec::new();
-    if let Some(stream) = stream {
-        let mut limited = stream.take(STDERR_LIMIT);
-        let _ = limited.read_to_end(&mut bytes).await;
-        // Keep draining, so the supervisor never blocks on a full pipe.
-        let mut rest = limited.into_inner();
-        let _ = tokio::io::copy(&mut rest, &mut tokio::io::sink()).await;
+/// How the supervisor ended, for messages.
+fn describe(exit: &SupervisorExit) -> String {
+    match exit {
+        SupervisorExit::Exited(code) if *code == EXIT_SUPERVISOR_ERROR => "failed".to_owned(),
+        SupervisorExit::Exited(code) => format!("exited with code {code}"),
+        SupervisorExit::Signaled(signal) => match Signal::try_from(*signal) {
+            Ok(name) => format!("killed by signal {signal} ({name})"),
+            Err(_) => format!("killed by signal {signal}"),
+        },
+        SupervisorExit::Lost(why) => format!("lost: its zygote died ({why})"),
     }
+}
+
+async fn read_limited(stream: pipe::Receiver) -> String {
+    let mut bytes = Vec::new();
+    let mut limited = stream.take(STDERR_LIMIT);
+    let _ = limited.read_to_end(&mut bytes).await;
+    // Keep draining, so the supervisor never blocks on a full pipe.
+    let mut rest = limited.into_inner();
+    let _ = tokio::io::copy(&mut rest, &mut tokio::io::sink()).await;
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
@@ -313,12 +357,17 @@ impl Shared {
 ///
 /// Dropping it (and every [`JobHandle`]) before the job has ended closes the
 /// supervisor's control pipe, which makes the supervisor terminate the job
-/// (SIGTERM, grace, SIGKILL); the supervisor is then reaped by tokio in the
-/// background. The same happens if the worker process dies.
+/// (SIGTERM, grace, SIGKILL); the zygote reaps the supervisor. The same
+/// happens if the worker process dies.
 #[derive(Debug)]
 pub struct RunningJob {
     shared: Arc<Shared>,
-    child: Child,
+    /// The zygote that forked the supervisor (and reaps it).
+    zygote: Arc<Zygote>,
+    /// The supervisor's exit, from the zygote.
+    exit: oneshot::Receiver<SupervisorExit>,
+    /// The exit, once received.
+    status: Option<SupervisorExit>,
     clock_rx: watch::Receiver<Clock>,
     stderr: Option<JoinHandle<String>>,
     timeout: Option<Duration>,
@@ -350,6 +399,10 @@ impl RunningJob {
             return outcome.clone();
         }
         loop {
+            if let Some(status) = self.status.clone() {
+                self.shared.exited.store(true, Ordering::Release);
+                return self.finish(status).await;
+            }
             let due = {
                 let clock = *self.clock_rx.borrow_and_update();
                 match (self.timeout, clock.stop, clock.suspended_since) {
@@ -362,10 +415,8 @@ impl RunningJob {
                 }
             };
             tokio::select! {
-                status = self.child.wait() => {
-                    self.shared.exited.store(true, Ordering::Release);
-                    let outcome = self.finish(status).await;
-                    return outcome;
+                exit = &mut self.exit => {
+                    self.status = Some(exit.unwrap_or_else(|_| lost(&self.zygote)));
                 }
                 () = sleep_until(due) => {
                     let clock = *self.clock_rx.borrow();
@@ -407,13 +458,19 @@ impl RunningJob {
         self.shared.resume()
     }
 
-    async fn finish(&mut self, status: std::io::Result<ExitStatus>) -> Outcome {
+    async fn finish(&mut self, status: SupervisorExit) -> Outcome {
         let report = JobReport::read(&self.outcome_file).ok();
         if report.is_none() {
-            // The supervisor died without cleaning up (SIGKILLed, say): kill
-            // what it left in its session (processes that left the session
-            // with `setsid` are out of reach).
-            self.kill_orphans().await;
+            if matches!(status, SupervisorExit::Lost(_)) {
+                // The zygote died, and the supervisor may still run: kill it
+                // and its session.
+                self.kill_lost_session().await;
+            } else {
+                // The supervisor died without cleaning up (SIGKILLed, say):
+                // kill what it left in its session (processes that left the
+                // session with `setsid` are out of reach).
+                self.kill_orphans().await;
+            }
         }
         let stop = self.clock_rx.borrow().stop;
         let outcome = match (&report, stop) {
@@ -428,12 +485,7 @@ impl RunningJob {
                     Some(task) => task.await.unwrap_or_default(),
                     None => String::new(),
                 };
-                let status = match status {
-                    Ok(s) if s.code() == Some(EXIT_SUPERVISOR_ERROR) => "failed".to_owned(),
-                    Ok(s) => s.to_string(),
-                    Err(e) => e.to_string(),
-                };
-                Outcome::SpawnFailed(format!("job supervisor {status}: {}", stderr.trim()))
+                Outcome::SpawnFailed(format!("job supervisor {}: {}", describe(&status), stderr.trim()))
             }
         };
         self.result = Some((outcome.clone(), report));
@@ -454,13 +506,25 @@ impl RunningJob {
             tokio::time::sleep(ORPHAN_SWEEP_INTERVAL).await;
         }
     }
+
+    /// SIGKILLs the supervisor, whose zygote died so it cannot be waited
+    /// for, with its descendants and its session, pass after pass (see
+    /// `procfs::kill_lost_supervisor`).
+    async fn kill_lost_session(&self) {
+        let sid = self.shared.pid();
+        for _ in 0..ORPHAN_SWEEP_LIMIT {
+            if procfs::kill_lost_supervisor(sid) == 0 {
+                return;
+            }
+            tokio::time::sleep(ORPHAN_SWEEP_INTERVAL).await;
+        }
+    }
 }
 
 impl Drop for RunningJob {
     /// A job dropped before it ended is terminated: SIGTERM to the
     /// supervisor, and its control pipe is closed. Handles stop working, as
-    /// the supervisor is now reaped in the background and its pid may be
-    /// reused.
+    /// the zygote reaps the supervisor and its pid may then be reused.
     fn drop(&mut self) {
         if self.result.is_none() {
             self.shared.stop(StopReason::Cancelled);

@@ -158,6 +158,40 @@ pub(crate) fn kill_orphaned_session(sid: i32) -> usize {
         .count()
 }
 
+/// One pass of killing a supervisor whose zygote died (so it is no longer
+/// a child anyone can wait for) and everything of its job: while the
+/// supervisor lives, SIGKILL its descendants (it is a subreaper, so even
+/// processes that left its session with `setsid` are among them), and once
+/// none is left, the supervisor itself; once it is dead, every live process
+/// left in its session. Returns how many processes were signalled (0: none
+/// is left).
+///
+/// A live process with the PID `sid` that is not in session `sid` is a
+/// newcomer that reused the number after the session emptied: then there
+/// is nothing to do. (One that reused it *and* started a session of its own
+/// cannot be told from the supervisor; that takes the supervisor exiting,
+/// being reaped and the PID space wrapping around while the zygote dies.)
+pub(crate) fn kill_lost_supervisor(sid: i32) -> usize {
+    if sid <= 1 {
+        return 0;
+    }
+    match stat(sid) {
+        Some(leader) if leader.alive() && leader.session == sid => {
+            let (signalled, _) = signal_descendants(sid, Signal::SIGKILL);
+            if signalled > 0 {
+                return signalled;
+            }
+            usize::from(signal_pid(sid, Signal::SIGKILL).is_ok())
+        }
+        Some(leader) if leader.alive() => 0,
+        _ => all_processes()
+            .into_iter()
+            .filter(|p| p.session == sid && p.alive())
+            .filter(|p| signal_pid(p.pid, Signal::SIGKILL).is_ok())
+            .count(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,15 +1,16 @@
 //! The supervisor process: the small synchronous program that runs one job's
 //! commands and makes sure nothing the job started outlives it.
 //!
-//! It is started by [`Supervisor::start`](crate::Supervisor::start) (a
-//! re-executed binary calling [`supervisor_main`]) and:
+//! It is forked by the zygote (the `zygote` module) for each
+//! [`Supervisor::start`](crate::Supervisor::start), runs [`supervise`] with
+//! the job's spec, and:
 //!
 //! 1. blocks SIGTERM, SIGINT, SIGHUP and SIGCHLD and reads them from a
 //!    `signalfd` (no signal handler, so no `unsafe`); starts a new session
 //!    (`setsid`); becomes a child subreaper (`PR_SET_CHILD_SUBREAPER`), so
 //!    every orphaned descendant — including one that called `setsid` or
 //!    `setpgid` to leave the job's process group — is reparented to it;
-//! 2. reads the [`JobSpec`] (JSON file named by its argument), writes `ready`
+//! 2. decodes the [`JobSpec`] (JSON, sent by the worker), writes `ready`
 //!    on standard output, and runs the commands one by one (`posix_spawn`, so
 //!    that they start with an empty signal mask), each in its own process
 //!    group, stopping at the first that fails;
@@ -33,13 +34,13 @@
 //! ends suspended.
 
 use std::collections::BTreeMap;
-use std::ffi::{CString, OsString};
+use std::ffi::CString;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::os::fd::AsFd;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileTypeExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
@@ -63,8 +64,9 @@ pub const EXIT_SIGNALED: i32 = 2;
 pub const EXIT_TERMINATED: i32 = 3;
 /// Supervisor exit code: a command could not be started.
 pub const EXIT_SPAWN_FAILED: i32 = 4;
-/// Supervisor exit code: the supervisor itself failed (bad arguments,
-/// unreadable spec, unwritable outcome file); details on its standard error.
+/// Supervisor exit code: the supervisor itself failed (bad spec,
+/// unwritable outcome file); details on its standard error. The zygote also
+/// exits with it when it cannot serve.
 pub const EXIT_SUPERVISOR_ERROR: i32 = 125;
 
 /// The line the supervisor writes on standard output once it handles
@@ -78,25 +80,16 @@ const KILL_INTERVAL: Duration = Duration::from_millis(10);
 /// How long SIGKILL sweeps go on when every process left refuses signals.
 const GIVE_UP_AFTER: Duration = Duration::from_secs(10);
 
-/// Entry point of the supervisor process.
+/// Runs one job from its [`JobSpec`] (JSON) as the per-job supervisor
+/// process, and returns the process's exit code (one of the `EXIT_*`
+/// codes). Called by the zygote in the child it forked for the job, whose
+/// standard input is the control pipe, standard output the pipe the worker
+/// reads `ready` from, and standard error the pipe of its own messages.
 ///
-/// The supervisor is started as `program args… <spec file>` (see
-/// [`Supervisor::new`](crate::Supervisor::new)): the path of the [`JobSpec`]
-/// JSON file is always the **last** command-line argument, whatever comes
-/// before it. Call it from `main` and exit with the code it returns:
-///
-/// ```ignore
-/// if std::env::args_os().nth(1).is_some_and(|a| a == "__supervise") {
-///     std::process::exit(drover_exec::supervisor_main());
-/// }
-/// ```
-///
-/// It must be called before the program starts any thread (a tokio runtime,
-/// say), since it blocks signals for the calling thread only.
-pub fn supervisor_main() -> i32 {
-    // Skip the program name: with no argument at all there is no spec.
-    let spec_path = std::env::args_os().skip(1).last();
-    match run(spec_path) {
+/// The process must have a single thread, since signals are blocked for
+/// the calling thread only.
+pub(crate) fn supervise(spec_json: &[u8]) -> i32 {
+    match run(spec_json) {
         Ok(code) => code,
         Err(message) => {
             let _ = writeln!(std::io::stderr(), "drover-exec supervisor: {message}");
@@ -105,7 +98,7 @@ pub fn supervisor_main() -> i32 {
     }
 }
 
-fn run(spec_path: Option<OsString>) -> Result<i32, String> {
+fn run(spec_json: &[u8]) -> Result<i32, String> {
     // Signals first: until they are blocked, a SIGTERM would kill us outright
     // (harmless only because nothing is started yet).
     let mut mask = SigSet::empty();
@@ -121,13 +114,9 @@ fn run(spec_path: Option<OsString>) -> Result<i32, String> {
     nix::sys::prctl::set_child_subreaper(true)
         .map_err(|e| format!("cannot become a child subreaper: {e}"))?;
 
-    let spec_path = PathBuf::from(spec_path.ok_or("expected an argument: the job spec file")?);
-    let spec_name = spec_path.display();
-    let bytes = std::fs::read(&spec_path).map_err(|e| format!("cannot read job spec {spec_name}: {e}"))?;
-    let mut spec: JobSpec =
-        serde_json::from_slice(&bytes).map_err(|e| format!("bad job spec {spec_name}: {e}"))?;
+    let mut spec: JobSpec = serde_json::from_slice(spec_json).map_err(|e| format!("bad job spec: {e}"))?;
     // The supervisor changes directory to run commands: pin relative paths
-    // to the directory it started in.
+    // to the directory it started in (the worker sends absolute ones).
     for path in [&mut spec.cwd, &mut spec.stdout, &mut spec.stderr, &mut spec.outcome_file] {
         *path = std::path::absolute(&*path).map_err(|e| format!("bad path {}: {e}", path.display()))?;
     }
@@ -155,8 +144,8 @@ fn run(spec_path: Option<OsString>) -> Result<i32, String> {
     Ok(exit_code(&report))
 }
 
-/// The worker's control pipe: our standard input if it is a pipe (it is not
-/// when the supervisor is run by hand, and end of file then means nothing).
+/// The worker's control pipe: our standard input if it is a pipe (it always
+/// is when the zygote forked us).
 fn control_pipe() -> Option<File> {
     let fd = std::io::stdin().as_fd().try_clone_to_owned().ok()?;
     let file = File::from(fd);

@@ -17,6 +17,7 @@
 //! name: hello                          # default: the directory's name
 //! sources: ["src/**", "include/*.h"]
 //! max_parallel: 4
+//! queue: nightly                       # default: the tenant's queue
 //! jobs:
 //!   - name: compile-a
 //!     run: ["cc -c {{src}}/src/a.c -o {{out}}/a.o"]
@@ -74,6 +75,8 @@ pub struct Build {
     pub root: PathBuf,
     /// How many jobs of this build may run at once, if limited.
     pub max_parallel: Option<u32>,
+    /// The coordinator queue the build goes to, if the file names one.
+    pub queue: Option<String>,
     /// Every source file, sorted by path.
     pub sources: Vec<SourceFile>,
     /// Every job, dependencies before dependents, otherwise in file order.
@@ -220,7 +223,14 @@ pub fn parse_str(file: &Path, text: &str, root: &Path) -> Result<Build, GraphErr
     let sources = sources::hash(root, source_paths)?;
     let name = spec.name.unwrap_or_else(|| default_name(root));
     let jobs = resolve_jobs(spec.jobs, inputs, &edges, &sources);
-    Ok(Build { name, root: root.to_owned(), max_parallel: spec.max_parallel, sources, jobs })
+    Ok(Build {
+        name,
+        root: root.to_owned(),
+        max_parallel: spec.max_parallel,
+        queue: spec.queue,
+        sources,
+        jobs,
+    })
 }
 
 /// The error for a build file of `len` bytes, if that is over the limit.

@@ -14,7 +14,7 @@ use crate::units;
 /// The most jobs a build file may hold.
 pub(crate) const MAX_JOBS: usize = 100_000;
 
-const BUILD_KEYS: &[&str] = &["name", "sources", "max_parallel", "jobs"];
+const BUILD_KEYS: &[&str] = &["name", "sources", "max_parallel", "queue", "jobs"];
 const JOB_KEYS: &[&str] = &[
     "name",
     "run",
@@ -48,6 +48,7 @@ pub(crate) struct BuildSpec {
     pub(crate) name: Option<String>,
     pub(crate) sources: Vec<Located<String>>,
     pub(crate) max_parallel: Option<u32>,
+    pub(crate) queue: Option<String>,
     pub(crate) jobs: Vec<JobSpec>,
 }
 
@@ -228,6 +229,12 @@ pub(crate) fn build_spec(root: &Node, diags: &mut Diagnostics) -> BuildSpec {
     }
     if let Some(node) = fields.get("max_parallel") {
         spec.max_parallel = cx.int(node, "max_parallel", 1, u32::MAX.into());
+    }
+    if let Some(node) = fields.get("queue") {
+        spec.queue = cx.string(node, "queue");
+        if spec.queue.as_deref().is_some_and(|q| q.trim().is_empty()) {
+            cx.error(node.line, "\"queue\" must not be empty");
+        }
     }
     match fields.entry("jobs") {
         None => cx.error(root.line, "missing \"jobs\""),

@@ -14,6 +14,8 @@
 //! ([`Report`]). Workers serve `GET /v1/artifacts/{job}` (a packed artifact)
 //! and `GET /v1/runs/{run}/log?stream=stdout|stderr`.
 
+pub use drover_core::{QueueAmounts, QueueView};
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
@@ -167,6 +169,10 @@ pub struct SubmitRequest {
     /// At most this many of the build's jobs queued or running at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_parallel: Option<u32>,
+    /// The leaf queue of the coordinator the build's jobs go to (default:
+    /// the tenant's queue, else `default`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
 }
 
 /// A build's policy when one of its jobs fails (BuildStream's on-error).

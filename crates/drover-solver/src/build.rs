@@ -34,6 +34,7 @@ pub(crate) struct Build {
     no_cache: bool,
     on_error: OnError,
     max_parallel: Option<u32>,
+    queue: Option<String>,
     /// Jobs ready to run but held back by `max_parallel`, in order.
     held: VecDeque<u32>,
     /// Jobs the core holds for this build (queued or running there).
@@ -158,6 +159,7 @@ impl Build {
             no_cache: req.no_cache,
             on_error: req.on_error,
             max_parallel: req.max_parallel,
+            queue: req.queue,
             held: VecDeque::new(),
             in_core: 0,
             path,
@@ -243,6 +245,7 @@ impl Build {
             priority: def.priority,
             path: self.path[i as usize],
             max_attempts: def.retries.saturating_add(1),
+            queue: self.queue.clone(),
         }
     }
 

@@ -234,6 +234,11 @@ impl Solver {
         Some((events, b.state.is_final()))
     }
 
+    /// Every queue with its share (see [`Scheduler::queue_views`]).
+    pub fn queues(&self) -> Vec<drover_core::QueueView> {
+        self.core.queue_views()
+    }
+
     /// Every registered worker.
     pub fn workers(&self) -> Vec<WorkerStatus> {
         self.workers
@@ -379,6 +384,7 @@ impl Solver {
 
     fn submit(&mut self, req: SubmitRequest) -> Result<Reply, SolverError> {
         let id = self.next_build;
+        self.core.queue_for(req.queue.as_deref(), &req.tenant).map_err(SolverError::InvalidBuild)?;
         let build = Build::new(id, req, self.now, &self.durations).map_err(SolverError::InvalidBuild)?;
         self.next_build += 1;
         self.builds.insert(id, build);

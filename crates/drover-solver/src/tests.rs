@@ -43,6 +43,7 @@ fn submit_with(jobs: Vec<JobDef>, on_error: OnError, max_parallel: Option<u32>) 
         no_cache: false,
         on_error,
         max_parallel,
+        queue: None,
     })
 }
 

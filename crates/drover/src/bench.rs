@@ -94,6 +94,7 @@ async fn measure(
         no_cache: false,
         on_error: drover_proto::OnError::Quit,
         max_parallel: None,
+        queue: None,
     };
     let id = client::submit_loaded(&http, &cluster.url, loaded, &options).await?;
     let mut events = Vec::new();

@@ -42,6 +42,9 @@ pub(crate) enum Command {
     Retry(RetryArgs),
     /// List the workers.
     Workers(WorkersArgs),
+    /// List the coordinator's queues: weight, deserved share, what each
+    /// holds, queues and runs.
+    Queues(WorkersArgs),
     /// Print a job's output log.
     Logs(LogsArgs),
     /// Measure throughput, dependency latency and no-op rebuilds on an
@@ -86,6 +89,11 @@ pub(crate) struct BuildArgs {
     /// the build file's max_parallel).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) max_parallel: Option<u32>,
+    /// The coordinator queue for the build's jobs (overrides the build
+    /// file's queue; default: the tenant's queue in the coordinator's
+    /// config, else `default`). See `drover queues`.
+    #[arg(long, value_name = "QUEUE")]
+    pub(crate) queue: Option<String>,
 }
 
 /// `--on-error`.

@@ -11,7 +11,8 @@ use anyhow::{Context, anyhow};
 use drover_http::{Http, HttpError};
 use drover_proto::{
     ArtifactLocation, BuildEvent, BuildSpec, BuildState, BuildStatus, EventKind, Hash32, JobDef,
-    MissingReply, MissingRequest, OnError, SourceFile, SubmitReply, SubmitRequest, WorkerStatus,
+    MissingReply, MissingRequest, OnError, QueueAmounts, QueueView, SourceFile, SubmitReply, SubmitRequest,
+    WorkerStatus,
 };
 use futures::{StreamExt, TryStreamExt};
 
@@ -25,6 +26,7 @@ pub(crate) struct Loaded {
     root: std::path::PathBuf,
     spec: BuildSpec,
     max_parallel: Option<u32>,
+    queue: Option<String>,
 }
 
 /// Loads and checks a build file; every problem is reported, as bad input.
@@ -64,7 +66,7 @@ pub(crate) fn load(file: &Path) -> Result<Loaded, Failure> {
             })
             .collect(),
     };
-    Ok(Loaded { root: build.root, spec, max_parallel: build.max_parallel })
+    Ok(Loaded { root: build.root, spec, max_parallel: build.max_parallel, queue: build.queue })
 }
 
 /// An HTTP client for the coordinator.
@@ -135,6 +137,8 @@ pub(crate) struct Options {
     pub(crate) on_error: OnError,
     /// Overrides the build file's `max_parallel`.
     pub(crate) max_parallel: Option<u32>,
+    /// Overrides the build file's `queue`.
+    pub(crate) queue: Option<String>,
 }
 
 impl Options {
@@ -144,6 +148,7 @@ impl Options {
             no_cache: args.no_cache,
             on_error: args.on_error.into(),
             max_parallel: args.max_parallel,
+            queue: args.queue.clone(),
         }
     }
 }
@@ -162,6 +167,7 @@ pub(crate) async fn submit_loaded(
         no_cache: options.no_cache,
         on_error: options.on_error,
         max_parallel: options.max_parallel.or(loaded.max_parallel),
+        queue: options.queue.clone().or_else(|| loaded.queue.clone()),
     };
     let reply: SubmitReply =
         http.post_json(&api(base, "/v1/builds"), &request, None).await.map_err(reach(base))?;
@@ -519,6 +525,44 @@ pub(crate) async fn workers(args: WorkersArgs) -> Result<(), Failure> {
             labels.join(",")
         );
     }
+    Ok(())
+}
+
+/// `drover queues`.
+pub(crate) async fn queues(args: WorkersArgs) -> Result<(), Failure> {
+    let http = connect(&args.remote);
+    let base = &args.remote.coordinator;
+    let queues: Vec<QueueView> = http.get_json(&api(base, "/v1/queues")).await.map_err(reach(base))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&queues).map_err(anyhow::Error::from)?);
+        return Ok(());
+    }
+    let slots = |a: &QueueAmounts| {
+        let s = format!("{:.2}", a.slots_milli as f64 / 1000.0);
+        s.trim_end_matches('0').trim_end_matches('.').to_owned()
+    };
+    println!(
+        "{:<20} {:>6} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7}",
+        "QUEUE", "WEIGHT", "CAP", "DESERVED", "HELD", "ASKED", "QUEUED", "RUNNING"
+    );
+    for q in &queues {
+        let depth = std::iter::successors(q.parent.as_deref(), |p| {
+            queues.iter().find(|x| x.name == *p).and_then(|x| x.parent.as_deref())
+        })
+        .count();
+        let name = format!("{}{}", "  ".repeat(depth), q.name);
+        println!(
+            "{name:<20} {:>6} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7}",
+            q.weight,
+            q.capability.as_ref().map_or("-".to_owned(), slots),
+            slots(&q.deserved),
+            slots(&q.allocated),
+            slots(&q.pending),
+            q.queued_jobs,
+            q.running
+        );
+    }
+    println!("(slots; HELD by running jobs, ASKED by queued jobs)");
     Ok(())
 }
 

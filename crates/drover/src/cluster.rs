@@ -16,13 +16,14 @@ use crate::Failure;
 use crate::cli::{RunArgs, ServeArgs, WorkerArgs};
 use crate::{client, units};
 
-/// The hidden first argument that makes this binary a job supervisor.
-pub(crate) const SUPERVISE_ARG: &str = "__supervise";
+/// The hidden first argument that makes this binary a worker's zygote,
+/// which forks the jobs' supervisors.
+pub(crate) const ZYGOTE_ARG: &str = "__zygote";
 
-/// How workers started by this binary run their jobs.
+/// How workers started by this binary run their jobs (one zygote each).
 fn supervisor() -> anyhow::Result<Supervisor> {
     let exe = std::env::current_exe().context("cannot find the drover executable to run jobs with")?;
-    Ok(Supervisor::new(exe, vec![SUPERVISE_ARG.into()]))
+    Ok(Supervisor::new(exe, vec![ZYGOTE_ARG.into()]))
 }
 
 /// `drover serve --config FILE`.
@@ -33,6 +34,62 @@ struct ConfigFile {
     scheduler: SchedulerSection,
     #[serde(default)]
     store: StoreSection,
+    /// `[[queues]]` tables.
+    #[serde(default)]
+    queues: Vec<QueueSection>,
+    /// `[tenants]`: tenant = "leaf queue".
+    #[serde(default)]
+    tenants: std::collections::BTreeMap<String, String>,
+}
+
+/// One `[[queues]]` table.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct QueueSection {
+    name: String,
+    parent: Option<String>,
+    #[serde(default = "one")]
+    weight: u32,
+    #[serde(default)]
+    capability: LimitsSection,
+    #[serde(default)]
+    guarantee: LimitsSection,
+    #[serde(default = "yes")]
+    reclaimable: bool,
+    #[serde(default)]
+    priority: i32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `{ slots = 4, cpu = "8", memory = "16Gi" }`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitsSection {
+    slots: Option<u32>,
+    cpu: Option<String>,
+    memory: Option<String>,
+}
+
+impl LimitsSection {
+    fn limits(&self, queue: &str) -> anyhow::Result<drover_core::QueueLimits> {
+        Ok(drover_core::QueueLimits {
+            slots: self.slots,
+            cpu: self.cpu.as_deref().map(units::cpu).transpose().with_context(|| format!("queue {queue}"))?,
+            memory: self
+                .memory
+                .as_deref()
+                .map(|m| units::size("memory", m))
+                .transpose()
+                .with_context(|| format!("queue {queue}"))?,
+        })
+    }
 }
 
 /// The `[store]` table.
@@ -82,6 +139,21 @@ fn coordinator_config(args: &ServeArgs) -> anyhow::Result<CoordinatorConfig> {
         core.lease_timeout = millis("lease_timeout", &s.lease_timeout, core.lease_timeout)?;
         core.unplaceable_grace = millis("unplaceable_grace", &s.unplaceable_grace, core.unplaceable_grace)?;
         core.seed = s.seed.unwrap_or(core.seed);
+        for q in &file.queues {
+            core.queues.push(drover_core::QueueConfig {
+                name: q.name.clone(),
+                parent: q.parent.clone(),
+                weight: q.weight,
+                capability: q.capability.limits(&q.name)?,
+                guarantee: q.guarantee.limits(&q.name)?,
+                reclaimable: q.reclaimable,
+                priority: q.priority,
+            });
+        }
+        core.tenant_queues = file.tenants.clone();
+        if let Err(errors) = core.validate() {
+            anyhow::bail!("{}: invalid queues:\n  {}", path.display(), errors.join("\n  "));
+        }
         config.durability = match file.store.durability.as_deref() {
             None | Some("process-crash") => drover_coordinator::Durability::ProcessCrash,
             Some("power-loss") => drover_coordinator::Durability::PowerLoss,

@@ -37,9 +37,10 @@ impl From<anyhow::Error> for Failure {
 }
 
 fn main() -> ExitCode {
-    // Jobs run under a supervisor: the worker re-executes this binary.
-    if std::env::args_os().nth(1).is_some_and(|arg| arg == cluster::SUPERVISE_ARG) {
-        let code = drover_exec::supervisor_main();
+    // Jobs run under supervisors forked by a zygote: each worker starts this
+    // binary once as its zygote. Before the runtime: the zygote forks.
+    if std::env::args_os().nth(1).is_some_and(|arg| arg == cluster::ZYGOTE_ARG) {
+        let code = drover_exec::zygote_main();
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
     let cli = Cli::parse();
@@ -86,6 +87,7 @@ async fn dispatch(command: Command) -> Result<(), Failure> {
         Command::Cancel(args) => client::cancel(args).await,
         Command::Retry(args) => client::retry(args).await,
         Command::Workers(args) => client::workers(args).await,
+        Command::Queues(args) => client::queues(args).await,
         Command::Logs(args) => client::logs(args).await,
         Command::Bench(args) => bench::run(args).await,
     }

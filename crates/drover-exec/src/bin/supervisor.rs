@@ -1,7 +1,9 @@
-//! `drover-exec-supervisor SPEC.json`: a job supervisor as a binary of its
-//! own (the `drover` binary offers the same through a hidden argument).
-//! The crate's integration tests start their jobs with it.
+//! `drover-exec-supervisor`: a zygote that forks job supervisors, as a
+//! binary of its own (the `drover` binary offers the same through a hidden
+//! argument). It takes no argument; the worker starts it with its socket as
+//! standard input (see `Supervisor::new`). The crate's integration tests
+//! start their jobs with it.
 
 fn main() {
-    std::process::exit(drover_exec::supervisor_main());
+    std::process::exit(drover_exec::zygote_main());
 }

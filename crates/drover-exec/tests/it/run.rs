@@ -111,9 +111,8 @@ async fn a_program_that_is_no_supervisor_fails_to_start() {
     let fx = Fixture::new();
     let err = Supervisor::new("/bin/true".into(), Vec::new()).start(&fx.spec(&["echo"])).await.unwrap_err();
     assert!(matches!(err, ExecError::Supervisor(_)), "{err}");
-    let err = Supervisor::new(fx.path("no-such-binary"), vec!["__supervise".into()])
-        .start(&fx.spec(&["echo"]))
-        .await;
+    let err =
+        Supervisor::new(fx.path("no-such-binary"), vec!["__zygote".into()]).start(&fx.spec(&["echo"])).await;
     assert!(matches!(err, Err(ExecError::Supervisor(_))), "{err:?}");
 }
 

@@ -75,6 +75,7 @@ fn out_of_range_numbers() {
     let dir = Dir::new();
     let yaml = "\
 max_parallel: 0
+queue: ' '
 jobs:
   - name: a
     run: x
@@ -86,14 +87,15 @@ jobs:
         dir.errors(yaml),
         [
             at(1, None, "\"max_parallel\" must be an integer from 1 to 4294967295, got 0"),
+            at(2, None, "\"queue\" must not be empty"),
             at(
-                5,
+                6,
                 Some("a"),
                 "\"priority\" must be an integer from -2147483648 to 2147483647, got 3000000000"
             ),
-            at(6, Some("a"), "\"retries\" must be an integer from 0 to 4294967295, got -1"),
+            at(7, Some("a"), "\"retries\" must be an integer from 0 to 4294967295, got -1"),
             at(
-                7,
+                8,
                 Some("a"),
                 "\"resources.tokens.net\" must be an integer from 0 to 18446744073709551615, got -2"
             ),

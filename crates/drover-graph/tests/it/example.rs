@@ -12,6 +12,7 @@ use crate::common::{Dir, job};
 pub(crate) const YAML: &str = r#"name: hello
 sources: ["src/**", "include/*.h"]
 max_parallel: 4
+queue: nightly
 jobs:
   - name: compile-a
     run: ["cc -c {{src}}/src/a.c -o {{out}}/a.o"]
@@ -31,6 +32,7 @@ jobs:
 pub(crate) const TOML: &str = r#"name = "hello"
 sources = ["src/**", "include/*.h"]
 max_parallel = 4
+queue = "nightly"
 
 [[jobs]]
 name = "compile-a"
@@ -81,6 +83,7 @@ fn yaml_example_has_every_field() {
     assert_eq!(build.name, "hello");
     assert_eq!(build.root, dir.path());
     assert_eq!(build.max_parallel, Some(4));
+    assert_eq!(build.queue.as_deref(), Some("nightly"));
     let paths: Vec<&str> = build.sources.iter().map(|s| s.path.as_str()).collect();
     assert_eq!(paths, ["include/a.h", "src/a.c", "src/b.c", "src/nested/deep/c.c"]);
     let a = &build.sources[1];
@@ -92,7 +95,7 @@ fn yaml_example_has_every_field() {
     assert_eq!(names, ["compile-a", "app"]);
 
     let compile = job(&build, "compile-a");
-    assert_eq!(compile.line, 5);
+    assert_eq!(compile.line, 6);
     assert_eq!(compile.commands, ["cc -c {{src}}/src/a.c -o {{out}}/a.o"]);
     assert_eq!(compile.env, BTreeMap::from([("CFLAGS".to_owned(), "-O2".to_owned())]));
     assert!(compile.needs.is_empty());
@@ -103,7 +106,7 @@ fn yaml_example_has_every_field() {
     assert_eq!((compile.priority, compile.timeout_ms, compile.retries), (0, None, 1));
 
     let app = job(&build, "app");
-    assert_eq!(app.line, 9);
+    assert_eq!(app.line, 10);
     assert_eq!(app.needs, ["compile-a"]);
     assert_eq!(app.commands, ["cc {{dep:compile-a}}/a.o -o {{out}}/app"]);
     assert_eq!(app.inputs, None);
@@ -122,8 +125,8 @@ fn toml_example_equals_yaml_example() {
     let dir = example_dir();
     let yaml = dir.parse(YAML);
     let toml = dir.parse_as("drover.toml", TOML).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(job(&toml, "compile-a").line, 5);
-    assert_eq!(job(&toml, "app").line, 11);
+    assert_eq!(job(&toml, "compile-a").line, 6);
+    assert_eq!(job(&toml, "app").line, 12);
     assert_eq!(without_lines(toml), without_lines(yaml));
 }
 

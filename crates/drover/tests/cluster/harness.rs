@@ -47,8 +47,13 @@ impl Cluster {
 
     /// A coordinator that requires `token`, if given.
     pub(crate) fn with_token(token: Option<&str>) -> Cluster {
+        Cluster::configured(token, "")
+    }
+
+    /// A coordinator whose config file has `extra` after the test settings.
+    pub(crate) fn configured(token: Option<&str>, extra: &str) -> Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
-        std::fs::write(dir.path().join("config.toml"), CONFIG).expect("config");
+        std::fs::write(dir.path().join("config.toml"), format!("{CONFIG}{extra}")).expect("config");
         let mut cluster = Cluster {
             dir,
             url: String::new(),

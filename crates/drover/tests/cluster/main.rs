@@ -5,4 +5,5 @@
 //! exit) with a generous deadline; no test asserts how long anything took.
 
 mod harness;
+mod queues;
 mod scenarios;

@@ -1,0 +1,102 @@
+//! Queues and quotas through the real processes: the coordinator's config
+//! declares them, builds name them, `drover queues` shows them.
+
+use serde_json::Value;
+
+use crate::harness::{Cluster, drover, eventually};
+
+const QUEUES: &str = r#"
+[[queues]]
+name = "capped"
+capability = { slots = 1 }
+
+[[queues]]
+name = "open"
+weight = 3
+
+[tenants]
+ci = "capped"
+"#;
+
+fn queue<'a>(queues: &'a Value, name: &str) -> &'a Value {
+    queues.as_array().expect("queues").iter().find(|q| q["name"] == name).expect("queue listed")
+}
+
+#[test]
+fn a_capped_queue_runs_one_job_at_a_time_and_drover_queues_shows_it() {
+    let mut cluster = Cluster::configured(None, QUEUES);
+    cluster.add_worker("w1", 3, &[]);
+    let gate = cluster.scratch("gate");
+    // Three independent jobs that hold their slot until the gate opens.
+    let wait = format!("while [ ! -e {gate} ]; do sleep 0.05; done; echo done > {{{{out}}}}/x");
+    let jobs: String =
+        (1..=3).map(|i| format!("  - name: j{i}\n    run: \"{wait}\"\n    env: {{N: \"{i}\"}}\n")).collect();
+    let file = cluster.project("capped", &format!("jobs:\n{jobs}"), &[]);
+    let submit = cluster.run(&["submit", file.to_str().expect("utf-8"), "--tenant", "ci"]);
+    assert!(submit.status.success(), "{}", String::from_utf8_lossy(&submit.stderr));
+    let id = String::from_utf8_lossy(&submit.stdout).trim().to_owned();
+
+    // The tenant maps to `capped`: one job runs, two wait, on a worker with
+    // three free slots.
+    let queues = eventually("one capped job running", || {
+        let out = cluster.run(&["queues", "--json"]);
+        let queues: Value = serde_json::from_slice(&out.stdout).ok()?;
+        (queue(&queues, "capped")["running"] == 1).then_some(queues)
+    });
+    let capped = queue(&queues, "capped");
+    assert_eq!(capped["queued_jobs"], 2, "{queues}");
+    assert_eq!(capped["capability"]["slots_milli"], 1000);
+    assert_eq!(queue(&queues, "open")["weight"], 3);
+    let table = cluster.run(&["queues"]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.lines().any(|l| l.starts_with("capped") && l.contains(" 1 ")), "{table}");
+
+    std::fs::write(&gate, "").expect("open the gate");
+    let finished = eventually("the build to finish", || {
+        let out = cluster.run(&["status", &id, "--json"]);
+        let status: Value = serde_json::from_slice(&out.stdout).ok()?;
+        (status["state"] == "succeeded").then_some(status)
+    });
+    assert_eq!(finished["jobs"].as_array().map(Vec::len), Some(3));
+}
+
+#[test]
+fn an_unknown_queue_is_refused_before_anything_runs() {
+    let mut cluster = Cluster::configured(None, QUEUES);
+    cluster.add_worker("w1", 1, &[]);
+    let marker = cluster.scratch("ran");
+    let file = cluster.project("q", &format!("jobs:\n  - name: a\n    run: \"touch {marker}\"\n"), &[]);
+    let out = cluster.run(&["submit", file.to_str().expect("utf-8"), "--queue", "nowhere"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no queue named nowhere"), "{out:?}");
+    let builds = cluster.run(&["status", "--json"]);
+    assert!(String::from_utf8_lossy(&builds.stdout).trim().trim_matches(['[', ']']).trim().is_empty());
+    assert!(!std::path::Path::new(&marker).exists());
+}
+
+#[test]
+fn a_bad_queue_config_stops_the_coordinator_with_every_problem() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        "[[queues]]\nname = \"a\"\nweight = 0\n\n[[queues]]\nname = \"b\"\nparent = \"missing\"\n\n[tenants]\nci = \"nope\"\n",
+    )
+    .expect("config");
+    let out = drover()
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&config)
+        .arg("--data")
+        .arg(dir.path().join("data"))
+        .output()
+        .expect("run drover serve");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for problem in [
+        "queue a: weight must be at least 1",
+        "queue b: no parent queue named missing",
+        "tenant ci: no queue named nope",
+    ] {
+        assert!(err.contains(problem), "missing {problem:?} in {err}");
+    }
+}
