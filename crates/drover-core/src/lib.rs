@@ -26,6 +26,7 @@ mod types;
 pub use quota::DEFAULT_QUEUE;
 pub use scheduler::{JobStatus, JobView, QueueAmounts, QueueName, QueueView, Scheduler};
 pub use types::{
-    CancelStage, Capacity, Completion, Config, Decision, Event, FailReason, JobId, JobResult, JobSpec,
-    Millis, QueueConfig, QueueLimits, Rejected, Request, RunId, Timer, TimerKind, WaiterId, WorkerId,
+    CancelStage, Capacity, Completion, Config, Decision, Event, FailReason, GangSpec, JobId, JobResult,
+    JobSpec, Millis, QueueConfig, QueueLimits, Rejected, Request, RunId, Timer, TimerKind, WaiterId,
+    WorkerId,
 };

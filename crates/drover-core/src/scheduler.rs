@@ -50,6 +50,8 @@ enum Stage {
     Deps,
     /// In the global queue.
     Global,
+    /// A gang member: in no queue; placed together with its gang.
+    Gang,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,6 +88,8 @@ struct Job {
     indexed: bool,
     /// Counted in its queue's pending request and its tenant's priorities.
     counted: bool,
+    /// The gang it belongs to.
+    gang: Option<GangIdx>,
     /// The worker holding a reservation for this job.
     reserved_on: Option<WorkerIdx>,
 }
@@ -137,6 +141,23 @@ struct Tenant {
     allocated: Amounts,
     /// The key it is filed under in `Scheduler::orders[queue]`.
     filed: Option<TenantKey>,
+}
+
+/// Index of a gang in `Scheduler::gangs`.
+type GangIdx = u32;
+
+/// Jobs that start together: none runs before `min` of them can start at
+/// the same moment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Gang {
+    id: String,
+    min: u32,
+    /// Once `min` members started together, the rest start as they fit.
+    started: bool,
+    /// Live member jobs.
+    members: u32,
+    /// Members waiting to be placed, in job order.
+    queued: BTreeSet<(JobKey, JobIdx)>,
 }
 
 /// A tenant's place in its queue's order: highest queued priority first,
@@ -279,6 +300,10 @@ pub struct Scheduler {
     orders: Vec<BTreeSet<TenantKey>>,
     /// Leaf queues with a non-empty order.
     active_queues: BTreeSet<QueueIdx>,
+    /// Live gangs, oldest first.
+    gangs: BTreeMap<GangIdx, Gang>,
+    gang_index: BTreeMap<String, GangIdx>,
+    next_gang: GangIdx,
     /// Artifact → live workers holding it.
     holders: BTreeMap<JobId, BTreeSet<WorkerIdx>>,
     /// Artifact → queued jobs in their dependency stage (or later) that read it.
@@ -316,6 +341,9 @@ impl Scheduler {
             quotas,
             total: Amounts::default(),
             total_changed: false,
+            gangs: BTreeMap::new(),
+            gang_index: BTreeMap::new(),
+            next_gang: 0,
             active_queues: BTreeSet::new(),
             config,
             now: Millis(0),
@@ -821,6 +849,11 @@ impl Scheduler {
             Ok(q) => q,
             Err(why) => return invalid(&why),
         };
+        if let Some(gang) = &spec.gang
+            && (gang.min_available == 0 || gang.id.is_empty())
+        {
+            return invalid("a gang needs an ID and a min_available of at least 1");
+        }
         let tenant = self.intern_tenant(&spec.tenant, queue);
         let class = self.intern_class(&spec);
         let seq = self.next_seq;
@@ -842,6 +875,7 @@ impl Scheduler {
             timer: None,
             indexed: false,
             counted: false,
+            gang: None,
             reserved_on: None,
         };
         let j = match self.free_jobs.pop() {
@@ -855,6 +889,31 @@ impl Scheduler {
             }
         };
         self.job_index.insert(spec.id, j);
+        if let Some(spec) = spec.gang {
+            let g = match self.gang_index.get(&spec.id) {
+                Some(&g) => g,
+                None => {
+                    let g = self.next_gang;
+                    self.next_gang += 1;
+                    self.gang_index.insert(spec.id.clone(), g);
+                    let gang = Gang {
+                        id: spec.id,
+                        min: spec.min_available,
+                        started: false,
+                        members: 0,
+                        queued: BTreeSet::new(),
+                    };
+                    self.gangs.insert(g, gang);
+                    g
+                }
+            };
+            let gang = self.gangs.get_mut(&g).expect("live gang");
+            gang.members += 1;
+            // A later member may lower the bar (the caller's other members
+            // finished without running, from the cache, say).
+            gang.min = gang.min.min(spec.min_available);
+            self.job_mut(j).gang = Some(g);
+        }
         self.enqueue(j);
         Ok(())
     }
@@ -955,7 +1014,7 @@ impl Scheduler {
         // Rule 1: a pending job is in the first queue of every holder of its
         // result, whatever its stage.
         if let Some(&j) = self.job_index.get(&a)
-            && matches!(self.job(j).state, JobState::Queued(_))
+            && matches!(self.job(j).state, JobState::Queued(stage) if stage != Stage::Gang)
         {
             self.add_place(j, Place::First(w));
         }
@@ -1025,6 +1084,13 @@ impl Scheduler {
         }
         if self.classes[class as usize].capable == 0 {
             self.make_unplaceable(j);
+            return;
+        }
+        if let Some(g) = self.job(j).gang {
+            // Gang members wait together, outside the locality queues.
+            let key = self.job(j).key;
+            self.job_mut(j).state = JobState::Queued(Stage::Gang);
+            self.gangs.get_mut(&g).expect("live gang").queued.insert((key, j));
             return;
         }
         let holders: Vec<WorkerIdx> =
@@ -1211,6 +1277,10 @@ impl Scheduler {
         if self.job(j).counted {
             self.queued_changed(j, false);
         }
+        if let (Some(g), JobState::Queued(Stage::Gang)) = (self.job(j).gang, self.job(j).state) {
+            let key = self.job(j).key;
+            self.gangs.get_mut(&g).expect("live gang").queued.remove(&(key, j));
+        }
         let job = self.jobs[j as usize].as_mut().expect("live job");
         let places = std::mem::take(&mut job.places);
         let (class, tenant, key) = (job.class, job.tenant, job.key);
@@ -1243,6 +1313,14 @@ impl Scheduler {
         let job = self.jobs[j as usize].take().expect("live job");
         self.job_index.remove(&job.id);
         self.free_jobs.push(j);
+        if let Some(g) = job.gang {
+            let gang = self.gangs.get_mut(&g).expect("live gang");
+            gang.members -= 1;
+            if gang.members == 0 {
+                let gang = self.gangs.remove(&g).expect("live gang");
+                self.gang_index.remove(&gang.id);
+            }
+        }
     }
 
     // ------------------------------------------------------------------
@@ -1433,6 +1511,9 @@ impl Scheduler {
         if self.quotas.dirty && self.quotas.active() {
             self.quotas.deserve(self.total);
         }
+        if !self.gangs.is_empty() {
+            self.place_gangs();
+        }
         if std::mem::take(&mut self.global_dirty) && self.global.len() > 0 {
             self.dirty.extend(self.hungry.iter().copied());
         }
@@ -1480,6 +1561,72 @@ impl Scheduler {
                 }
             }
         }
+    }
+
+    /// Places waiting gangs, oldest first. A gang that has not started is a
+    /// statement: each member is tentatively given a worker where it fits
+    /// now (taking that worker's resources and its queue's quota, so the
+    /// next member sees them taken); then, if at least `min` members found
+    /// one, every tentative placement becomes an assignment, else every one
+    /// is undone in reverse and nothing changed. A partial gang therefore
+    /// never holds resources, and two gangs cannot deadlock each other. The
+    /// members of a started gang are placed one by one as they fit.
+    fn place_gangs(&mut self) {
+        let ready: Vec<GangIdx> = self
+            .gangs
+            .iter()
+            .filter(|(_, g)| !g.queued.is_empty() && (g.started || g.queued.len() as u32 >= g.min))
+            .map(|(&g, _)| g)
+            .collect();
+        for g in ready {
+            let gang = &self.gangs[&g];
+            let need = if gang.started { 1 } else { gang.min };
+            let members: Vec<JobIdx> = gang.queued.iter().map(|&(_, j)| j).collect();
+            let mut statement: Vec<(WorkerIdx, JobIdx)> = Vec::new();
+            for j in members {
+                if let Some(w) = self.tentative_slot(j) {
+                    statement.push((w, j));
+                }
+            }
+            for &(w, j) in statement.iter().rev() {
+                self.undo_tentative(w, j);
+            }
+            if statement.len() as u32 >= need {
+                self.gangs.get_mut(&g).expect("live gang").started = true;
+                for (w, j) in statement {
+                    self.assign(w, j);
+                }
+            }
+        }
+    }
+
+    /// A worker where job `j` fits now, with its resources and its queue's
+    /// quota tentatively taken (see [`Self::undo_tentative`]).
+    fn tentative_slot(&mut self, j: JobIdx) -> Option<WorkerIdx> {
+        let job = self.job(j);
+        let (class, queue) = (job.class as usize, self.tenants[job.tenant as usize].queue);
+        let amounts = self.classes[class].amounts;
+        if self.quotas.active() && !self.quotas.admits(queue, amounts, false) {
+            return None;
+        }
+        let w = self.hungry.iter().copied().find(|&w| {
+            let worker = &self.workers[w as usize];
+            let reserved_key = worker.reserved.map(|r| &self.classes[self.job(r).class as usize].key);
+            worker.capable.get(class).copied().unwrap_or(false)
+                && worker.res.fits(&self.classes[class].key, reserved_key)
+        })?;
+        self.workers[w as usize].res.take(&self.classes[class].key);
+        self.quotas.charge(queue, |node| node.allocated.add(amounts));
+        Some(w)
+    }
+
+    /// Gives back what [`Self::tentative_slot`] took.
+    fn undo_tentative(&mut self, w: WorkerIdx, j: JobIdx) {
+        let job = self.job(j);
+        let (class, queue) = (job.class as usize, self.tenants[job.tenant as usize].queue);
+        let amounts = self.classes[class].amounts;
+        self.workers[w as usize].res.release(&self.classes[class].key);
+        self.quotas.charge(queue, |node| node.allocated.sub(amounts));
     }
 
     /// Chooses the next job for worker `w`: the queue order picks the queue,

@@ -154,6 +154,21 @@ pub struct JobSpec {
     /// ([`Config::tenant_queues`]), else the `default` queue.
     #[serde(default)]
     pub queue: Option<String>,
+    /// The gang it belongs to: it starts only together with enough of the
+    /// gang's other jobs.
+    #[serde(default)]
+    pub gang: Option<GangSpec>,
+}
+
+/// Membership of a gang: jobs that start all at once or not at all.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GangSpec {
+    /// Names the gang; unique per gang instance (the caller makes it so,
+    /// e.g. with the build's ID). Every member gives the same `min_available`.
+    pub id: String,
+    /// The gang starts once this many of its jobs can start at the same
+    /// moment (at least 1).
+    pub min_available: u32,
 }
 
 impl JobSpec {
@@ -170,6 +185,7 @@ impl JobSpec {
             path: 0,
             max_attempts: 3,
             queue: None,
+            gang: None,
         }
     }
 }

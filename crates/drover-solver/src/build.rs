@@ -246,6 +246,7 @@ impl Build {
             path: self.path[i as usize],
             max_attempts: def.retries.saturating_add(1),
             queue: self.queue.clone(),
+            gang: None,
         }
     }
 

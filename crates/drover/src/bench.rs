@@ -12,6 +12,9 @@
 //!   one alone: executions are counted by the jobs themselves.
 //! - `makespan`: random DAGs of `sleep` jobs (10 to 80 ms) on 2 workers with
 //!   2 slots each; the makespan against max(critical path, work / slots).
+//! - `queues`: three queues weighted 1:2:3, each kept busy by a build of
+//!   200 ms jobs, on 2 workers with 3 slots each; the slot-seconds each
+//!   queue received over a window, against its weight (Jain's index).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -53,6 +56,9 @@ pub(crate) async fn run(args: BenchArgs) -> Result<(), Failure> {
     }
     if all || args.scenario == Scenario::Makespan {
         rows.extend(makespan(dir.path()).await?);
+    }
+    if all || args.scenario == Scenario::Queues {
+        rows.extend(queues(dir.path(), args.seconds).await?);
     }
     println!("| benchmark | result | target |\n|---|---|---|");
     for row in rows {
@@ -367,4 +373,116 @@ async fn makespan(dir: &Path) -> Result<Vec<Row>, Failure> {
         target: "at most 1.10".into(),
     });
     Ok(rows)
+}
+
+/// Jain's fairness index of `x`: 1 when all are equal, 1/n at worst.
+fn jain(x: &[f64]) -> f64 {
+    let sum: f64 = x.iter().sum();
+    let squares: f64 = x.iter().map(|v| v * v).sum();
+    if squares == 0.0 { 1.0 } else { sum * sum / (x.len() as f64 * squares) }
+}
+
+async fn queues(dir: &Path, seconds: u64) -> Result<Vec<Row>, Failure> {
+    const WEIGHTS: [(&str, u32); 3] = [("light", 1), ("medium", 2), ("heavy", 3)];
+    const JOB_MS: u64 = 200;
+    const WARM_UP_MS: u64 = 2_000;
+    let (workers, slots) = (2u32, 3u32);
+    let total_slots = u64::from(workers * slots);
+    eprintln!("queues: 3 queues weighted 1:2:3 on {workers} workers x {slots} slots, {seconds} s ...");
+    let cluster = Embedded::start_with(&dir.join("queues-state"), workers, slots, |core| {
+        core.queues = WEIGHTS
+            .iter()
+            .map(|&(name, weight)| drover_core::QueueConfig {
+                name: name.into(),
+                weight,
+                ..drover_core::QueueConfig::default()
+            })
+            .collect();
+    })
+    .await?;
+    // Enough jobs that every queue could fill the whole cluster throughout.
+    let n = (total_slots * (WARM_UP_MS + seconds * 1000) / JOB_MS + total_slots) as usize;
+    let http = cluster.http();
+    let mut ids = Vec::new();
+    for (name, _) in WEIGHTS {
+        let jobs: Vec<_> = (0..n)
+            .map(|i| (format!("{name}{i}"), Vec::new(), format!("sleep 0.{JOB_MS:03}; : {name} {i}")))
+            .collect();
+        let loaded = build_file(dir, &format!("queues-{name}"), &jobs)?;
+        let options = client::Options {
+            tenant: name.into(),
+            no_cache: true,
+            on_error: drover_proto::OnError::Quit,
+            max_parallel: None,
+            queue: Some(name.into()),
+        };
+        ids.push(client::submit_loaded(&http, &cluster.url, &loaded, &options).await?);
+    }
+    // Follow the three builds; cancel them once the window is over.
+    let follow = futures::future::join_all(ids.iter().map(|&id| {
+        let http = http.clone();
+        let url = cluster.url.clone();
+        async move {
+            let mut events = Vec::new();
+            client::follow_events(&http, &url, id, 0, |e| events.push(e.clone())).await.map(|_| events)
+        }
+    }));
+    let stop = async {
+        tokio::time::sleep(Duration::from_millis(WARM_UP_MS + seconds * 1000 + 500)).await;
+        for &id in &ids {
+            let _ = http.post(&client::api(&cluster.url, &format!("/v1/builds/{id}/cancel"))).await;
+        }
+    };
+    let (followed, ()) = tokio::join!(follow, stop);
+    // Slot-milliseconds each queue held inside the window, as the
+    // coordinator saw its jobs start and end.
+    let mut runs = Vec::new();
+    for events in followed {
+        let events = events?;
+        let mut started = BTreeMap::new();
+        let mut held = Vec::new();
+        for e in &events {
+            match &e.kind {
+                EventKind::JobStarted { job, .. } => {
+                    started.insert(job.clone(), e.at);
+                }
+                EventKind::JobFinished { job, .. } | EventKind::JobCancelled { job, .. } => {
+                    if let Some(start) = started.remove(job) {
+                        held.push((start, e.at));
+                    }
+                }
+                _ => {}
+            }
+        }
+        runs.push(held);
+    }
+    let first = runs.iter().flatten().map(|r| r.0).min().unwrap_or(0);
+    let (from, to) = (first + WARM_UP_MS, first + WARM_UP_MS + seconds * 1000);
+    let delivered: Vec<f64> = runs
+        .iter()
+        .map(|held| held.iter().map(|&(a, b)| b.min(to).saturating_sub(a.max(from)) as f64).sum())
+        .collect();
+    let total: f64 = delivered.iter().sum();
+    let weight_sum: f64 = WEIGHTS.iter().map(|w| f64::from(w.1)).sum();
+    let ratios: Vec<f64> =
+        delivered.iter().zip(WEIGHTS).map(|(d, (_, w))| d / (total * f64::from(w) / weight_sum)).collect();
+    let share = |d: f64| format!("{:.1}%", 100.0 * d / total);
+    Ok(vec![
+        Row {
+            name: format!("queues 1:2:3 over {seconds} s, share of slot-seconds"),
+            value: format!(
+                "light {}, medium {}, heavy {} (entitled 16.7%, 33.3%, 50.0%); cluster {:.0}% busy",
+                share(delivered[0]),
+                share(delivered[1]),
+                share(delivered[2]),
+                100.0 * total / (total_slots as f64 * (to - from) as f64)
+            ),
+            target: String::new(),
+        },
+        Row {
+            name: "Jain's index of delivered / entitled".into(),
+            value: format!("{:.3}", jain(&ratios)),
+            target: "at least 0.95".into(),
+        },
+    ])
 }

@@ -278,6 +278,9 @@ pub(crate) enum Scenario {
     Share,
     /// Random DAGs of short `sleep` jobs: makespan against its lower bound.
     Makespan,
+    /// Three busy queues weighted 1:2:3: delivered slot-seconds against the
+    /// weights (Jain's index).
+    Queues,
 }
 
 #[derive(Debug, Args)]
@@ -294,4 +297,7 @@ pub(crate) struct BenchArgs {
     /// Jobs in the no-op rebuild.
     #[arg(long, default_value_t = 1_000)]
     pub(crate) noop: usize,
+    /// Seconds the queues benchmark measures over (after 2 s of warm-up).
+    #[arg(long, default_value_t = 60)]
+    pub(crate) seconds: u64,
 }

@@ -74,7 +74,7 @@ pub(crate) fn connect(remote: &Remote) -> Http {
     Http::new(remote.token.clone(), Duration::from_secs(60))
 }
 
-fn api(base: &str, path: &str) -> String {
+pub(crate) fn api(base: &str, path: &str) -> String {
     format!("{}{path}", base.trim_end_matches('/'))
 }
 

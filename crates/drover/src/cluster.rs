@@ -257,7 +257,18 @@ impl Embedded {
     /// `workers` workers with `slots` each (caches in `state/worker-N`), and
     /// waits until every worker has registered.
     pub(crate) async fn start(state: &Path, workers: u32, slots: u32) -> Result<Embedded, Failure> {
-        let coordinator = embedded_coordinator(state).await.map_err(Failure::Runtime)?;
+        Embedded::start_with(state, workers, slots, |_| {}).await
+    }
+
+    /// [`Embedded::start`], with the core's settings adjusted by `tune`
+    /// (queues, say).
+    pub(crate) async fn start_with(
+        state: &Path,
+        workers: u32,
+        slots: u32,
+        tune: impl FnOnce(&mut drover_core::Config),
+    ) -> Result<Embedded, Failure> {
+        let coordinator = embedded_coordinator(state, tune).await.map_err(Failure::Runtime)?;
         let url = coordinator.url();
         let mut started = Vec::new();
         for i in 1..=workers {
@@ -293,7 +304,10 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), Failure> {
     }
 }
 
-async fn embedded_coordinator(state: &Path) -> anyhow::Result<drover_coordinator::Coordinator> {
+async fn embedded_coordinator(
+    state: &Path,
+    tune: impl FnOnce(&mut drover_core::Config),
+) -> anyhow::Result<drover_coordinator::Coordinator> {
     let mut config = CoordinatorConfig::new(state.join("coordinator"));
     config.listen = ([127, 0, 0, 1], 0).into();
     // Local workers answer at once; a lost one is noticed quickly.
@@ -301,6 +315,7 @@ async fn embedded_coordinator(state: &Path) -> anyhow::Result<drover_coordinator
     // Every worker is on this machine: an artifact is as close to one as to
     // another, so locality is worth only a short wait.
     config.core.deps_timeout = drover_core::Millis(10);
+    tune(&mut config.core);
     drover_coordinator::start(config)
         .await
         .with_context(|| format!("cannot start the embedded coordinator in {}", state.display()))

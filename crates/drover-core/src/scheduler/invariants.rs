@@ -156,6 +156,36 @@ impl Scheduler {
         if in_queues != queued_places {
             return Err(format!("queues hold {in_queues} entries, jobs list {queued_places}"));
         }
+        // Gangs: members counted, waiting members listed, nothing else.
+        let mut members: BTreeMap<u32, (u32, usize)> = BTreeMap::new();
+        for (j, job) in self.jobs.iter().enumerate() {
+            let Some(job) = job else { continue };
+            let waiting = job.state == JobState::Queued(Stage::Gang);
+            match job.gang {
+                Some(g) => {
+                    let gang = self.gangs.get(&g).ok_or("a job names a gang that is gone")?;
+                    let entry = members.entry(g).or_default();
+                    entry.0 += 1;
+                    if waiting {
+                        entry.1 += 1;
+                        if !gang.queued.contains(&(job.key, j as u32)) || !job.places.is_empty() {
+                            return Err(format!("gang member {} waits outside its gang", job.id));
+                        }
+                    }
+                }
+                None if waiting => return Err(format!("job {} waits for a gang it is not in", job.id)),
+                None => {}
+            }
+        }
+        for (g, gang) in &self.gangs {
+            let (live, waiting) = members.get(g).copied().unwrap_or_default();
+            if gang.members != live
+                || gang.queued.len() != waiting
+                || self.gang_index.get(&gang.id) != Some(g)
+            {
+                return Err(format!("gang {} does not match its jobs", gang.id));
+            }
+        }
         // Each queue's order holds exactly its tenants with queued entries,
         // each under its current key.
         placed.retain(|_, n| *n > 0);

@@ -18,7 +18,8 @@
 //! at 50                    move the clock to 50 (fires due timers)
 //! resume 50               the shell was down until 50: deadlines shift
 //! schedule j1 tenant=a waiter=1 deps=d1 cpu=1000 mem=1Gi tokens=network:1
-//!          exclusive=network labels=os:linux priority=5 attempts=2
+//!          exclusive=network labels=os:linux priority=5 attempts=2 queue=q1
+//!          gang=shards:4            (gang ID and min_available)
 //! cancel j1 waiter=1
 //! start j1 | exit j1 ok|fail=CODE|cached   (the job's latest run)
 //! heartbeat w1 | leave w1 | add w1 a,b | evict w1 a,b | lose-run j1
@@ -30,7 +31,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use drover_core::{
-    Capacity, Completion, Config, Decision, Event, JobId, JobResult, JobSpec, JobStatus, Millis,
+    Capacity, Completion, Config, Decision, Event, GangSpec, JobId, JobResult, JobSpec, JobStatus, Millis,
     QueueAmounts, QueueConfig, QueueLimits, QueueName, RunId, Scheduler, TimerKind, WaiterId, WorkerId,
 };
 
@@ -153,6 +154,10 @@ impl Runner {
                 spec.priority = get("priority").map_or(0, |v| v.parse().expect("priority"));
                 spec.max_attempts = get("attempts").map_or(3, |v| v.parse().expect("attempts"));
                 spec.queue = get("queue").map(str::to_owned);
+                spec.gang = get("gang").map(|g| {
+                    let (id, min) = g.split_once(':').expect("gang=ID:MIN");
+                    GangSpec { id: id.to_owned(), min_available: min.parse().expect("min_available") }
+                });
                 let waiter = WaiterId(get("waiter").map_or(1, |v| v.parse().expect("waiter")));
                 self.event(Event::Schedule { spec, waiter }, &mut out);
             }
@@ -459,6 +464,8 @@ scenarios!(
     queue_guarantee,
     queue_hierarchy,
     job_order,
+    gangs,
+    gangs_competing,
 );
 
 /// Draws of one worker between its second queue and the global queue: returns
