@@ -1,5 +1,6 @@
 //! Cross-job checks and ordering: unique names, known `needs`, no
 //! self-dependency, no dependency cycle (each cycle named, `a -> b -> a`),
+//! gangs whose members agree and do not wait for each other,
 //! and the topological order jobs are returned in (dependencies first, ties in
 //! file order).
 
@@ -46,6 +47,8 @@ pub(crate) fn check(jobs: &[JobSpec], diags: &mut Diagnostics) -> Vec<Vec<usize>
         }
     }
 
+    check_gangs(jobs, &edges, diags);
+
     for cycle in cycles(&edges) {
         let names: Vec<&str> = cycle.iter().map(|&i| jobs[i].label().unwrap_or("?")).collect();
         let first = &jobs[cycle[0]];
@@ -56,6 +59,70 @@ pub(crate) fn check(jobs: &[JobSpec], diags: &mut Diagnostics) -> Vec<Vec<usize>
         );
     }
     edges
+}
+
+/// Members of one gang give the same `min_available` and `on_failure`, at
+/// most as many as they are, and none needs another, even indirectly: a
+/// gang's members start at the same moment.
+fn check_gangs(jobs: &[JobSpec], edges: &[Vec<usize>], diags: &mut Diagnostics) {
+    let mut gangs: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    for (i, job) in jobs.iter().enumerate() {
+        if let Some(gang) = &job.gang {
+            gangs.entry(gang.name.as_str()).or_default().push(i);
+        }
+    }
+    for (name, members) in &gangs {
+        let first = jobs[members[0]].gang.as_ref().expect("member");
+        // Unset means the default: all the gang's jobs, and "fail".
+        let settings = |g: &crate::schema::GangSpec| {
+            (g.min_available.unwrap_or(members.len() as u32), g.restart.unwrap_or(false))
+        };
+        for &m in &members[1..] {
+            let gang = jobs[m].gang.as_ref().expect("member");
+            if settings(gang) != settings(first) {
+                diags.push(
+                    Some(gang.line),
+                    jobs[m].label(),
+                    format!(
+                        "gang {name:?}: min_available and on_failure differ from job {:?} (line {})",
+                        jobs[members[0]].label().unwrap_or("?"),
+                        first.line
+                    ),
+                );
+            }
+        }
+        if let Some(min) = first.min_available
+            && min as usize > members.len()
+        {
+            diags.push(
+                Some(first.line),
+                jobs[members[0]].label(),
+                format!("gang {name:?}: min_available is {min} but it has {} job(s)", members.len()),
+            );
+        }
+        for &m in members {
+            // Everything m needs, directly or not.
+            let mut seen = vec![false; jobs.len()];
+            let mut stack: Vec<usize> = edges[m].clone();
+            while let Some(d) = stack.pop() {
+                if std::mem::replace(&mut seen[d], true) {
+                    continue;
+                }
+                if members.contains(&d) {
+                    diags.push(
+                        Some(jobs[m].gang.as_ref().expect("member").line),
+                        jobs[m].label(),
+                        format!(
+                            "gang {name:?}: needs {:?}, another job of the gang (its jobs start together)",
+                            jobs[d].label().unwrap_or("?")
+                        ),
+                    );
+                    break;
+                }
+                stack.extend(edges[d].iter().copied());
+            }
+        }
+    }
 }
 
 /// One cycle per strongly connected component with more than one job: the

@@ -9,6 +9,11 @@
 //! prefixed by its byte length and every list by its length, and integers
 //! are fixed-width little-endian, so no two different jobs share an encoding.
 //!
+//! A gang member's ID also hashes the gang's name, `min_available` and
+//! `on_failure` (after the dependencies, under a `gang` tag; jobs outside a
+//! gang hash nothing there, so their IDs are unchanged): a job is shared
+//! across builds only with the same job of an identical gang.
+//!
 //! Not hashed: the job's own name, the build name, priority, timeout, retries
 //! and the line; so the same job in another file, or renamed, keeps its ID.
 //! Any change to this encoding must change the version tag.
@@ -34,6 +39,7 @@ pub(crate) struct JobKey<'a> {
     pub(crate) sources: Vec<&'a SourceFile>,
     /// `(dependency name, dependency id)`, in any order.
     pub(crate) deps: Vec<(&'a str, Digest)>,
+    pub(crate) gang: Option<&'a crate::Gang>,
 }
 
 impl JobKey<'_> {
@@ -91,6 +97,13 @@ impl JobKey<'_> {
             out.str(name);
             out.0.update(&id.0);
         }
+
+        if let Some(gang) = self.gang {
+            out.str("gang");
+            out.str(&gang.name);
+            out.u64(u64::from(gang.min_available));
+            out.0.update(&[u8::from(gang.restart)]);
+        }
         out.0.finalize().into()
     }
 }
@@ -144,6 +157,7 @@ mod tests {
             exclusive: &exclusive,
             labels: &labels,
             sources: vec![&source],
+            gang: None,
             deps: vec![("lib", dep_id)],
         };
 
@@ -196,6 +210,7 @@ mod tests {
                 exclusive: &[],
                 labels: &empty,
                 sources: Vec::new(),
+                gang: None,
                 deps: Vec::new(),
             }
             .id()

@@ -32,6 +32,9 @@
 //!     priority: 0
 //!     timeout: 10m
 //!     retries: 1
+//!   - name: shard-1
+//!     run: ["./test --shard 1/2"]
+//!     gang: {name: shards, min_available: 2, on_failure: restart}
 //! ```
 
 mod digest;
@@ -134,8 +137,23 @@ pub struct Job {
     pub timeout_ms: Option<u64>,
     /// Reruns allowed after losing a worker under the job (default 1).
     pub retries: u32,
+    /// The gang it belongs to, if any.
+    pub gang: Option<Gang>,
     /// Line of the build file where the job starts.
     pub line: usize,
+}
+
+/// A gang: jobs of one build that start together or not at all.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gang {
+    /// Unique within the build.
+    pub name: String,
+    /// How many of its jobs must be able to start at the same moment
+    /// (default: all of them).
+    pub min_available: u32,
+    /// When a job of the started gang fails: rerun the whole gang (`true`)
+    /// or fail like any job (`false`, the default).
+    pub restart: bool,
 }
 
 /// The formats a build file can be written in.
@@ -281,6 +299,24 @@ fn resolve_jobs(
     sources: &[SourceFile],
 ) -> Vec<Job> {
     let names: Vec<String> = specs.iter().map(|spec| spec.label().unwrap_or_default().to_owned()).collect();
+    // Each gang's settings; `min_available` defaults to all its jobs.
+    let mut sizes: BTreeMap<&str, u32> = BTreeMap::new();
+    for spec in &specs {
+        if let Some(g) = &spec.gang {
+            *sizes.entry(g.name.as_str()).or_default() += 1;
+        }
+    }
+    let gangs: Vec<Option<Gang>> = specs
+        .iter()
+        .map(|spec| {
+            let g = spec.gang.as_ref()?;
+            Some(Gang {
+                name: g.name.clone(),
+                min_available: g.min_available.unwrap_or(sizes[g.name.as_str()]),
+                restart: g.restart.unwrap_or(false),
+            })
+        })
+        .collect();
     let mut pending: Vec<Option<(JobSpec, Option<Vec<String>>)>> =
         specs.into_iter().zip(inputs).map(Some).collect();
     let mut ids: Vec<Option<Digest>> = vec![None; pending.len()];
@@ -308,6 +344,7 @@ fn resolve_jobs(
             labels: &spec.labels,
             sources: seen,
             deps,
+            gang: gangs[i].as_ref(),
         }
         .id();
         ids[i] = Some(id);
@@ -326,6 +363,7 @@ fn resolve_jobs(
             priority: spec.priority,
             timeout_ms: spec.timeout_ms,
             retries: spec.retries,
+            gang: gangs[i].clone(),
             line: spec.line,
         });
     }

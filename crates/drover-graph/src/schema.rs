@@ -27,8 +27,10 @@ const JOB_KEYS: &[&str] = &[
     "priority",
     "timeout",
     "retries",
+    "gang",
 ];
 const RESOURCE_KEYS: &[&str] = &["cpu", "memory", "tokens"];
+const GANG_KEYS: &[&str] = &["name", "min_available", "on_failure"];
 
 /// Default CPU request: one core.
 const DEFAULT_CPU_MILLIS: u64 = 1000;
@@ -72,6 +74,16 @@ pub(crate) struct JobSpec {
     pub(crate) priority: i32,
     pub(crate) timeout_ms: Option<u64>,
     pub(crate) retries: u32,
+    pub(crate) gang: Option<GangSpec>,
+}
+
+/// A job's `gang:` as written.
+#[derive(Debug, Clone)]
+pub(crate) struct GangSpec {
+    pub(crate) name: String,
+    pub(crate) min_available: Option<u32>,
+    pub(crate) restart: Option<bool>,
+    pub(crate) line: usize,
 }
 
 impl JobSpec {
@@ -280,6 +292,7 @@ fn job_spec(node: &Node, diags: &mut Diagnostics) -> Option<JobSpec> {
         priority: 0,
         timeout_ms: None,
         retries: DEFAULT_RETRIES,
+        gang: None,
     };
 
     match fields.get("name") {
@@ -380,7 +393,45 @@ fn job_spec(node: &Node, diags: &mut Diagnostics) -> Option<JobSpec> {
     if let Some(value) = fields.get("retries") {
         job.retries = cx.int(value, "retries", 0, u32::MAX.into()).unwrap_or(DEFAULT_RETRIES);
     }
+    if let Some(value) = fields.get("gang")
+        && let Some(entries) = cx.map(value, "gang")
+    {
+        job.gang = gang(&mut cx, entries, value.line);
+    }
     Some(job)
+}
+
+/// `gang: {name: shards, min_available: 4, on_failure: fail|restart}`.
+fn gang(cx: &mut Cx<'_>, entries: &[Entry], line: usize) -> Option<GangSpec> {
+    let fields = cx.fields(entries, GANG_KEYS, " in gang");
+    let name = match fields.get("name") {
+        None => {
+            cx.error(line, "\"gang\" needs a \"name\"");
+            None
+        }
+        Some(node) => cx.string(node, "gang.name").filter(|name| {
+            let ok = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+            if !ok {
+                cx.error(node.line, format!("gang name {name:?} must be letters, digits, '.', '_' or '-'"));
+            }
+            ok
+        }),
+    };
+    let min_available =
+        fields.get("min_available").and_then(|node| cx.int(node, "gang.min_available", 1, u32::MAX.into()));
+    let restart =
+        fields.get("on_failure").and_then(|node| match cx.string(node, "gang.on_failure")?.as_str() {
+            "fail" => Some(false),
+            "restart" => Some(true),
+            other => {
+                cx.error(
+                    node.line,
+                    format!("gang.on_failure must be \"fail\" or \"restart\", not {other:?}"),
+                );
+                None
+            }
+        });
+    Some(GangSpec { name: name?, min_available, restart, line })
 }
 
 /// `run`: a string or a non-empty list of strings, none of them empty.

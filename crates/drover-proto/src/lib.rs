@@ -141,6 +141,23 @@ pub struct JobDef {
     /// The source paths this job sees (`None`: all of the build's sources).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inputs: Option<Vec<String>>,
+    /// The gang it belongs to: it starts only together with enough of the
+    /// gang's other jobs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gang: Option<GangDef>,
+}
+
+/// A gang of a build: jobs that start all at once or not at all.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GangDef {
+    /// Unique within the build.
+    pub name: String,
+    /// How many of its jobs must be able to start at the same moment.
+    pub min_available: u32,
+    /// When one of its jobs fails: rerun the whole gang (up to 3 times)
+    /// instead of failing.
+    #[serde(default)]
+    pub restart: bool,
 }
 
 /// A build, as submitted.

@@ -14,6 +14,21 @@ const DEFAULT_DURATION_MS: u64 = 1_000;
 
 /// Most jobs one build may have.
 const MAX_JOBS: usize = 1_000_000;
+/// Most times a gang with `on_failure: restart` is rerun.
+pub(crate) const MAX_GANG_RESTARTS: u32 = 3;
+
+/// What a gang restart does: the core waiters to cancel, and the members
+/// to schedule again.
+pub(crate) type GangRestart = (Vec<(JobId, WaiterId)>, Vec<u32>);
+
+/// A gang of the build and its restarts so far.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct GangRec {
+    members: Vec<u32>,
+    min_available: u32,
+    restart: bool,
+    restarts: u32,
+}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct JobRec {
@@ -53,6 +68,61 @@ pub(crate) struct Build {
     /// A job failed: nothing new starts.
     stopping: bool,
     pub(crate) events: Vec<BuildEvent>,
+    gangs: BTreeMap<String, GangRec>,
+    /// Jobs rerun by a gang restart: they run even when a result is cached.
+    rerun: std::collections::BTreeSet<u32>,
+}
+
+/// The build's gangs, checked: members agree on their settings, there are
+/// at least `min_available` of them, and none needs another, even through
+/// other jobs (they start together).
+fn gangs(jobs: &[JobDef], index: &BTreeMap<String, u32>) -> Result<BTreeMap<String, GangRec>, String> {
+    let mut gangs: BTreeMap<String, GangRec> = BTreeMap::new();
+    for (i, job) in jobs.iter().enumerate() {
+        let Some(g) = &job.gang else { continue };
+        if !valid_name(&g.name) {
+            return Err(format!(
+                "job {:?}: gang name {:?} must be letters, digits, '.', '_' or '-'",
+                job.name, g.name
+            ));
+        }
+        let rec = gangs.entry(g.name.clone()).or_insert_with(|| GangRec {
+            members: Vec::new(),
+            min_available: g.min_available,
+            restart: g.restart,
+            restarts: 0,
+        });
+        if (rec.min_available, rec.restart) != (g.min_available, g.restart) {
+            return Err(format!("gang {:?}: its jobs disagree on min_available or on_failure", g.name));
+        }
+        rec.members.push(i as u32);
+    }
+    for (name, rec) in &gangs {
+        if rec.min_available == 0 || rec.min_available as usize > rec.members.len() {
+            return Err(format!(
+                "gang {name:?}: min_available must be from 1 to its {} job(s), not {}",
+                rec.members.len(),
+                rec.min_available
+            ));
+        }
+        for &m in &rec.members {
+            let mut seen = vec![false; jobs.len()];
+            let mut stack: Vec<u32> = jobs[m as usize].needs.iter().map(|n| index[n]).collect();
+            while let Some(d) = stack.pop() {
+                if std::mem::replace(&mut seen[d as usize], true) {
+                    continue;
+                }
+                if rec.members.contains(&d) {
+                    return Err(format!(
+                        "gang {name:?}: job {:?} needs {:?}, another job of the gang",
+                        jobs[m as usize].name, jobs[d as usize].name
+                    ));
+                }
+                stack.extend(jobs[d as usize].needs.iter().map(|n| index[n]));
+            }
+        }
+    }
+    Ok(gangs)
 }
 
 fn valid_name(name: &str) -> bool {
@@ -130,6 +200,7 @@ impl Build {
             }
             pending.push(job.needs.len() as u32);
         }
+        let gangs = gangs(&spec.jobs, &index)?;
         let tenant = if req.tenant.is_empty() { "default".to_owned() } else { req.tenant };
         let jobs = vec![
             JobRec {
@@ -172,6 +243,8 @@ impl Build {
             cancelled: false,
             stopping: false,
             events: Vec::new(),
+            gangs,
+            rerun: std::collections::BTreeSet::new(),
         };
         build.event(now, EventKind::BuildQueued { jobs: build.jobs.len() });
         Ok(build)
@@ -194,9 +267,48 @@ impl Build {
         self.def(self.index[name])
     }
 
-    /// Should its jobs ignore cached results?
-    pub(crate) fn no_cache(&self) -> bool {
-        self.no_cache
+    /// Should job `i` ignore cached results (the build's choice, or a gang
+    /// restart)?
+    pub(crate) fn must_run(&self, i: u32) -> bool {
+        self.no_cache || self.rerun.contains(&i)
+    }
+
+    /// After gang member `i` failed: if its gang restarts on failure and
+    /// has restarts left, every member goes back to the queue (cancelling
+    /// those the core holds) and runs again, cache or not. Returns the core
+    /// waiters to cancel and the members to schedule; `None` if the failure
+    /// stands.
+    pub(crate) fn restart_gang(&mut self, i: u32, now: Millis) -> Option<GangRestart> {
+        let name = self.def(i).gang.as_ref()?.name.clone();
+        let gang = self.gangs.get_mut(&name)?;
+        if !gang.restart || gang.restarts >= MAX_GANG_RESTARTS || self.stopping || self.cancelled {
+            return None;
+        }
+        gang.restarts += 1;
+        let members = gang.members.clone();
+        let mut cancel = Vec::new();
+        let mut again = Vec::new();
+        for m in members {
+            if let Some(w) = self.take_waiter(m) {
+                cancel.push((JobId::from(self.spec.jobs[m as usize].id), w));
+            }
+            let rec = &mut self.jobs[m as usize];
+            if rec.state == JobState::Queued && self.pending[m as usize] > 0 {
+                continue; // not started yet: it will join the new gang when ready
+            }
+            rec.state = JobState::Queued;
+            rec.exit_code = None;
+            rec.detail.clear();
+            let attempts = rec.attempts;
+            self.rerun.insert(m);
+            let job = self.name_of(m);
+            self.event(now, EventKind::JobRequeued { job, attempts });
+            if self.pending[m as usize] == 0 {
+                again.push(m);
+            }
+        }
+        self.order(&mut again);
+        Some((cancel, again))
     }
 
     /// The sources job `i` sees.
@@ -246,7 +358,16 @@ impl Build {
             path: self.path[i as usize],
             max_attempts: def.retries.saturating_add(1),
             queue: self.queue.clone(),
-            gang: None,
+            gang: def.gang.as_ref().map(|g| {
+                let rec = &self.gangs[&g.name];
+                // Members that already succeeded (from the cache, say) will
+                // not come to the core: the gang waits only for the others.
+                let open = rec.members.iter().filter(|&&m| !self.jobs[m as usize].state.is_success()).count();
+                drover_core::GangSpec {
+                    id: format!("{}/{}#{}", self.id, g.name, rec.restarts),
+                    min_available: rec.min_available.min(open as u32).max(1),
+                }
+            }),
         }
     }
 

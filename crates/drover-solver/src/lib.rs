@@ -433,7 +433,7 @@ impl Solver {
     fn schedule(&mut self, build: u64, job: u32) {
         let b = &self.builds[&build];
         let id = JobId::from(b.def(job).id);
-        if !b.no_cache() && self.outputs.contains_key(&id) && self.core.locate_artifact(&id).is_some() {
+        if !b.must_run(job) && self.outputs.contains_key(&id) && self.core.locate_artifact(&id).is_some() {
             self.cache_hits.push((build, job));
             return;
         }
@@ -492,7 +492,7 @@ impl Solver {
                 }
                 if let Some(&(b, i)) = waiters.first() {
                     let mut assignment = self.assignment(b, i, run.0, attempt);
-                    assignment.no_cache = waiters.iter().any(|(b, _)| self.builds[b].no_cache());
+                    assignment.no_cache = waiters.iter().any(|&(b, i)| self.builds[&b].must_run(i));
                     self.effects.push(Effect::Assign { worker: worker.0, assignment: Box::new(assignment) });
                 }
             }
@@ -533,6 +533,15 @@ impl Solver {
         if state.is_success() {
             for d in build.unblocked_by(i) {
                 self.schedule(b, d);
+            }
+        } else if let Some((cancel, again)) = build.restart_gang(i, self.now) {
+            // A gang that restarts on failure runs again, whole.
+            for (job, waiter) in cancel {
+                self.waiters.remove(&waiter);
+                let _ = self.core.handle(self.now, Event::Cancel { job, waiter });
+            }
+            for m in again {
+                self.schedule(b, m);
             }
         } else {
             // The build's on-error policy decides what else stops.

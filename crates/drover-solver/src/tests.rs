@@ -29,6 +29,7 @@ fn job(name: &str, needs: &[&str]) -> JobDef {
         timeout_ms: None,
         retries: 1,
         inputs: None,
+        gang: None,
     }
 }
 
@@ -737,6 +738,79 @@ mod random {
         #[test]
         fn cancels_stop_only_unneeded_work_and_survivors_complete(u in universe(), program in ops()) {
             run(&u, &program);
+        }
+    }
+}
+
+fn in_gang(mut def: JobDef, name: &str, min_available: u32, restart: bool) -> JobDef {
+    def.gang = Some(drover_proto::GangDef { name: name.into(), min_available, restart });
+    def
+}
+
+#[test]
+fn a_gang_starts_together_and_restarts_whole_when_a_member_fails() {
+    let mut h = Harness::new();
+    let w = worker_id(h.input(register("w1", 2, vec![])));
+    build_id(h.input(submit(vec![job("blocker", &[])])));
+    h.later();
+    let first = h.assigned();
+    assert_eq!(first.iter().map(|a| a.2.as_str()).collect::<Vec<_>>(), ["blocker"]);
+    let b = build_id(h.input(submit(vec![
+        in_gang(job("s1", &[]), "pair", 2, true),
+        in_gang(job("s2", &[]), "pair", 2, true),
+    ])));
+    h.later();
+    // One slot is left beside the blocker: the pair waits, holding nothing.
+    assert!(h.assigned().is_empty());
+    h.report(w, Report { finished: vec![ok(first[0].1, "blocker")], ..Report::default() });
+    let pair = h.assigned();
+    let mut names: Vec<&str> = pair.iter().map(|a| a.2.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["s1", "s2"], "both start in one step");
+    // s1 succeeds, s2 fails: the gang restarts, both run again.
+    let run = |name: &str| pair.iter().find(|a| a.2 == name).map(|a| a.1).expect("assigned");
+    h.report(w, Report { finished: vec![ok(run("s1"), "s1")], ..Report::default() });
+    assert!(h.assigned().is_empty());
+    h.report(w, Report { finished: vec![failed(run("s2"), 1)], ..Report::default() });
+    let again = h.assigned();
+    let mut names: Vec<&str> = again.iter().map(|a| a.2.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["s1", "s2"], "the whole gang runs again, s1 despite its cached result");
+    for (_, run, name) in &again {
+        h.report(w, Report { finished: vec![ok(*run, name)], ..Report::default() });
+    }
+    assert_eq!(h.solver.build_status(b).expect("build").state, BuildState::Succeeded);
+    let (events, _) = h.solver.events(b, 0).expect("events");
+    let requeued = events.iter().filter(|e| matches!(e.kind, EventKind::JobRequeued { .. })).count();
+    assert_eq!(requeued, 2, "both members were requeued by the restart");
+}
+
+#[test]
+fn a_gang_that_fails_without_restart_fails_the_build_and_bad_gangs_are_refused() {
+    let mut h = Harness::new();
+    let w = worker_id(h.input(register("w1", 2, vec![])));
+    let b = build_id(h.input(submit(vec![
+        in_gang(job("s1", &[]), "pair", 2, false),
+        in_gang(job("s2", &[]), "pair", 2, false),
+    ])));
+    h.later();
+    let pair = h.assigned();
+    assert_eq!(pair.len(), 2);
+    h.report(w, Report { finished: vec![failed(pair[0].1, 1)], ..Report::default() });
+    h.report(w, Report { finished: vec![ok(pair[1].1, &pair[1].2)], ..Report::default() });
+    assert_eq!(h.solver.build_status(b).expect("build").state, BuildState::Failed);
+
+    for (jobs, why) in [
+        (vec![in_gang(job("a", &[]), "g", 3, false), in_gang(job("b", &[]), "g", 3, false)], "min_available"),
+        (
+            vec![in_gang(job("a", &[]), "g", 2, false), in_gang(job("b", &["a"]), "g", 2, false)],
+            "another job of the gang",
+        ),
+        (vec![in_gang(job("a", &[]), "g", 1, false), in_gang(job("b", &[]), "g", 2, false)], "disagree"),
+    ] {
+        match h.input(submit(jobs)) {
+            Err(SolverError::InvalidBuild(msg)) => assert!(msg.contains(why), "{msg}"),
+            other => panic!("expected a refusal ({why}), got {other:?}"),
         }
     }
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, anyhow};
 use drover_http::{Http, HttpError};
 use drover_proto::{
-    ArtifactLocation, BuildEvent, BuildSpec, BuildState, BuildStatus, EventKind, Hash32, JobDef,
+    ArtifactLocation, BuildEvent, BuildSpec, BuildState, BuildStatus, EventKind, GangDef, Hash32, JobDef,
     MissingReply, MissingRequest, OnError, QueueAmounts, QueueView, SourceFile, SubmitReply, SubmitRequest,
     WorkerStatus,
 };
@@ -63,6 +63,11 @@ pub(crate) fn load(file: &Path) -> Result<Loaded, Failure> {
                 timeout_ms: j.timeout_ms,
                 retries: j.retries,
                 inputs: j.inputs.clone(),
+                gang: j.gang.as_ref().map(|g| GangDef {
+                    name: g.name.clone(),
+                    min_available: g.min_available,
+                    restart: g.restart,
+                }),
             })
             .collect(),
     };

@@ -29,7 +29,7 @@ jobs:
                 7,
                 Some("a"),
                 "unknown key \"frobnicate\" in job (expected one of: name, run, env, needs, inputs, \
-                 resources, exclusive, labels, priority, timeout, retries)"
+                 resources, exclusive, labels, priority, timeout, retries, gang)"
             ),
         ]
     );
@@ -572,7 +572,7 @@ jobs:
             "drover.yaml:6: job \"app\": invalid memory \"5 apples\": expected a size like 1024, 512Mi, 1Gi, 100M or 2G",
             "drover.yaml:9: job \"lib\": invalid timeout \"soon\": expected a duration like 500ms, 30s, 10m, 1h or 1h30m",
             "drover.yaml:10: job \"lib\": unknown key \"colour\" in job (expected one of: name, run, env, needs, \
-             inputs, resources, exclusive, labels, priority, timeout, retries)",
+             inputs, resources, exclusive, labels, priority, timeout, retries, gang)",
             "drover.yaml:11: job \"app\": duplicate job name \"app\" (first defined at line 3)",
         ]
     );
@@ -615,4 +615,59 @@ fn unreadable_source_directory_is_an_io_error() {
         Err(GraphError::Io { path, .. }) => assert_eq!(path, root),
         other => panic!("expected an I/O error, got {other:?}"),
     }
+}
+
+#[test]
+fn gang_rules() {
+    let dir = Dir::new();
+    let yaml = "\
+jobs:
+  - name: a
+    run: x
+    gang: {name: shards, min_available: 3}
+  - name: b
+    run: x
+    needs: [c]
+    gang: {name: shards, min_available: 3}
+  - name: c
+    run: x
+    needs: [a]
+  - name: d
+    run: x
+    gang: {name: pair, min_available: 1, on_failure: restart}
+  - name: e
+    run: x
+    gang: {name: pair, min_available: 2, on_failure: sometimes}
+  - name: f
+    run: x
+    gang: {min_available: 1}
+";
+    assert_eq!(
+        dir.errors(yaml),
+        [
+            at(4, Some("a"), "gang \"shards\": min_available is 3 but it has 2 job(s)"),
+            at(
+                8,
+                Some("b"),
+                "gang \"shards\": needs \"a\", another job of the gang (its jobs start together)"
+            ),
+            at(17, Some("e"), "gang.on_failure must be \"fail\" or \"restart\", not \"sometimes\""),
+            at(17, Some("e"), "gang \"pair\": min_available and on_failure differ from job \"d\" (line 14)"),
+            at(20, Some("f"), "\"gang\" needs a \"name\""),
+        ]
+    );
+}
+
+#[test]
+fn a_gang_defaults_to_all_its_jobs_and_changes_their_ids() {
+    let dir = Dir::new();
+    let plain = dir.parse("jobs:\n  - name: a\n    run: x\n  - name: b\n    run: y\n");
+    let ganged = dir.parse(
+        "jobs:\n  - name: a\n    run: x\n    gang: {name: g}\n  - name: b\n    run: y\n    gang: {name: g, on_failure: fail}\n",
+    );
+    let gang = ganged.jobs[0].gang.clone().expect("in a gang");
+    assert_eq!((gang.name.as_str(), gang.min_available, gang.restart), ("g", 2, false));
+    assert_eq!(ganged.jobs[1].gang, Some(gang));
+    assert_ne!(plain.jobs[0].id, ganged.jobs[0].id, "a gang member is not the same job as a plain one");
+    assert_eq!(plain.jobs[0].gang, None);
 }

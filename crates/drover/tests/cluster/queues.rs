@@ -100,3 +100,41 @@ fn a_bad_queue_config_stops_the_coordinator_with_every_problem() {
         assert!(err.contains(problem), "missing {problem:?} in {err}");
     }
 }
+
+#[test]
+fn a_gang_waits_for_room_for_all_its_jobs_then_starts_them_together() {
+    let mut cluster = Cluster::new();
+    // A job takes one CPU by default: give the worker enough for all four.
+    cluster.add_worker("w1", 3, &["--cpu", "8"]);
+    let gate = cluster.scratch("gate");
+    let blocker = cluster.project(
+        "blocker",
+        &format!("jobs:\n  - name: hold\n    run: \"while [ ! -e {gate} ]; do sleep 0.05; done\"\n"),
+        &[],
+    );
+    let blocker = cluster.submit(&blocker);
+    eventually("the blocker running", || (cluster.status(blocker)["state"] == "running").then_some(()));
+    // Three jobs that each wait until all three have started: they finish
+    // only if they run at the same time.
+    let marks = cluster.scratch("marks");
+    std::fs::create_dir_all(&marks).expect("marks dir");
+    let job = |i: u32| {
+        format!(
+            "  - name: shard{i}\n    run: \"touch {marks}/{i}; until [ -e {marks}/1 ] && [ -e {marks}/2 ] && [ -e {marks}/3 ]; do sleep 0.05; done\"\n    gang: {{name: shards, min_available: 3}}\n"
+        )
+    };
+    let gang = cluster.project("gang", &format!("jobs:\n{}{}{}", job(1), job(2), job(3)), &[]);
+    let gang = cluster.submit(&gang);
+    // Two slots are free beside the blocker, not three: nothing of the gang
+    // starts (the decision is made when the build is submitted).
+    let status = cluster.status(gang);
+    for i in 1..=3 {
+        assert_eq!(crate::harness::job(&status, &format!("shard{i}"))["state"], "queued", "{status}");
+    }
+    std::fs::write(&gate, "").expect("open the gate");
+    let done = eventually("the gang build to finish", || {
+        let status = cluster.status(gang);
+        matches!(status["state"].as_str(), Some("succeeded" | "failed")).then_some(status)
+    });
+    assert_eq!(done["state"], "succeeded", "{done}");
+}
