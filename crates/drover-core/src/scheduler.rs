@@ -479,6 +479,77 @@ impl Scheduler {
         Some(JobView { status, waiters: job.waiters.clone(), attempts: job.attempts })
     }
 
+    /// Why a queued job is not running yet, for people: its gang is
+    /// incomplete, its queue is at its capability, it waits for the workers
+    /// holding its inputs, no worker has room for it now, or it waits its
+    /// turn. `None` for a job that is not queued.
+    pub fn waiting_reason(&self, id: &JobId) -> Option<String> {
+        let j = *self.job_index.get(id)?;
+        let job = self.job(j);
+        let class = &self.classes[job.class as usize];
+        let queue = self.tenants[job.tenant as usize].queue;
+        let queue_name = &self.quotas.nodes[queue as usize].name;
+        let stage = match job.state {
+            JobState::Queued(stage) => stage,
+            JobState::Unplaceable => return Some(self.unplaceable_reason(job.class)),
+            JobState::Assigned(_) | JobState::Running(_) => return None,
+        };
+        if let Some(g) = job.gang {
+            let gang = &self.gangs[&g];
+            if !gang.started {
+                return Some(format!(
+                    "its gang needs {} of its jobs to start at once; {} ready, waiting for room for them",
+                    gang.min,
+                    gang.queued.len()
+                ));
+            }
+        }
+        if self.quotas.active() && !self.quotas.admits(queue, class.amounts, false) {
+            return Some(format!("queue {queue_name} is at its capability"));
+        }
+        let holders = |ids: &mut dyn Iterator<Item = &JobId>| -> Vec<String> {
+            let mut names: Vec<String> = ids
+                .filter_map(|a| self.holders.get(a))
+                .flatten()
+                .map(|&w| self.workers[w as usize].name.clone())
+                .collect();
+            names.sort();
+            names.dedup();
+            names
+        };
+        match stage {
+            Stage::Cache => {
+                let on = holders(&mut std::iter::once(&job.id));
+                return Some(format!("waiting briefly for {} (it holds the result)", on.join(", ")));
+            }
+            Stage::Deps => {
+                let on = holders(&mut job.deps.iter());
+                if !on.is_empty() {
+                    return Some(format!(
+                        "waiting briefly for the workers holding its inputs ({}) before any worker may take it",
+                        on.join(", ")
+                    ));
+                }
+            }
+            Stage::Global | Stage::Gang => {}
+        }
+        if let Some(w) = job.reserved_on {
+            return Some(format!("worker {} is making room for it", self.workers[w as usize].name));
+        }
+        let room = self.workers.iter().any(|w| {
+            w.alive
+                && w.capable.get(job.class as usize).copied().unwrap_or(false)
+                && w.res.fits(&class.key, None)
+        });
+        if !room {
+            return Some(format!(
+                "no worker has room for it now (it needs {} slot(s), {}m CPU, {} bytes of memory)",
+                class.key.slots, class.key.cpu, class.key.memory
+            ));
+        }
+        Some(format!("waiting for its turn in queue {queue_name}"))
+    }
+
     /// The leaf queue a job naming `named` (or none) for `tenant` goes to,
     /// or why there is none.
     pub fn queue_for(&self, named: Option<&str>, tenant: &str) -> Result<String, String> {

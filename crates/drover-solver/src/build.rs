@@ -602,6 +602,23 @@ impl Build {
         self.jobs[*self.index.get(job)? as usize].run
     }
 
+    /// Why a queued job the core does not hold yet waits: its needs, or
+    /// the build's `max_parallel`.
+    fn outside_core(&self, i: u32) -> String {
+        if self.held.contains(&i) {
+            let limit = self.max_parallel.unwrap_or(0);
+            return format!("held back by max_parallel ({limit} of the build's jobs at once)");
+        }
+        let waiting: Vec<&str> = self
+            .def(i)
+            .needs
+            .iter()
+            .filter(|n| !self.jobs[self.index[*n] as usize].state.is_success())
+            .map(String::as_str)
+            .collect();
+        if waiting.is_empty() { String::new() } else { format!("waits for {}", waiting.join(", ")) }
+    }
+
     pub(crate) fn status(&self, worker_name: impl Fn(u64) -> Option<String>) -> BuildStatus {
         BuildStatus {
             id: self.id,
@@ -612,14 +629,18 @@ impl Build {
                 .jobs
                 .iter()
                 .zip(&self.jobs)
-                .map(|(def, rec)| JobStatus {
+                .enumerate()
+                .map(|(i, (def, rec))| JobStatus {
                     name: def.name.clone(),
                     id: def.id,
                     state: rec.state,
                     worker: rec.worker.and_then(&worker_name),
                     attempts: rec.attempts,
                     exit_code: rec.exit_code,
-                    detail: rec.detail.clone(),
+                    detail: match (rec.state, rec.waiter) {
+                        (JobState::Queued, None) if rec.detail.is_empty() => self.outside_core(i as u32),
+                        _ => rec.detail.clone(),
+                    },
                 })
                 .collect(),
         }

@@ -219,7 +219,17 @@ impl Solver {
     /// A build's status.
     pub fn build_status(&self, id: u64) -> Option<BuildStatus> {
         let b = self.builds.get(&id)?;
-        Some(b.status(|w| self.workers.get(&w).map(|i| i.name.clone())))
+        let mut status = b.status(|w| self.workers.get(&w).map(|i| i.name.clone()));
+        // Queued jobs the core holds say why they wait.
+        for job in &mut status.jobs {
+            if job.state == JobState::Queued
+                && job.detail.is_empty()
+                && let Some(why) = self.core.waiting_reason(&JobId::from(job.id))
+            {
+                job.detail = why;
+            }
+        }
+        Some(status)
     }
 
     /// Every build, oldest first.

@@ -51,6 +51,17 @@ fn a_capped_queue_runs_one_job_at_a_time_and_drover_queues_shows_it() {
     let table = String::from_utf8_lossy(&table.stdout);
     assert!(table.lines().any(|l| l.starts_with("capped") && l.contains(" 1 ")), "{table}");
 
+    // The waiting jobs say why.
+    let status = cluster.status(id.parse().expect("build ID"));
+    let waiting: Vec<&str> = status["jobs"]
+        .as_array()
+        .expect("jobs")
+        .iter()
+        .filter(|j| j["state"] == "queued")
+        .filter_map(|j| j["detail"].as_str())
+        .collect();
+    assert_eq!(waiting, ["queue capped is at its capability"; 2], "{status}");
+
     std::fs::write(&gate, "").expect("open the gate");
     let finished = eventually("the build to finish", || {
         let out = cluster.run(&["status", &id, "--json"]);
@@ -129,7 +140,10 @@ fn a_gang_waits_for_room_for_all_its_jobs_then_starts_them_together() {
     // starts (the decision is made when the build is submitted).
     let status = cluster.status(gang);
     for i in 1..=3 {
-        assert_eq!(crate::harness::job(&status, &format!("shard{i}"))["state"], "queued", "{status}");
+        let shard = crate::harness::job(&status, &format!("shard{i}"));
+        assert_eq!(shard["state"], "queued", "{status}");
+        let why = shard["detail"].as_str().unwrap_or_default();
+        assert!(why.contains("its gang needs 3 of its jobs to start at once"), "{status}");
     }
     std::fs::write(&gate, "").expect("open the gate");
     let done = eventually("the gang build to finish", || {
