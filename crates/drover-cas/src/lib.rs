@@ -270,6 +270,20 @@ impl Cas {
         ArtifactWriter::new(self.inner.clone(), *id)
     }
 
+    /// Commits `id` as an artifact with an empty tree (the output of a job
+    /// that wrote nothing), the same as committing an untouched
+    /// [`ArtifactWriter`] but without creating, scanning and fsyncing a tree
+    /// to find it empty: its manifest, info and tree digest are fixed. Same
+    /// atomicity, and same answer if the artifact is already present.
+    pub fn commit_empty_artifact(&self, id: &Key) -> Result<ArtifactInfo, CasError> {
+        let manifest = manifest::Manifest::default();
+        let info = manifest.info();
+        if let Some(present) = self.inner.present_artifact(id)? {
+            return Ok(present);
+        }
+        ArtifactWriter::new(self.inner.clone(), *id)?.commit_prepared(&manifest, info)
+    }
+
     /// The committed artifact `id`, pinned (never evicted or removed while
     /// the guard lives) and marked used; `None` if absent.
     pub fn artifact(&self, id: &Key) -> Option<ArtifactGuard> {

@@ -117,6 +117,7 @@ fn config() -> Config {
             .filter(|_| queues > 0)
             .map(|t| (format!("tenant-{t:02}"), format!("q{:02}", t % queues.max(1))))
             .collect(),
+        ..Config::default()
     }
 }
 

@@ -292,6 +292,23 @@ impl Queues {
         true
     }
 
+    /// Would a job asking for `amounts` fit under every capability from
+    /// `leaf` up once `freed` (held by the leaf's runs now) is given back?
+    pub(crate) fn admits_freeing(&self, leaf: QueueIdx, freed: Amounts, amounts: Amounts) -> bool {
+        let mut q = Some(leaf);
+        while let Some(i) = q {
+            let node = &self.nodes[i as usize];
+            let mut after = node.allocated;
+            after.sub(freed);
+            after.add(amounts);
+            if !after.within(&node.capability) {
+                return false;
+            }
+            q = node.parent;
+        }
+        true
+    }
+
     /// Order in which leaves are offered to a drawing worker: higher queue
     /// priority first, then the lowest share (allocated over deserved).
     pub(crate) fn order_key(&self, leaf: QueueIdx) -> (Reverse<i32>, u64, QueueIdx) {

@@ -1585,6 +1585,18 @@ impl Scheduler {
         if !self.gangs.is_empty() {
             self.place_gangs();
         }
+        self.draw_all();
+        if self.config.preempt || self.config.reclaim {
+            // At most one eviction statement per step; its reservation then
+            // holds the freed room for the starving job.
+            if self.evict_for_starving() {
+                self.draw_all();
+            }
+        }
+    }
+
+    /// Every dirty worker draws until it is full or finds nothing.
+    fn draw_all(&mut self) {
         if std::mem::take(&mut self.global_dirty) && self.global.len() > 0 {
             self.dirty.extend(self.hungry.iter().copied());
         }
@@ -1598,9 +1610,11 @@ impl Scheduler {
                     let job = self.job(j);
                     // The worker or the job may have changed since the
                     // reservation was made (labels, capacity, evicted
-                    // artifacts, queue quotas): a reservation only holds
-                    // while the worker could run the job, still sees it in
-                    // its queues, and the job's queue has room for it.
+                    // artifacts): a reservation only holds while the worker
+                    // could run the job and still sees it in its queues. It
+                    // starts the job only once its queue's capability has
+                    // room too (evicted runs of that queue may still be
+                    // ending).
                     let capable = worker.capable.get(job.class as usize).copied().unwrap_or(false);
                     let visible = job.places.iter().any(|p| match p {
                         Place::First(x) | Place::Second(x) => *x == w,
@@ -1609,7 +1623,7 @@ impl Scheduler {
                     let tenant = &self.tenants[job.tenant as usize];
                     let admitted = !self.quotas.active()
                         || self.quotas.admits(tenant.queue, self.classes[job.class as usize].amounts, false);
-                    if !capable || !visible || !admitted {
+                    if !capable || !visible {
                         self.workers[w as usize].reserved = None;
                         self.job_mut(j).reserved_on = None;
                         // Workers that held back for the reservation may take the job.
@@ -1617,7 +1631,7 @@ impl Scheduler {
                         continue;
                     }
                     let key = &self.classes[job.class as usize].key;
-                    if worker.res.fits(key, None) {
+                    if admitted && worker.res.fits(key, None) {
                         self.assign(w, j);
                         continue;
                     }
@@ -1632,6 +1646,153 @@ impl Scheduler {
                 }
             }
         }
+    }
+
+    /// Preemption and reclaim (Volcano's preempt and reclaim actions), both
+    /// off unless configured. Looks, in queue order, at each queue's first
+    /// job that is waiting in the global queue with no worker making room
+    /// for it; for the first that can be helped, evicts a set of running
+    /// jobs on one worker so that it fits there, and reserves that worker
+    /// for it. The victims are chosen on a copy of the worker's resources
+    /// and applied only if the job then fits (a statement: all or nothing).
+    ///
+    /// Victims, lowest priority first (then the most recently assigned):
+    /// - preempt: jobs of the same queue with a lower priority;
+    /// - reclaim (for a queue that stays within its deserved share with the
+    ///   job): jobs of other, reclaimable queues that stay at or above their
+    ///   deserved share without the victim.
+    ///
+    /// Gang members are never victims. Since a reclaimer never goes above
+    /// its share and a victim's queue never below its own, neither can then
+    /// reclaim from the other: no eviction loops. An evicted job is
+    /// requeued (`Requeued`; the evicted run does not count as one of its
+    /// attempts) and its run stopped (`Stop`, or
+    /// `Drop` if it had not started); its resources are freed when the
+    /// worker reports the run's end.
+    fn evict_for_starving(&mut self) -> bool {
+        let mut leaves: Vec<(Reverse<i32>, u64, QueueIdx)> =
+            self.active_queues.iter().map(|&q| self.quotas.order_key(q)).collect();
+        leaves.sort_unstable();
+        for (_, _, q) in leaves {
+            let Some(j) = self.starving_job(q) else { continue };
+            if let Some((w, victims)) = self.victims_for(j, q) {
+                for run in victims {
+                    self.evict(run);
+                }
+                if let Some(old) = self.workers[w as usize].reserved.replace(j) {
+                    self.job_mut(old).reserved_on = None;
+                }
+                self.job_mut(j).reserved_on = Some(w);
+                self.dirty.insert(w);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// The best job of queue `q`'s first tenant that waits in the global
+    /// queue with no reservation.
+    fn starving_job(&self, q: QueueIdx) -> Option<JobIdx> {
+        let &(_, _, _, tenant) = self.orders[q as usize].first()?;
+        self.global
+            .fronts(tenant)
+            .filter(|&(_, _, j)| self.job(j).reserved_on.is_none() && self.job(j).gang.is_none())
+            .min_by_key(|&(_, key, _)| key)
+            .map(|(_, _, j)| j)
+    }
+
+    /// A worker and the runs to evict there so that job `j` of queue `q`
+    /// fits, if any.
+    fn victims_for(&self, j: JobIdx, q: QueueIdx) -> Option<(WorkerIdx, Vec<RunId>)> {
+        let job = self.job(j);
+        let class = &self.classes[job.class as usize];
+        let priority = job.key.priority.0;
+        let node = &self.quotas.nodes[q as usize];
+        let mut with_job = node.allocated;
+        with_job.add(class.amounts);
+        let may_reclaim = self.config.reclaim && self.quotas.active() && with_job.within(&node.deserved);
+        let usable = |worker: &Worker| {
+            worker.alive
+                && worker.reserved.is_none()
+                && worker.capable.get(job.class as usize).copied().unwrap_or(false)
+        };
+        // Evict nothing if the job fits somewhere already.
+        if self.workers.iter().any(|worker| usable(worker) && worker.res.fits(&class.key, None)) {
+            return None;
+        }
+        for (w, worker) in self.workers.iter().enumerate() {
+            let w = w as WorkerIdx;
+            if !usable(worker) {
+                continue;
+            }
+            // (priority, newest first, run, amounts, its queue) of each
+            // running job this job may evict.
+            let mut candidates: Vec<(i32, Reverse<RunId>, RunId, ClassIdx, QueueIdx)> = Vec::new();
+            for &run in &worker.runs {
+                let r = &self.runs[&run];
+                let Some(v) = r.job else { continue };
+                let victim = self.job(v);
+                if victim.gang.is_some() {
+                    continue;
+                }
+                let vq = self.tenants[r.tenant as usize].queue;
+                let vp = victim.key.priority.0;
+                let preempt = self.config.preempt && vq == q && vp < priority;
+                let reclaim = may_reclaim && vq != q && self.quotas.nodes[vq as usize].reclaimable;
+                if preempt || reclaim {
+                    candidates.push((vp, Reverse(run), run, r.class, vq));
+                }
+            }
+            candidates.sort_unstable();
+            let mut res = worker.res.clone();
+            let mut taken: BTreeMap<QueueIdx, Amounts> = BTreeMap::new();
+            let mut victims = Vec::new();
+            for (_, _, run, vclass, vq) in candidates {
+                if res.fits(&class.key, None) {
+                    break;
+                }
+                let vnode = &self.quotas.nodes[vq as usize];
+                let amounts = self.classes[vclass as usize].amounts;
+                if vq != q {
+                    // Reclaim: the victim's queue keeps at least its share.
+                    let mut after = vnode.allocated;
+                    after.sub(*taken.get(&vq).unwrap_or(&Amounts::default()));
+                    after.sub(amounts);
+                    if !vnode.deserved.within(&after) {
+                        continue;
+                    }
+                }
+                taken.entry(vq).or_default().add(amounts);
+                res.release(&self.classes[vclass as usize].key);
+                victims.push(run);
+            }
+            // The job's queue must admit it once its own victims are gone.
+            let freed = taken.get(&q).copied().unwrap_or_default();
+            let admitted = !self.quotas.active() || self.quotas.admits_freeing(q, freed, class.amounts);
+            if !victims.is_empty() && admitted && res.fits(&class.key, None) {
+                return Some((w, victims));
+            }
+        }
+        None
+    }
+
+    /// Evicts a run: its job goes back to the queues with its attempts, and
+    /// the worker is told to stop (or drop) the run.
+    fn evict(&mut self, run: RunId) {
+        let r = self.runs.get_mut(&run).expect("victim in flight");
+        let Some(j) = r.job.take() else { return };
+        let (worker, started) = (self.workers[r.worker as usize].id, r.started);
+        self.decisions.push(if started {
+            Decision::Stop { worker, run }
+        } else {
+            Decision::Drop { worker, run }
+        });
+        // The evicted run does not count against the job's attempts.
+        let job = self.job_mut(j);
+        job.attempts = job.attempts.saturating_sub(1);
+        let requeued = Decision::Requeued { job: job.id, attempts: job.attempts };
+        self.decisions.push(requeued);
+        self.enqueue(j);
     }
 
     /// Places waiting gangs, oldest first. A gang that has not started is a

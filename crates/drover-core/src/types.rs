@@ -469,6 +469,14 @@ pub struct Config {
     /// Tenant → the leaf queue its jobs go to when they name none.
     #[serde(default)]
     pub tenant_queues: BTreeMap<String, String>,
+    /// A starving job may evict lower-priority running jobs of its own
+    /// queue (off by default).
+    #[serde(default)]
+    pub preempt: bool,
+    /// A queue below its deserved share may evict running jobs of
+    /// reclaimable queues above theirs (off by default).
+    #[serde(default)]
+    pub reclaim: bool,
 }
 
 impl Config {
@@ -595,6 +603,8 @@ impl Default for Config {
             seed: 0x5eed,
             queues: Vec::new(),
             tenant_queues: BTreeMap::new(),
+            preempt: false,
+            reclaim: false,
         }
     }
 }

@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use crate::launcher::{Launcher, SupervisorExit, SupervisorFds, Zygote};
 use crate::procfs;
 use crate::spec::{JobReport, JobSpec};
-use crate::supervisor::{EXIT_SUPERVISOR_ERROR, READY_LINE};
+use crate::supervisor::{EXIT_SUPERVISOR_ERROR, READY_LINE, REPORT_PREFIX};
 
 /// How long [`Supervisor::start`] waits for the supervisor to say it is ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -31,6 +31,9 @@ const ORPHAN_SWEEP_LIMIT: u32 = 500;
 const ORPHAN_SWEEP_INTERVAL: Duration = Duration::from_millis(10);
 /// How much of the supervisor's own standard error is kept for messages.
 const STDERR_LIMIT: u64 = 16 * 1024;
+/// How much of the supervisor's standard output after `ready` (its report)
+/// is read.
+const REPORT_LIMIT: u64 = 1024 * 1024;
 
 /// How a job ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,25 +136,16 @@ impl Supervisor {
     /// [`RunningJob::terminate`] can never kill it before it can clean up).
     /// Must be called within a tokio runtime.
     ///
-    /// A stale [`JobSpec::outcome_file`] is removed first. Problems with the
-    /// job itself (a missing `cwd`, say) are not errors here: the job then
-    /// ends with [`Outcome::SpawnFailed`].
+    /// Problems with the job itself (a missing `cwd`, say) are not errors
+    /// here: the job then ends with [`Outcome::SpawnFailed`].
     pub async fn start(&self, spec: &JobSpec) -> Result<RunningJob, ExecError> {
-        match std::fs::remove_file(&spec.outcome_file) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(source) => {
-                let context = format!("cannot remove stale outcome file {}", spec.outcome_file.display());
-                return Err(ExecError::Io { context, source });
-            }
-        }
         let io = |context: &str| {
             let context = context.to_owned();
             move |source| ExecError::Io { context, source }
         };
         // The zygote's working directory is not ours to rely on.
         let mut spec = spec.clone();
-        for path in [&mut spec.cwd, &mut spec.stdout, &mut spec.stderr, &mut spec.outcome_file] {
+        for path in [&mut spec.cwd, &mut spec.stdout, &mut spec.stderr] {
             *path = std::path::absolute(&*path).map_err(io("cannot make the job's paths absolute"))?;
         }
         let json = serde_json::to_vec(&spec).map_err(|e| ExecError::Io {
@@ -177,10 +171,11 @@ impl Supervisor {
             let launched = self.launcher.launch(&json, fds).await?;
             let stderr = tokio::spawn(read_limited(stderr));
             let mut line = String::new();
-            BufReader::new(stdout).read_line(&mut line).await.ok();
-            Ok::<_, ExecError>((launched, stderr, line.trim_end() == READY_LINE))
+            let mut stdout = BufReader::new(stdout);
+            stdout.read_line(&mut line).await.ok();
+            Ok::<_, ExecError>((launched, stderr, line.trim_end() == READY_LINE, stdout))
         };
-        let (launched, stderr, ready) =
+        let (launched, stderr, ready, stdout) =
             tokio::time::timeout(READY_TIMEOUT, ready).await.map_err(|_| {
                 ExecError::Supervisor(format!("no answer from the zygote {}", self.program().display()))
             })??;
@@ -218,8 +213,8 @@ impl Supervisor {
             status: None,
             clock_rx,
             stderr: Some(stderr),
+            report: Some(tokio::spawn(read_report(stdout))),
             timeout: spec.timeout,
-            outcome_file: spec.outcome_file.clone(),
             result: None,
         })
     }
@@ -251,6 +246,19 @@ async fn read_limited(stream: pipe::Receiver) -> String {
     let mut rest = limited.into_inner();
     let _ = tokio::io::copy(&mut rest, &mut tokio::io::sink()).await;
     String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// Reads the rest of the supervisor's standard output, up to end of file
+/// (it exited): the report line, if it sent one.
+async fn read_report(stdout: BufReader<pipe::Receiver>) -> Option<JobReport> {
+    let mut bytes = Vec::new();
+    let mut limited = stdout.take(REPORT_LIMIT);
+    let _ = limited.read_to_end(&mut bytes).await;
+    let mut rest = limited.into_inner();
+    let _ = tokio::io::copy(&mut rest, &mut tokio::io::sink()).await;
+    let text = std::str::from_utf8(&bytes).ok()?;
+    let json = text.lines().find_map(|line| line.strip_prefix(REPORT_PREFIX))?;
+    serde_json::from_str(json).ok()
 }
 
 /// The job's timeout clock: running time counts, suspended time does not.
@@ -370,8 +378,9 @@ pub struct RunningJob {
     status: Option<SupervisorExit>,
     clock_rx: watch::Receiver<Clock>,
     stderr: Option<JoinHandle<String>>,
+    /// Reads the supervisor's report (see `read_report`).
+    report: Option<JoinHandle<Option<JobReport>>>,
     timeout: Option<Duration>,
-    outcome_file: PathBuf,
     result: Option<(Outcome, Option<JobReport>)>,
 }
 
@@ -459,19 +468,32 @@ impl RunningJob {
     }
 
     async fn finish(&mut self, status: SupervisorExit) -> Outcome {
-        let report = JobReport::read(&self.outcome_file).ok();
-        if report.is_none() {
-            if matches!(status, SupervisorExit::Lost(_)) {
-                // The zygote died, and the supervisor may still run: kill it
-                // and its session.
+        let report = if matches!(status, SupervisorExit::Lost(_)) {
+            // The zygote died, and the supervisor may still run. A report it
+            // already sent stands; otherwise kill it and its session (what
+            // it might report while being killed is not the job's doing).
+            let sent = match self.report.take() {
+                Some(task) if task.is_finished() => task.await.ok().flatten(),
+                _ => None,
+            };
+            if sent.is_none() {
                 self.kill_lost_session().await;
-            } else {
+            }
+            sent
+        } else {
+            // The supervisor has exited: its output has ended.
+            let report = match self.report.take() {
+                Some(task) => task.await.ok().flatten(),
+                None => None,
+            };
+            if report.is_none() {
                 // The supervisor died without cleaning up (SIGKILLed, say):
                 // kill what it left in its session (processes that left the
                 // session with `setsid` are out of reach).
                 self.kill_orphans().await;
             }
-        }
+            report
+        };
         let stop = self.clock_rx.borrow().stop;
         let outcome = match (&report, stop) {
             (Some(report), _) if !report.terminated => outcome_of(report),

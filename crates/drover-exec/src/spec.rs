@@ -1,9 +1,10 @@
-//! What a job is ([`JobSpec`], handed from the worker to the supervisor as a
-//! JSON file) and what became of it ([`JobReport`], the outcome file the
-//! supervisor writes), plus the environment defaults a job's commands get.
+//! What a job is ([`JobSpec`], handed from the worker to the supervisor as
+//! JSON, through the zygote) and what became of it ([`JobReport`], which the
+//! supervisor sends back on its standard output), plus the environment
+//! defaults a job's commands get.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -28,10 +29,14 @@ pub const DEFAULT_TMPDIR: &str = "/tmp";
 /// - `TMPDIR`: [`DEFAULT_TMPDIR`].
 ///
 /// Standard input is `/dev/null`; standard output and standard error are
-/// appended to the files [`stdout`](Self::stdout) and
-/// [`stderr`](Self::stderr) (created if missing; they may be the same file).
-/// The supervisor itself adds a line to `stderr` when a command cannot be
-/// started and when it had to kill processes left behind by the job.
+/// pipes, which the supervisor copies, as the bytes arrive, to the ends of
+/// the files [`stdout`](Self::stdout) and [`stderr`](Self::stderr) (they may
+/// be the same file). A file is opened on its first byte (created if
+/// missing, with its directory): a job that writes nothing to a stream
+/// leaves no file for it. The supervisor itself adds a line to `stderr`
+/// when a command cannot be started and when it had to kill processes left
+/// behind by the job. A log that cannot be written makes the job end with
+/// [`Outcome::SpawnFailed`](crate::Outcome::SpawnFailed).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobSpec {
     /// Shell commands, run in order with `/bin/sh -c`.
@@ -42,9 +47,11 @@ pub struct JobSpec {
     /// The commands' whole environment (see the type's documentation for the
     /// three defaults).
     pub env: BTreeMap<String, String>,
-    /// File the commands' standard output is appended to.
+    /// File the commands' standard output is appended to (created on the
+    /// first byte).
     pub stdout: PathBuf,
-    /// File the commands' standard error is appended to.
+    /// File the commands' standard error is appended to (created on the
+    /// first byte).
     pub stderr: PathBuf,
     /// Limit on the job's running time, suspended time not counted. Enforced
     /// by [`RunningJob::wait`](crate::RunningJob::wait).
@@ -52,9 +59,6 @@ pub struct JobSpec {
     /// How long the job's processes get between SIGTERM and SIGKILL, when the
     /// job is cancelled or timed out and when processes outlive the job.
     pub kill_grace: Duration,
-    /// Where the supervisor writes its [`JobReport`] (JSON). Removed by
-    /// [`Supervisor::start`](crate::Supervisor::start) before the job starts.
-    pub outcome_file: PathBuf,
 }
 
 impl JobSpec {
@@ -69,7 +73,8 @@ impl JobSpec {
     }
 }
 
-/// What the supervisor writes to [`JobSpec::outcome_file`] when it is done.
+/// What the supervisor reports when it is done (see
+/// [`RunningJob::report`](crate::RunningJob::report)).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobReport {
     /// Exit code of the last command that ran (the failing one, if one
@@ -89,12 +94,4 @@ pub struct JobReport {
     /// still alive after the last command ended (daemons and other leftovers)
     /// or, for a terminated job, every process of the job at that moment.
     pub leftover_processes: usize,
-}
-
-impl JobReport {
-    /// Reads a report written by the supervisor.
-    pub fn read(path: &Path) -> std::io::Result<JobReport> {
-        let bytes = std::fs::read(path)?;
-        serde_json::from_slice(&bytes).map_err(std::io::Error::other)
-    }
 }

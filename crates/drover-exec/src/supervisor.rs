@@ -13,7 +13,10 @@
 //! 2. decodes the [`JobSpec`] (JSON, sent by the worker), writes `ready`
 //!    on standard output, and runs the commands one by one (`posix_spawn`, so
 //!    that they start with an empty signal mask), each in its own process
-//!    group, stopping at the first that fails;
+//!    group, stopping at the first that fails; the commands' standard output
+//!    and error are pipes the supervisor copies to the log files as the
+//!    bytes arrive, creating each file (and its directory) on its first
+//!    byte, so a job that prints nothing costs no file;
 //! 3. on a stop request (SIGTERM/SIGINT/SIGHUP, or end of file on the control
 //!    pipe, i.e. the worker is gone) sends SIGTERM then SIGCONT to the running
 //!    command's process group and to every descendant of the supervisor found
@@ -24,8 +27,9 @@
 //!    found by the next sweep);
 //! 4. when the commands are done, treats every process still alive the same
 //!    way (a job leaves no daemon behind), reaps every child (`waitpid(-1)`),
-//!    writes the [`JobReport`] to [`JobSpec::outcome_file`] and exits with one
-//!    of the `EXIT_*` codes.
+//!    copies what is left in the log pipes, writes the [`JobReport`] on
+//!    standard output as one line (`report ` and JSON) after `ready`, and
+//!    exits with one of the `EXIT_*` codes.
 //!
 //! The control pipe (the supervisor's standard input, when it is a pipe)
 //! carries one byte per request from the worker: `S` (job suspended: start no
@@ -40,10 +44,11 @@ use std::io::{Read, Write};
 use std::os::fd::AsFd;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileTypeExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
+use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::spawn::{PosixSpawnAttr, PosixSpawnFileActions, PosixSpawnFlags, posix_spawn};
 use nix::sys::signal::{SigSet, Signal, killpg};
@@ -65,7 +70,7 @@ pub const EXIT_TERMINATED: i32 = 3;
 /// Supervisor exit code: a command could not be started.
 pub const EXIT_SPAWN_FAILED: i32 = 4;
 /// Supervisor exit code: the supervisor itself failed (bad spec,
-/// unwritable outcome file); details on its standard error. The zygote also
+/// report not sent); details on its standard error. The zygote also
 /// exits with it when it cannot serve.
 pub const EXIT_SUPERVISOR_ERROR: i32 = 125;
 
@@ -73,12 +78,24 @@ pub const EXIT_SUPERVISOR_ERROR: i32 = 125;
 /// signals and control requests.
 pub(crate) const READY_LINE: &str = "ready";
 
+/// What starts the line that carries the [`JobReport`] (JSON follows), the
+/// supervisor's last words on standard output.
+pub(crate) const REPORT_PREFIX: &str = "report ";
+
 /// Longest wait between two looks at the children when nothing is signalled.
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
 /// Wait between two SIGKILL sweeps while processes are still dying.
 const KILL_INTERVAL: Duration = Duration::from_millis(10);
 /// How long SIGKILL sweeps go on when every process left refuses signals.
 const GIVE_UP_AFTER: Duration = Duration::from_secs(10);
+/// Bytes read from a log pipe at once.
+const LOG_CHUNK: usize = 64 * 1024;
+/// Most reads from one log pipe per wake-up, so a job that writes without
+/// pause cannot keep the supervisor from its other duties.
+const LOG_READS_PER_WAKE: usize = 16;
+/// Most reads from one log pipe once the job is over (only a process that
+/// refused to die could still be writing).
+const LOG_READS_AT_END: usize = 4096;
 
 /// Runs one job from its [`JobSpec`] (JSON) as the per-job supervisor
 /// process, and returns the process's exit code (one of the `EXIT_*`
@@ -117,11 +134,12 @@ fn run(spec_json: &[u8]) -> Result<i32, String> {
     let mut spec: JobSpec = serde_json::from_slice(spec_json).map_err(|e| format!("bad job spec: {e}"))?;
     // The supervisor changes directory to run commands: pin relative paths
     // to the directory it started in (the worker sends absolute ones).
-    for path in [&mut spec.cwd, &mut spec.stdout, &mut spec.stderr, &mut spec.outcome_file] {
+    for path in [&mut spec.cwd, &mut spec.stdout, &mut spec.stderr] {
         *path = std::path::absolute(&*path).map_err(|e| format!("bad path {}: {e}", path.display()))?;
     }
 
     let control = control_pipe();
+    let logs = Logs::new(&spec)?;
     let mut out = std::io::stdout();
     writeln!(out, "{READY_LINE}")
         .and_then(|()| out.flush())
@@ -137,10 +155,10 @@ fn run(spec_json: &[u8]) -> Result<i32, String> {
         current_status: None,
         no_children: false,
         grace: spec.kill_grace,
-        stderr_log: None,
+        logs,
     };
     let report = sup.run_job(&spec);
-    write_report(&spec.outcome_file, &report)?;
+    send_report(&report)?;
     Ok(exit_code(&report))
 }
 
@@ -167,16 +185,111 @@ fn exit_code(report: &JobReport) -> i32 {
     }
 }
 
-/// Writes the report next to its final place, then renames it there, so the
-/// worker never reads half a file.
-fn write_report(path: &Path, report: &JobReport) -> Result<(), String> {
-    let json = serde_json::to_vec(report).map_err(|e| format!("cannot encode the report: {e}"))?;
-    let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
-    tmp_name.push(".tmp");
-    let tmp = path.with_file_name(tmp_name);
-    std::fs::write(&tmp, json)
-        .and_then(|()| std::fs::rename(&tmp, path))
-        .map_err(|e| format!("cannot write the outcome file {}: {e}", path.display()))
+/// Sends the report to the worker: one line on standard output, in one
+/// write (the worker reads everything up to end of file, which comes when
+/// we exit).
+fn send_report(report: &JobReport) -> Result<(), String> {
+    let json = serde_json::to_string(report).map_err(|e| format!("cannot encode the report: {e}"))?;
+    let line = format!("{REPORT_PREFIX}{json}\n");
+    let mut out = std::io::stdout().lock();
+    out.write_all(line.as_bytes())
+        .and_then(|()| out.flush())
+        .map_err(|e| format!("cannot send the report: {e}"))
+}
+
+/// One log of the job: the pipe its commands write to, and the file the
+/// supervisor copies the pipe to, opened (created, with its directory, if
+/// missing; appended to) on the first byte.
+#[derive(Debug)]
+struct Log {
+    path: PathBuf,
+    /// Read end, non-blocking; polled by the supervisor.
+    reader: File,
+    /// Write end, handed to every command. Kept open until the end, so the
+    /// read end never sees end of file (which would make `poll` spin).
+    writer: File,
+    file: Option<File>,
+    /// Why the file could not be opened or written, once that happened
+    /// (later bytes are dropped).
+    error: Option<String>,
+}
+
+impl Log {
+    fn new(path: &Path) -> Result<Log, String> {
+        let (reader, writer) = std::io::pipe().map_err(|e| format!("cannot create a log pipe: {e}"))?;
+        let reader = File::from(std::os::fd::OwnedFd::from(reader));
+        fcntl(&reader, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))
+            .map_err(|e| format!("cannot make a log pipe non-blocking: {e}"))?;
+        let writer = File::from(std::os::fd::OwnedFd::from(writer));
+        Ok(Log { path: path.to_owned(), reader, writer, file: None, error: None })
+    }
+
+    /// Copies up to `reads` chunks of what the pipe holds to the file.
+    fn drain(&mut self, reads: usize) {
+        let mut buf = vec![0u8; LOG_CHUNK];
+        for _ in 0..reads {
+            match self.reader.read(&mut buf) {
+                Ok(0) => return,
+                Ok(n) => self.write(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return, // EAGAIN: empty for now
+            }
+        }
+    }
+
+    /// Appends to the file, opening it first if needed.
+    fn write(&mut self, bytes: &[u8]) {
+        if self.error.is_some() {
+            return;
+        }
+        if self.file.is_none() {
+            match open_log(&self.path) {
+                Ok(file) => self.file = Some(file),
+                Err(message) => {
+                    self.error = Some(message);
+                    return;
+                }
+            }
+        }
+        if let Some(file) = &mut self.file
+            && let Err(e) = file.write_all(bytes)
+        {
+            self.error = Some(format!("cannot write log file {}: {e}", self.path.display()));
+        }
+    }
+}
+
+/// The job's standard output and standard error logs (one, when both go to
+/// the same file).
+#[derive(Debug)]
+struct Logs {
+    stdout: Log,
+    stderr: Option<Log>,
+}
+
+impl Logs {
+    fn new(spec: &JobSpec) -> Result<Logs, String> {
+        let stdout = Log::new(&spec.stdout)?;
+        let stderr = if spec.stderr == spec.stdout { None } else { Some(Log::new(&spec.stderr)?) };
+        Ok(Logs { stdout, stderr })
+    }
+
+    fn stderr(&mut self) -> &mut Log {
+        self.stderr.as_mut().unwrap_or(&mut self.stdout)
+    }
+
+    fn stderr_writer(&self) -> &File {
+        &self.stderr.as_ref().unwrap_or(&self.stdout).writer
+    }
+
+    fn each(&mut self) -> impl Iterator<Item = &mut Log> {
+        std::iter::once(&mut self.stdout).chain(self.stderr.as_mut())
+    }
+
+    /// The first failure to write a log, if any.
+    fn error(&self) -> Option<String> {
+        std::iter::once(&self.stdout).chain(self.stderr.as_ref()).find_map(|log| log.error.clone())
+    }
 }
 
 /// How a command ended.
@@ -202,21 +315,27 @@ struct Supervisor {
     /// `waitpid` said we have no child at all.
     no_children: bool,
     grace: Duration,
-    stderr_log: Option<File>,
+    logs: Logs,
 }
 
 impl Supervisor {
     fn run_job(&mut self, spec: &JobSpec) -> JobReport {
+        let mut report = self.run_commands(spec);
+        // Whatever happened, no process of the job is left to write: copy
+        // what the log pipes still hold.
+        for log in self.logs.each() {
+            log.drain(LOG_READS_AT_END);
+        }
+        if let Some(message) = self.logs.error()
+            && report.spawn_error.is_none()
+        {
+            report.spawn_error = Some(message);
+        }
+        report
+    }
+
+    fn run_commands(&mut self, spec: &JobSpec) -> JobReport {
         let mut report = JobReport::default();
-        let logs = open_log(&spec.stdout).and_then(|out| Ok((out, open_log(&spec.stderr)?)));
-        let (stdout_log, stderr_log) = match logs {
-            Ok(logs) => logs,
-            Err(message) => {
-                report.spawn_error = Some(message);
-                return report;
-            }
-        };
-        self.stderr_log = stderr_log.try_clone().ok();
         let env = spec.effective_env();
 
         for (index, command) in spec.commands.iter().enumerate() {
@@ -232,7 +351,9 @@ impl Supervisor {
                 break;
             }
             let started = Instant::now();
-            let pid = match spawn_command(command, &spec.cwd, &env, &stdout_log, &stderr_log) {
+            let spawned =
+                spawn_command(command, &spec.cwd, &env, &self.logs.stdout.writer, self.logs.stderr_writer());
+            let pid = match spawned {
                 Ok(pid) => pid,
                 Err(error) => {
                     let message = format!("cannot start command {} (`{command}`): {error}", index + 1);
@@ -288,11 +409,12 @@ impl Supervisor {
         report
     }
 
-    /// Appends a line to the job's stderr log.
+    /// Appends a line to the job's stderr log, after what the job wrote
+    /// there so far.
     fn log(&mut self, message: &str) {
-        if let Some(log) = &mut self.stderr_log {
-            let _ = writeln!(log, "{message}");
-        }
+        let log = self.logs.stderr();
+        log.drain(LOG_READS_AT_END);
+        log.write(format!("{message}\n").as_bytes());
     }
 
     /// SIGTERM (then SIGCONT, so stopped processes see it) to every
@@ -392,8 +514,14 @@ impl Supervisor {
     /// what arrived. Children are reaped by the caller.
     fn pump(&mut self, timeout: Duration) {
         let ms = u16::try_from(timeout.as_millis()).unwrap_or(u16::MAX);
-        let (signal_ready, control_ready) = {
+        let (signal_ready, control_ready, logs_ready) = {
             let mut fds = vec![PollFd::new(self.signals.as_fd(), PollFlags::POLLIN)];
+            let logs_at = fds.len();
+            fds.push(PollFd::new(self.logs.stdout.reader.as_fd(), PollFlags::POLLIN));
+            if let Some(stderr) = &self.logs.stderr {
+                fds.push(PollFd::new(stderr.reader.as_fd(), PollFlags::POLLIN));
+            }
+            let control_at = fds.len();
             if let Some(control) = &self.control {
                 fds.push(PollFd::new(control.as_fd(), PollFlags::POLLIN));
             }
@@ -401,8 +529,17 @@ impl Supervisor {
                 return;
             }
             let ready = |fd: &PollFd<'_>| fd.revents().is_some_and(|r| !r.is_empty());
-            (ready(&fds[0]), fds.get(1).is_some_and(ready))
+            (
+                ready(&fds[0]),
+                fds.get(control_at).is_some_and(ready),
+                fds[logs_at..control_at].iter().any(ready),
+            )
         };
+        if logs_ready {
+            for log in self.logs.each() {
+                log.drain(LOG_READS_PER_WAKE);
+            }
+        }
         if signal_ready {
             while let Ok(Some(info)) = self.signals.read_signal() {
                 let signo = i32::try_from(info.ssi_signo).unwrap_or(0);
@@ -444,12 +581,17 @@ impl Supervisor {
     }
 }
 
+/// Opens a log file to append to, creating it and its directory if missing.
 fn open_log(path: &Path) -> Result<File, String> {
-    OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .map_err(|e| format!("cannot open log file {}: {e}", path.display()))
+    let open = || OpenOptions::new().create(true).append(true).open(path);
+    let opened = match open() {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => match path.parent() {
+            Some(dir) => std::fs::create_dir_all(dir).and_then(|()| open()),
+            None => Err(e),
+        },
+        other => other,
+    };
+    opened.map_err(|e| format!("cannot open log file {}: {e}", path.display()))
 }
 
 /// Standard signals whose disposition a command gets reset to the default

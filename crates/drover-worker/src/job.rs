@@ -5,9 +5,15 @@
 //! supervisor, and commit `{{out}}` as the job's artifact.
 //!
 //! A run directory is `runs/<run>/` with `src/` (the job's read-only view of
-//! the sources, also its working directory), `stdout.log`, `stderr.log` and
-//! the supervisor's `outcome.json`. `src/` is removed when the run ends; the
-//! logs stay for the most recent runs.
+//! the sources, also its working directory), `stdout.log` and `stderr.log`.
+//! Each part exists only if needed: `src/` for a job with sources (the
+//! others share the read-only `runs/empty-src/`), and each log once the job
+//! writes to it (the supervisor creates it, and the directory, on the first
+//! byte), so a job that has no source and prints nothing touches no
+//! directory. `src/` is removed when the run ends; the logs stay for the
+//! most recent runs. Likewise a job whose commands never mention `{{out}}`
+//! gets no output directory: its output is the empty tree, committed
+//! without one.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -56,9 +62,13 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, cancel: Can
     } else {
         tracing::info!(run, job = %assignment.name, detail = %result.detail, "run failed");
     }
+    // Kept before it stops running, so its logs are never unknown.
+    let old = keep_logs(&shared, run);
     shared.runs.lock().expect("runs").remove(&run);
     shared.outbox.finished(result);
-    keep_logs(&shared, run);
+    for run in old {
+        let _ = remove_tree(&shared.runs_dir().join(run.to_string()));
+    }
 }
 
 fn held(job: &Hash32, info: &drover_cas::ArtifactInfo) -> HeldArtifact {
@@ -90,8 +100,9 @@ async fn execute(
     // A job that sees no source shares one empty, read-only directory.
     let own_src = !a.sources.is_empty();
     let src = if own_src { dir.join("src") } else { shared.runs_dir().join(EMPTY_SRC) };
-    let made = if own_src { &src } else { &dir };
-    tokio::fs::create_dir_all(made).await.map_err(|e| format!("cannot create {}: {e}", made.display()))?;
+    if own_src {
+        tokio::fs::create_dir_all(&src).await.map_err(|e| format!("cannot create {}: {e}", src.display()))?;
+    }
     let prepared = tokio::select! {
         prepared = prepare(shared, a, &src) => prepared,
         () = cancel.cancelled() => Err("cancelled".into()),
@@ -286,14 +297,16 @@ async fn run_commands(
     deps: &BTreeMap<String, ArtifactGuard>,
     cancel: &CancellationToken,
 ) -> Result<RunResult, String> {
-    let writer = shared.cas.begin_artifact(&Key(a.job.0)).map_err(|e| e.to_string())?;
-    let out = writer.dir().to_owned();
     let dep_paths: BTreeMap<String, PathBuf> =
         deps.iter().map(|(n, g)| (n.clone(), g.path().to_owned())).collect();
-    let render = |text: &str| drover_graph::render(text, src, &out, &dep_paths).map_err(|e| e.to_string());
-    let commands = a.commands.iter().map(|c| render(c)).collect::<Result<Vec<_>, _>>()?;
-    let env =
-        a.env.iter().map(|(k, v)| Ok((k.clone(), render(v)?))).collect::<Result<BTreeMap<_, _>, String>>()?;
+    let render = |out: &Path| render_job(&a.commands, &a.env, src, out, &dep_paths);
+    let (writer, (commands, env)) = if uses_out(&a.commands, &a.env, src, &dep_paths)? {
+        let writer = shared.cas.begin_artifact(&Key(a.job.0)).map_err(|e| e.to_string())?;
+        let rendered = render(writer.dir())?;
+        (Some(writer), rendered)
+    } else {
+        (None, render(Path::new("/nonexistent"))?)
+    };
     let spec = JobSpec {
         commands,
         cwd: src.to_owned(),
@@ -302,7 +315,6 @@ async fn run_commands(
         stderr: dir.join("stderr.log"),
         timeout: a.timeout_ms.map(Duration::from_millis),
         kill_grace: shared.config.kill_grace,
-        outcome_file: dir.join("outcome.json"),
     };
     let mut running = shared.config.supervisor.start(&spec).await.map_err(|e| e.to_string())?;
     let handle = running.handle();
@@ -330,10 +342,15 @@ async fn run_commands(
     };
     match outcome {
         Outcome::Succeeded => {
-            let info = tokio::task::spawn_blocking(move || writer.commit())
-                .await
-                .map_err(|e| e.to_string())?
-                .map_err(|e| format!("cannot store the output: {e}"))?;
+            let cas = shared.cas.clone();
+            let key = Key(a.job.0);
+            let info = tokio::task::spawn_blocking(move || match writer {
+                Some(writer) => writer.commit(),
+                None => cas.commit_empty_artifact(&key),
+            })
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("cannot store the output: {e}"))?;
             Ok(RunResult {
                 run: a.run,
                 success: true,
@@ -358,6 +375,37 @@ async fn run_commands(
     }
 }
 
+/// A job's commands and environment, placeholders filled in.
+type Rendered = (Vec<String>, BTreeMap<String, String>);
+
+/// Renders the commands and environment with `out` as `{{out}}`.
+fn render_job(
+    commands: &[String],
+    env: &BTreeMap<String, String>,
+    src: &Path,
+    out: &Path,
+    deps: &BTreeMap<String, PathBuf>,
+) -> Result<Rendered, String> {
+    let render = |text: &str| drover_graph::render(text, src, out, deps).map_err(|e| e.to_string());
+    let commands = commands.iter().map(|c| render(c)).collect::<Result<Vec<_>, _>>()?;
+    let env = env.iter().map(|(k, v)| Ok((k.clone(), render(v)?))).collect::<Result<_, String>>()?;
+    Ok((commands, env))
+}
+
+/// Whether the job can reach its output directory, which only `{{out}}`
+/// names (the directory's path is unpredictable): whether rendering with
+/// two different paths gives different commands or environments. A job
+/// that cannot reach it needs no directory: its output is the empty tree.
+fn uses_out(
+    commands: &[String],
+    env: &BTreeMap<String, String>,
+    src: &Path,
+    deps: &BTreeMap<String, PathBuf>,
+) -> Result<bool, String> {
+    Ok(render_job(commands, env, src, Path::new("/0"), deps)?
+        != render_job(commands, env, src, Path::new("/1"), deps)?)
+}
+
 fn humane(d: Duration) -> String {
     let ms = d.as_millis();
     if ms.is_multiple_of(1000) { format!("{}s", ms / 1000) } else { format!("{ms}ms") }
@@ -372,15 +420,38 @@ fn with_tail(summary: String, stderr: &Path) -> String {
     if tail.is_empty() { summary } else { format!("{summary}; stderr:\n{tail}") }
 }
 
-/// Keeps the run's logs, dropping the oldest runs' beyond the limit.
-fn keep_logs(shared: &Shared, run: u64) {
-    let old: Vec<u64> = {
-        let mut kept = shared.kept.lock().expect("kept");
-        kept.push_back(run);
-        let excess = kept.len().saturating_sub(shared.config.keep_runs);
-        kept.drain(..excess).collect()
-    };
-    for run in old {
-        let _ = remove_tree(&shared.runs_dir().join(run.to_string()));
+/// Keeps the run's logs; returns the oldest runs beyond the limit, whose
+/// directories are to be removed.
+fn keep_logs(shared: &Shared, run: u64) -> Vec<u64> {
+    let mut kept = shared.kept.lock().expect("kept");
+    kept.push_back(run);
+    let excess = kept.len().saturating_sub(shared.config.keep_runs);
+    kept.drain(..excess).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn uses(commands: &[&str], env: &[(&str, &str)]) -> bool {
+        let commands: Vec<String> = commands.iter().map(|c| (*c).to_owned()).collect();
+        let env = env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        let deps = BTreeMap::from([("lib".to_owned(), PathBuf::from("/cache/lib"))]);
+        uses_out(&commands, &env, Path::new("/runs/1/src"), &deps).unwrap()
+    }
+
+    #[test]
+    fn only_a_job_that_names_its_output_gets_an_output_directory() {
+        assert!(!uses(&["true", "cat {{src}}/a {{dep:lib}}/b"], &[("X", "{{src}}")]));
+        assert!(uses(&["true", "echo hi > {{out}}/x"], &[]));
+        assert!(uses(&["true"], &[("OUT", "{{ out }}")]));
+    }
+
+    #[test]
+    fn a_bad_placeholder_is_an_error_either_way() {
+        let deps = BTreeMap::new();
+        assert!(
+            uses_out(&["cat {{dep:missing}}".to_owned()], &BTreeMap::new(), Path::new("/s"), &deps).is_err()
+        );
     }
 }

@@ -115,6 +115,11 @@ impl Shared {
         self.config.dir.join("runs")
     }
 
+    /// Whether the run is running here, or ended here and its logs are kept.
+    fn knows_run(&self, run: u64) -> bool {
+        self.runs.lock().expect("runs").contains_key(&run) || self.kept.lock().expect("kept").contains(&run)
+    }
+
     fn coordinator(&self, path: &str) -> String {
         format!("{}{path}", self.config.coordinator.trim_end_matches('/'))
     }

@@ -70,11 +70,9 @@ async fn log(State(shared): State<Arc<Shared>>, Path(run): Path<u64>, Query(q): 
     let path = shared.runs_dir().join(run.to_string()).join(name);
     let file = match tokio::fs::File::open(&path).await {
         Ok(file) => file,
-        // A run that printed nothing has no log file: that is an empty log.
-        Err(e)
-            if e.kind() == std::io::ErrorKind::NotFound
-                && shared.runs_dir().join(run.to_string()).exists() =>
-        {
+        // A run that printed nothing (yet) has no log file: that is an
+        // empty log, if the run is running or kept.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && shared.knows_run(run) => {
             return Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], "").into_response());
         }
         Err(_) => return Err((StatusCode::NOT_FOUND, format!("no log for run {run} on this worker"))),

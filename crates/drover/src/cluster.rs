@@ -110,6 +110,12 @@ struct SchedulerSection {
     lease_timeout: Option<String>,
     unplaceable_grace: Option<String>,
     seed: Option<u64>,
+    /// A starving job may evict lower-priority jobs of its queue.
+    #[serde(default)]
+    preempt: bool,
+    /// A queue below its share may evict jobs of queues above theirs.
+    #[serde(default)]
+    reclaim: bool,
 }
 
 fn millis(
@@ -139,6 +145,8 @@ fn coordinator_config(args: &ServeArgs) -> anyhow::Result<CoordinatorConfig> {
         core.lease_timeout = millis("lease_timeout", &s.lease_timeout, core.lease_timeout)?;
         core.unplaceable_grace = millis("unplaceable_grace", &s.unplaceable_grace, core.unplaceable_grace)?;
         core.seed = s.seed.unwrap_or(core.seed);
+        core.preempt = s.preempt;
+        core.reclaim = s.reclaim;
         for q in &file.queues {
             core.queues.push(drover_core::QueueConfig {
                 name: q.name.clone(),

@@ -219,3 +219,34 @@ fn export_copies_the_tree() {
     assert!(fs::read_dir(&elsewhere).unwrap().next().is_none());
     assert!(matches!(cas.export(&key(9), &dest), Err(CasError::NotFound(_))));
 }
+
+#[test]
+fn an_empty_artifact_commits_like_an_untouched_writer_and_travels() {
+    let (root, cas) = cas(1 << 20);
+    let (a, b) = (key(1), key(2));
+    let written = build(&cas, &a, |_| {});
+    let empty = cas.commit_empty_artifact(&b).unwrap();
+    assert_eq!(empty, written, "the same fixed tree digest, size and file count");
+    assert_eq!((empty.files, empty.size), (0, 0));
+    assert!(tmp_is_empty(&cas));
+    assert_eq!(cas.commit_empty_artifact(&b).unwrap(), empty, "committing again is harmless");
+    {
+        let guard = cas.artifact(&b).unwrap();
+        assert!(guard.is_dir());
+        assert!(listing(&guard).is_empty());
+    }
+    assert!(cas.verify_artifact(&b).unwrap());
+
+    // Fetchable: packed here, unpacked (and verified) elsewhere.
+    let mut pack = Vec::new();
+    assert_eq!(cas.pack(&b, &mut pack).unwrap(), empty);
+    let (_peer_root, peer) = crate::util::cas(1 << 20);
+    assert_eq!(peer.unpack(&b, Some(&empty.tree), &mut pack.as_slice()).unwrap(), empty);
+    assert!(listing(&peer.artifact(&b).unwrap()).is_empty());
+
+    // And durable: it survives a reopen.
+    drop(cas);
+    let cas = Cas::open(&root.path().join("cas"), 1 << 20).unwrap();
+    assert_eq!(cas.artifact_info(&b), Some(empty));
+    assert!(cas.verify_artifact(&b).unwrap());
+}

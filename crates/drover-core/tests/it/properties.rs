@@ -202,8 +202,8 @@ fn queues() -> impl Strategy<Value = (Vec<QueueConfig>, BTreeMap<String, String>
 /// Two or three registrations first, so that most jobs find a worker.
 fn case() -> impl Strategy<Value = Case> {
     let timing = (0..=30u64, 0..=60u64, 150..=400u64, prop_oneof![Just(0u64), Just(80)], any::<u64>());
-    let config =
-        (timing, queues()).prop_map(|((cache, deps, lease, grace, seed), (queues, tenant_queues))| Config {
+    let config = (timing, queues(), any::<(bool, bool)>()).prop_map(
+        |((cache, deps, lease, grace, seed), (queues, tenant_queues), (preempt, reclaim))| Config {
             cache_timeout: Millis(cache),
             deps_timeout: Millis(deps),
             lease_timeout: Millis(lease),
@@ -211,7 +211,10 @@ fn case() -> impl Strategy<Value = Case> {
             seed,
             queues,
             tenant_queues,
-        });
+            preempt,
+            reclaim,
+        },
+    );
     let specs: Vec<_> = (0..JOBS).map(job_spec).collect();
     let program = (prop::collection::vec(join(), 2..=3), prop::collection::vec(op(), 20..80));
     (config, specs, program).prop_map(|(config, specs, (mut ops, rest))| {
@@ -521,6 +524,23 @@ impl Harness {
             Decision::Drop { worker, run } | Decision::Stop { worker, run } => {
                 let stop = matches!(d, Decision::Stop { .. });
                 let expected = matches!(ex.cancel, Some((_, _, Some(r))) if r == *run);
+                if !expected && (self.config.preempt || self.config.reclaim) {
+                    // An eviction: the job is requeued in the same step, and
+                    // the evicted run does not count as an attempt.
+                    let victim =
+                        self.runs.get_mut(run).filter(|r| r.worker == *worker && r.started == stop && r.live);
+                    let job = victim.map(|r| {
+                        r.live = false;
+                        r.job
+                    });
+                    check!(self, job.is_some(), Cancellation, "unexpected {d:?}");
+                    if let Some(job) = job {
+                        let p = self.pending.get_mut(&job).expect("live run: pending job");
+                        (p.run, p.attempts) = (None, p.attempts - 1);
+                        ex.requeue.insert(job);
+                    }
+                    return;
+                }
                 let r = self.runs.get_mut(run).filter(|r| r.worker == *worker && r.started == stop);
                 let found = expected && r.map(|r| r.live = false).is_some();
                 check!(self, found, Cancellation, "unexpected {d:?} (cancelling {:?})", ex.cancel);

@@ -10,7 +10,7 @@
 //! Commands (times in milliseconds, sizes accept Ki/Mi/Gi suffixes):
 //!
 //! ```text
-//! config cache=10 deps=100 lease=10000 grace=0 seed=1
+//! config cache=10 deps=100 lease=10000 grace=0 seed=1 preempt=1 reclaim=1
 //! queue q1 weight=1 parent=p priority=0 tenants=a,b cap=slots:2,cpu:4000,mem:8Gi
 //!          guarantee=slots:1        (before any other command but config)
 //! worker w1 slots=2 cpu=4000 mem=8Gi tokens=network:2 labels=os:linux artifacts=d1,d2
@@ -367,6 +367,8 @@ fn parse_config(line: &str) -> Config {
             "lease" => config.lease_timeout = Millis(n),
             "grace" => config.unplaceable_grace = Millis(n),
             "seed" => config.seed = n,
+            "preempt" => config.preempt = n != 0,
+            "reclaim" => config.reclaim = n != 0,
             other => panic!("unknown config key {other}"),
         }
     }
@@ -466,6 +468,9 @@ scenarios!(
     job_order,
     gangs,
     gangs_competing,
+    preempt,
+    preempt_capped,
+    reclaim,
 );
 
 /// Draws of one worker between its second queue and the global queue: returns

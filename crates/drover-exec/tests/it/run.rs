@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use drover_exec::{ExecError, JobSpec, Outcome, Supervisor};
 
-use crate::support::{Fixture, TOKEN_VAR, assert_no_survivors, finish, supervisor};
+use crate::support::{Fixture, TOKEN_VAR, assert_no_survivors, finish, supervisor, wait_until};
 
 #[tokio::test]
 async fn a_multi_command_job_succeeds_in_its_cwd_with_its_env() {
@@ -117,14 +117,74 @@ async fn a_program_that_is_no_supervisor_fails_to_start() {
 }
 
 #[tokio::test]
-async fn an_unwritable_outcome_file_is_reported_as_a_supervisor_failure() {
+async fn a_job_that_writes_nothing_leaves_no_log_file() {
     let fx = Fixture::new();
+    let mut job = supervisor().start(&fx.spec(&["true", "echo err >&2"])).await.expect("start");
+    assert_eq!(finish(&mut job).await, Outcome::Succeeded);
+    assert!(!fx.path("stdout.log").exists(), "nothing was written to stdout");
+    assert_eq!(fx.stderr(), "err\n");
+}
+
+#[tokio::test]
+async fn a_log_file_is_created_with_its_directory_on_the_first_byte() {
+    let fx = Fixture::new();
+    let mut spec = fx.spec(&["echo out", "echo err >&2"]);
+    spec.stdout = fx.path("run/7/stdout.log");
+    spec.stderr = fx.path("run/7/stderr.log");
+    let mut job = supervisor().start(&spec).await.expect("start");
+    assert_eq!(finish(&mut job).await, Outcome::Succeeded);
+    assert_eq!(std::fs::read_to_string(&spec.stdout).unwrap(), "out\n");
+    assert_eq!(std::fs::read_to_string(&spec.stderr).unwrap(), "err\n");
+}
+
+#[tokio::test]
+async fn one_file_for_both_streams_keeps_their_order() {
+    let fx = Fixture::new();
+    let mut spec = fx.spec(&["echo a; echo b >&2; echo c", "echo d >&2"]);
+    spec.stderr = spec.stdout.clone();
+    let mut job = supervisor().start(&spec).await.expect("start");
+    assert_eq!(finish(&mut job).await, Outcome::Succeeded);
+    assert_eq!(fx.stdout(), "a\nb\nc\nd\n");
+}
+
+#[tokio::test]
+async fn a_log_is_readable_while_the_job_runs() {
+    let fx = Fixture::new();
+    let commands = ["echo early; touch ready; while [ ! -e go ]; do sleep 0.01; done; echo late"];
+    let mut job = supervisor().start(&fx.spec(&commands)).await.expect("start");
+    fx.wait_for_file("ready");
+    wait_until("the first line to reach the log", || fx.stdout() == "early\n");
+    std::fs::write(fx.work().join("go"), "").unwrap();
+    assert_eq!(finish(&mut job).await, Outcome::Succeeded);
+    assert_eq!(fx.stdout(), "early\nlate\n");
+}
+
+#[tokio::test]
+async fn a_log_that_cannot_be_written_fails_the_job() {
+    let fx = Fixture::new();
+    std::fs::write(fx.path("not-a-dir"), "").unwrap();
     let mut spec = fx.spec(&["echo hi"]);
-    spec.outcome_file = fx.path("missing-dir/outcome.json");
+    spec.stdout = fx.path("not-a-dir/stdout.log");
     let mut job = supervisor().start(&spec).await.expect("start");
     let outcome = finish(&mut job).await;
     let Outcome::SpawnFailed(message) = outcome else { panic!("expected SpawnFailed, got {outcome:?}") };
-    assert!(message.contains("outcome file"), "{message}");
+    assert!(message.contains("log file"), "{message}");
+    assert_eq!(job.report().map(|r| r.exit_code), Some(Some(0)), "the command itself ran");
+}
+
+#[tokio::test]
+async fn much_output_is_copied_whole() {
+    let fx = Fixture::new();
+    // Far more than a pipe holds, on both streams.
+    let mut job = supervisor()
+        .start(&fx.spec(&["head -c 3000000 /dev/zero | tr '\\0' x; head -c 300000 /dev/zero >&2"]))
+        .await
+        .expect("start");
+    assert_eq!(finish(&mut job).await, Outcome::Succeeded);
+    let out = fx.stdout();
+    assert_eq!(out.len(), 3_000_000);
+    assert!(out.bytes().all(|b| b == b'x'));
+    assert_eq!(std::fs::metadata(fx.path("stderr.log")).unwrap().len(), 300_000);
 }
 
 #[tokio::test]

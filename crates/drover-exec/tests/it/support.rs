@@ -20,8 +20,8 @@ pub(crate) fn supervisor() -> Supervisor {
     Supervisor::new(PathBuf::from(env!("CARGO_BIN_EXE_drover-exec-supervisor")), Vec::new())
 }
 
-/// A temporary directory with a `work` subdirectory (the job's cwd), logs and
-/// an outcome file, and a token that every process of the job inherits.
+/// A temporary directory with a `work` subdirectory (the job's cwd) and logs,
+/// and a token that every process of the job inherits.
 pub(crate) struct Fixture {
     pub(crate) dir: tempfile::TempDir,
     pub(crate) token: String,
@@ -57,7 +57,6 @@ impl Fixture {
             stderr: self.path("stderr.log"),
             timeout: None,
             kill_grace: Duration::from_secs(2),
-            outcome_file: self.path("outcome.json"),
         }
     }
 
