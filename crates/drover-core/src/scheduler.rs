@@ -1595,12 +1595,35 @@ impl Scheduler {
         }
     }
 
+    /// The dirty worker to draw next. Locality has already decided which
+    /// workers see which jobs; among workers that see the same job (the
+    /// global queue), the first to draw takes it, so the order is the
+    /// placement score: `binpack × used + spread × (100 − used)`, where
+    /// `used` is the worker's busiest share (slots, CPU, memory) in percent,
+    /// highest first, ties by registration order.
+    fn next_dirty(&mut self) -> Option<WorkerIdx> {
+        if self.config.binpack == 0 && self.config.spread == 0 {
+            return self.dirty.pop_first();
+        }
+        let score = |w: &WorkerIdx| {
+            let res = &self.workers[*w as usize].res;
+            let pct = |used: u64, cap: u64| (used.min(cap) * 100).checked_div(cap).unwrap_or(0);
+            let used = pct(res.used_slots.into(), res.slots.into())
+                .max(pct(res.used_cpu, res.cpu))
+                .max(pct(res.used_memory, res.memory));
+            u64::from(self.config.binpack) * used + u64::from(self.config.spread) * (100 - used)
+        };
+        let best = self.dirty.iter().copied().max_by_key(|w| (score(w), Reverse(*w)))?;
+        self.dirty.remove(&best);
+        Some(best)
+    }
+
     /// Every dirty worker draws until it is full or finds nothing.
     fn draw_all(&mut self) {
         if std::mem::take(&mut self.global_dirty) && self.global.len() > 0 {
             self.dirty.extend(self.hungry.iter().copied());
         }
-        while let Some(w) = self.dirty.pop_first() {
+        while let Some(w) = self.next_dirty() {
             loop {
                 let worker = &self.workers[w as usize];
                 if !worker.alive || !worker.res.free_slot() {

@@ -477,6 +477,13 @@ pub struct Config {
     /// reclaimable queues above theirs (off by default).
     #[serde(default)]
     pub reclaim: bool,
+    /// Weight of binpack in the order idle workers draw in (fill the
+    /// busiest workers first). 0 with `spread` 0: registration order.
+    #[serde(default)]
+    pub binpack: u32,
+    /// Weight of spread in that order (the least busy workers first).
+    #[serde(default)]
+    pub spread: u32,
 }
 
 impl Config {
@@ -605,6 +612,8 @@ impl Default for Config {
             tenant_queues: BTreeMap::new(),
             preempt: false,
             reclaim: false,
+            binpack: 0,
+            spread: 0,
         }
     }
 }

@@ -116,6 +116,12 @@ struct SchedulerSection {
     /// A queue below its share may evict jobs of queues above theirs.
     #[serde(default)]
     reclaim: bool,
+    /// Placement: weight of filling the busiest workers first.
+    #[serde(default)]
+    binpack: u32,
+    /// Placement: weight of using the least busy workers first.
+    #[serde(default)]
+    spread: u32,
 }
 
 fn millis(
@@ -147,6 +153,8 @@ fn coordinator_config(args: &ServeArgs) -> anyhow::Result<CoordinatorConfig> {
         core.seed = s.seed.unwrap_or(core.seed);
         core.preempt = s.preempt;
         core.reclaim = s.reclaim;
+        core.binpack = s.binpack;
+        core.spread = s.spread;
         for q in &file.queues {
             core.queues.push(drover_core::QueueConfig {
                 name: q.name.clone(),

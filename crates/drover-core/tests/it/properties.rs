@@ -202,17 +202,21 @@ fn queues() -> impl Strategy<Value = (Vec<QueueConfig>, BTreeMap<String, String>
 /// Two or three registrations first, so that most jobs find a worker.
 fn case() -> impl Strategy<Value = Case> {
     let timing = (0..=30u64, 0..=60u64, 150..=400u64, prop_oneof![Just(0u64), Just(80)], any::<u64>());
-    let config = (timing, queues(), any::<(bool, bool)>()).prop_map(
-        |((cache, deps, lease, grace, seed), (queues, tenant_queues), (preempt, reclaim))| Config {
-            cache_timeout: Millis(cache),
-            deps_timeout: Millis(deps),
-            lease_timeout: Millis(lease),
-            unplaceable_grace: Millis(grace),
-            seed,
-            queues,
-            tenant_queues,
-            preempt,
-            reclaim,
+    let config = (timing, queues(), any::<(bool, bool)>(), 0..3u32).prop_map(
+        |((cache, deps, lease, grace, seed), (queues, tenant_queues), (preempt, reclaim), placement)| {
+            Config {
+                cache_timeout: Millis(cache),
+                deps_timeout: Millis(deps),
+                lease_timeout: Millis(lease),
+                unplaceable_grace: Millis(grace),
+                seed,
+                queues,
+                tenant_queues,
+                preempt,
+                reclaim,
+                binpack: u32::from(placement == 1),
+                spread: u32::from(placement == 2),
+            }
         },
     );
     let specs: Vec<_> = (0..JOBS).map(job_spec).collect();

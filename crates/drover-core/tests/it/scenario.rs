@@ -369,6 +369,8 @@ fn parse_config(line: &str) -> Config {
             "seed" => config.seed = n,
             "preempt" => config.preempt = n != 0,
             "reclaim" => config.reclaim = n != 0,
+            "binpack" => config.binpack = n as u32,
+            "spread" => config.spread = n as u32,
             other => panic!("unknown config key {other}"),
         }
     }
@@ -471,6 +473,8 @@ scenarios!(
     preempt,
     preempt_capped,
     reclaim,
+    placement,
+    placement_spread,
 );
 
 /// Draws of one worker between its second queue and the global queue: returns
