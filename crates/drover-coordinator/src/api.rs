@@ -61,7 +61,7 @@ impl From<SolverError> for ApiError {
         let status = match e {
             SolverError::UnknownBuild(_) => StatusCode::NOT_FOUND,
             SolverError::InvalidBuild(_) => StatusCode::BAD_REQUEST,
-            SolverError::CannotRetry(_) => StatusCode::CONFLICT,
+            SolverError::CannotRetry(_) | SolverError::NotRunning(_) => StatusCode::CONFLICT,
         };
         ApiError(status, e.to_string())
     }
@@ -83,6 +83,8 @@ pub(crate) fn router(app: App) -> Router {
         .route("/v1/builds/{id}/events", get(build_events))
         .route("/v1/builds/{id}/cancel", post(cancel))
         .route("/v1/builds/{id}/retry", post(retry))
+        .route("/v1/builds/{id}/suspend", post(suspend))
+        .route("/v1/builds/{id}/resume", post(resume))
         .route("/v1/builds/{id}/jobs/{name}/log", get(job_log))
         .route("/v1/blobs/missing", post(missing))
         .route("/v1/blobs/{digest}", put(put_blob).get(get_blob))
@@ -180,6 +182,30 @@ async fn build_events(
 
 async fn cancel(State(app): State<App>, Path(id): Path<u64>) -> ApiResult<StatusCode> {
     app.shared.input(Input::Cancel { build: id }).await??;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `?job=NAME`: one job instead of the whole build.
+#[derive(Debug, Deserialize)]
+struct JobQuery {
+    job: Option<String>,
+}
+
+async fn suspend(
+    State(app): State<App>,
+    Path(id): Path<u64>,
+    Query(q): Query<JobQuery>,
+) -> ApiResult<StatusCode> {
+    app.shared.input(Input::Suspend { build: id, job: q.job, resume: false }).await??;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn resume(
+    State(app): State<App>,
+    Path(id): Path<u64>,
+    Query(q): Query<JobQuery>,
+) -> ApiResult<StatusCode> {
+    app.shared.input(Input::Suspend { build: id, job: q.job, resume: true }).await??;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -339,11 +365,18 @@ async fn poll(
             assign: std::mem::take(&mut mb.assign),
             drop: std::mem::take(&mut mb.drop),
             stop: std::mem::take(&mut mb.stop),
+            suspend: std::mem::take(&mut mb.suspend),
+            resume: std::mem::take(&mut mb.resume),
             reregister: false,
         }
     };
     let reply = take(&app);
-    if !reply.assign.is_empty() || !reply.drop.is_empty() || !reply.stop.is_empty() {
+    if !reply.assign.is_empty()
+        || !reply.drop.is_empty()
+        || !reply.stop.is_empty()
+        || !reply.suspend.is_empty()
+        || !reply.resume.is_empty()
+    {
         return Ok(Json(reply));
     }
     let wait = Duration::from_millis(req.wait_ms).min(MAX_WAIT);

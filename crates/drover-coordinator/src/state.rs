@@ -35,6 +35,8 @@ pub(crate) struct Mailbox {
     pub(crate) assign: Vec<Assignment>,
     pub(crate) drop: Vec<u64>,
     pub(crate) stop: Vec<u64>,
+    pub(crate) suspend: Vec<u64>,
+    pub(crate) resume: Vec<u64>,
     pub(crate) notify: Arc<Notify>,
 }
 
@@ -223,11 +225,22 @@ fn perform(shared: &Shared, effects: Vec<Effect>) {
                 mb.stop.push(run);
                 mb.notify.notify_one();
             }
+            Effect::Suspend { worker, run, resume } => {
+                let mb = mailboxes.entry(worker).or_default();
+                if resume {
+                    mb.resume.push(run)
+                } else {
+                    mb.suspend.push(run)
+                }
+                mb.notify.notify_one();
+            }
             Effect::WorkerLost { worker } => {
                 if let Some(mb) = mailboxes.get_mut(&worker) {
                     mb.assign.clear();
                     mb.drop.clear();
                     mb.stop.clear();
+                    mb.suspend.clear();
+                    mb.resume.clear();
                     mb.notify.notify_one();
                 }
             }

@@ -393,6 +393,16 @@ pub enum EventKind {
         #[serde(default, skip_serializing_if = "String::is_empty")]
         detail: String,
     },
+    /// A running job was suspended (its processes stopped).
+    JobSuspended {
+        /// Job name.
+        job: String,
+    },
+    /// A suspended job was resumed.
+    JobResumed {
+        /// Job name.
+        job: String,
+    },
     /// A job's worker was lost; it waits again.
     JobRequeued {
         /// Job name.
@@ -531,6 +541,12 @@ pub struct PollReply {
     pub drop: Vec<u64>,
     /// Stop these (running, then cancelled).
     pub stop: Vec<u64>,
+    /// Suspend these: SIGSTOP to the run's processes; its timeout stops.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub suspend: Vec<u64>,
+    /// Resume these: SIGCONT.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resume: Vec<u64>,
     /// The coordinator does not know this worker (it restarted with fresh
     /// state, or declared it lost): register again.
     pub reregister: bool,

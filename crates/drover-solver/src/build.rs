@@ -40,6 +40,8 @@ struct JobRec {
     detail: String,
     /// Set while the core holds the job for this build.
     waiter: Option<WaiterId>,
+    /// Its run was suspended (and not resumed since).
+    suspended: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -211,6 +213,7 @@ impl Build {
                 exit_code: None,
                 detail: String::new(),
                 waiter: None,
+                suspended: false,
             };
             spec.jobs.len()
         ];
@@ -394,6 +397,51 @@ impl Build {
         None
     }
 
+    /// Marks the running jobs (or the one named) suspended or resumed;
+    /// returns their (worker, run). A named job must be running (and, to
+    /// resume, suspended).
+    pub(crate) fn suspend(
+        &mut self,
+        job: Option<&str>,
+        resume: bool,
+        now: Millis,
+    ) -> Result<Vec<(u64, u64)>, String> {
+        let targets: Vec<u32> = match job {
+            Some(name) => {
+                let &i =
+                    self.index.get(name).ok_or_else(|| format!("build {} has no job {name:?}", self.id))?;
+                let rec = &self.jobs[i as usize];
+                if rec.state != JobState::Running || rec.run.is_none() {
+                    return Err(format!("job {name} is {}, not running", rec.state));
+                }
+                if resume && !rec.suspended {
+                    return Err(format!("job {name} is not suspended"));
+                }
+                vec![i]
+            }
+            None => (0..self.jobs.len() as u32)
+                .filter(|&i| {
+                    let rec = &self.jobs[i as usize];
+                    rec.state == JobState::Running && rec.run.is_some() && rec.suspended == resume
+                })
+                .collect(),
+        };
+        let mut runs = Vec::new();
+        for i in targets {
+            let rec = &mut self.jobs[i as usize];
+            rec.suspended = !resume;
+            if let (Some(worker), Some(run)) = (rec.worker, rec.run) {
+                runs.push((worker, run));
+            }
+            let job = self.name_of(i);
+            self.event(
+                now,
+                if resume { EventKind::JobResumed { job } } else { EventKind::JobSuspended { job } },
+            );
+        }
+        Ok(runs)
+    }
+
     /// Takes job `i`'s core waiter, if the core holds it for this build.
     fn take_waiter(&mut self, i: u32) -> Option<WaiterId> {
         let waiter = self.jobs[i as usize].waiter.take();
@@ -421,6 +469,7 @@ impl Build {
     ) {
         let rec = &mut self.jobs[i as usize];
         rec.state = JobState::Running;
+        rec.suspended = false;
         rec.worker = Some(worker);
         rec.run = Some(run);
         rec.attempts = attempt;
@@ -448,6 +497,7 @@ impl Build {
         self.take_waiter(i);
         let rec = &mut self.jobs[i as usize];
         rec.state = state;
+        rec.suspended = false;
         rec.exit_code = exit_code;
         rec.detail = detail.clone();
         if self.state == BuildState::Queued {
@@ -639,6 +689,7 @@ impl Build {
                     exit_code: rec.exit_code,
                     detail: match (rec.state, rec.waiter) {
                         (JobState::Queued, None) if rec.detail.is_empty() => self.outside_core(i as u32),
+                        (JobState::Running, _) if rec.suspended => "suspended".to_owned(),
                         _ => rec.detail.clone(),
                     },
                 })

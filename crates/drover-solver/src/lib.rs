@@ -58,6 +58,16 @@ pub enum Input {
         /// The build.
         build: u64,
     },
+    /// A client suspends (or resumes) a build's running jobs, or one of
+    /// them.
+    Suspend {
+        /// The build.
+        build: u64,
+        /// One job, by name (default: every running job of the build).
+        job: Option<String>,
+        /// Resume instead.
+        resume: bool,
+    },
     /// Time passes: due timers fire.
     Tick,
     /// The coordinator restarted: time stood still for the cluster while it
@@ -90,6 +100,9 @@ pub enum SolverError {
     /// The build cannot be retried now.
     #[error("{0}")]
     CannotRetry(String),
+    /// The job cannot be suspended or resumed now.
+    #[error("{0}")]
+    NotRunning(String),
 }
 
 /// Something for the coordinator's shell to do.
@@ -115,6 +128,15 @@ pub enum Effect {
         worker: u64,
         /// The run.
         run: u64,
+    },
+    /// Tell the worker to suspend (or resume) this run.
+    Suspend {
+        /// The worker.
+        worker: u64,
+        /// The run.
+        run: u64,
+        /// Resume instead.
+        resume: bool,
     },
     /// The worker was declared lost: close its session.
     WorkerLost {
@@ -194,6 +216,7 @@ impl Solver {
             Input::Report { worker, report } => Ok(self.report(worker, report)),
             Input::Submit(req) => self.submit(req),
             Input::Cancel { build } => self.cancel(build),
+            Input::Suspend { build, job, resume } => self.suspend(build, job.as_deref(), resume),
             Input::Retry { build } => self.retry(build),
             Input::Tick => Ok(self.core_event(Event::Tick)),
             Input::Restarted => Ok(self.core_event(Event::Resumed)),
@@ -405,6 +428,16 @@ impl Solver {
         }
         self.finish_if_done(id);
         Ok(Reply::Submitted(id))
+    }
+
+    fn suspend(&mut self, id: u64, job: Option<&str>, resume: bool) -> Result<Reply, SolverError> {
+        let build = self.builds.get_mut(&id).ok_or(SolverError::UnknownBuild(id))?;
+        let runs = build.suspend(job, resume, self.now).map_err(SolverError::NotRunning)?;
+        for (worker, run) in runs {
+            self.effects.push(Effect::Suspend { worker, run, resume });
+        }
+        self.effects.push(Effect::BuildChanged { build: id });
+        Ok(Reply::Done)
     }
 
     fn retry(&mut self, id: u64) -> Result<Reply, SolverError> {

@@ -25,9 +25,8 @@ use std::time::{Duration, Instant};
 use drover_cas::{ArtifactGuard, Key};
 use drover_exec::{JobSpec, Outcome};
 use drover_proto::{Assignment, DepInput, Hash32, HeldArtifact, RunResult, SourceFile};
-use tokio_util::sync::CancellationToken;
 
-use crate::Shared;
+use crate::{RunControl, Shared};
 
 /// The shared working directory of jobs that see no source, under `runs/`.
 pub(crate) const EMPTY_SRC: &str = "empty-src";
@@ -36,11 +35,12 @@ pub(crate) const EMPTY_SRC: &str = "empty-src";
 const STDERR_TAIL: usize = 2048;
 
 /// Runs one assignment and reports it.
-pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, cancel: CancellationToken) {
+pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, control: RunControl) {
     let run = assignment.run;
     shared.outbox.started(run);
     let start = Instant::now();
-    let result = execute(&shared, &assignment, &cancel).await;
+    let cancel = &control.cancel;
+    let result = execute(&shared, &assignment, &control).await;
     let duration_ms = start.elapsed().as_millis() as u64;
     let result = match result {
         Ok(mut result) => {
@@ -76,11 +76,8 @@ fn held(job: &Hash32, info: &drover_cas::ArtifactInfo) -> HeldArtifact {
 }
 
 /// Does the work of a run; `Err` is a failure before the commands ran.
-async fn execute(
-    shared: &Arc<Shared>,
-    a: &Assignment,
-    cancel: &CancellationToken,
-) -> Result<RunResult, String> {
+async fn execute(shared: &Arc<Shared>, a: &Assignment, control: &RunControl) -> Result<RunResult, String> {
+    let cancel = &control.cancel;
     let key = Key(a.job.0);
     if !a.no_cache
         && let Some(guard) = shared.cas.artifact(&key)
@@ -108,7 +105,7 @@ async fn execute(
         () = cancel.cancelled() => Err("cancelled".into()),
     };
     let result = match prepared {
-        Ok(deps) => run_commands(shared, a, &dir, &src, &deps, cancel).await,
+        Ok(deps) => run_commands(shared, a, &dir, &src, &deps, control).await,
         Err(e) => Err(e),
     };
     if own_src {
@@ -295,8 +292,9 @@ async fn run_commands(
     dir: &Path,
     src: &Path,
     deps: &BTreeMap<String, ArtifactGuard>,
-    cancel: &CancellationToken,
+    control: &RunControl,
 ) -> Result<RunResult, String> {
+    let cancel = &control.cancel;
     let dep_paths: BTreeMap<String, PathBuf> =
         deps.iter().map(|(n, g)| (n.clone(), g.path().to_owned())).collect();
     let render = |out: &Path| render_job(&a.commands, &a.env, src, out, &dep_paths);
@@ -318,6 +316,7 @@ async fn run_commands(
     };
     let mut running = shared.config.supervisor.start(&spec).await.map_err(|e| e.to_string())?;
     let handle = running.handle();
+    control.started(handle.clone());
     let outcome = {
         let wait = running.wait();
         tokio::pin!(wait);

@@ -99,8 +99,8 @@ struct Shared {
     cas: Arc<Cas>,
     /// Client for the coordinator (and peers), with the token.
     http: Http,
-    /// Runs in progress, by run ID: cancelling the token stops the run.
-    runs: Mutex<BTreeMap<u64, CancellationToken>>,
+    /// Runs in progress, by run ID.
+    runs: Mutex<BTreeMap<u64, RunControl>>,
     /// Reports not yet delivered.
     outbox: report::Outbox,
     /// Run directories kept for their logs, oldest first.
@@ -108,6 +108,41 @@ struct Shared {
     /// Artifacts being fetched from peers, so one fetch serves every job.
     fetching: Mutex<BTreeSet<Key>>,
     fetched: tokio::sync::Notify,
+}
+
+/// How the session reaches a run in progress: cancelling the token stops
+/// it; suspend and resume reach its processes once its supervisor runs (a
+/// suspend that comes earlier is applied as soon as it starts).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RunControl {
+    pub(crate) cancel: CancellationToken,
+    /// The job's handle once started, and whether it should be suspended.
+    job: Arc<Mutex<(Option<drover_exec::JobHandle>, bool)>>,
+}
+
+impl RunControl {
+    /// Suspends (`true`) or resumes the run's processes.
+    pub(crate) fn suspend(&self, on: bool) {
+        let mut job = self.job.lock().expect("run control");
+        job.1 = on;
+        if let Some(handle) = &job.0 {
+            let done = if on { handle.suspend() } else { handle.resume() };
+            if let Err(e) = done {
+                tracing::warn!("cannot {} a run: {e}", if on { "suspend" } else { "resume" });
+            }
+        }
+    }
+
+    /// The run's supervisor started.
+    pub(crate) fn started(&self, handle: drover_exec::JobHandle) {
+        let mut job = self.job.lock().expect("run control");
+        if job.1
+            && let Err(e) = handle.suspend()
+        {
+            tracing::warn!("cannot suspend a run: {e}");
+        }
+        job.0 = Some(handle);
+    }
 }
 
 impl Shared {

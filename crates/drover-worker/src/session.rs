@@ -7,10 +7,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::{RunControl, Shared, job};
 use drover_proto::{Hash32, HeldArtifact, PollReply, PollRequest, RegisterReply, RegisterRequest};
-use tokio_util::sync::CancellationToken;
-
-use crate::{Shared, job};
 
 /// Registers and polls for as long as the worker lives.
 pub(crate) async fn run(shared: Arc<Shared>) {
@@ -87,9 +85,16 @@ async fn poll(shared: &Arc<Shared>, worker: u64, lease: Duration) {
                     stop(shared, *run);
                 }
                 for assignment in reply.assign {
-                    let cancel = CancellationToken::new();
-                    shared.runs.lock().expect("runs").insert(assignment.run, cancel.clone());
-                    tokio::spawn(job::run(shared.clone(), assignment, cancel));
+                    let control = RunControl::default();
+                    shared.runs.lock().expect("runs").insert(assignment.run, control.clone());
+                    tokio::spawn(job::run(shared.clone(), assignment, control));
+                }
+                for (runs, on) in [(&reply.suspend, true), (&reply.resume, false)] {
+                    for run in runs {
+                        if let Some(control) = shared.runs.lock().expect("runs").get(run) {
+                            control.suspend(on);
+                        }
+                    }
                 }
             }
             Err(e) if e.status() == Some(404) => {
@@ -109,8 +114,8 @@ async fn poll(shared: &Arc<Shared>, worker: u64, lease: Duration) {
 /// delivered) is reported as ended at once, so the coordinator frees what
 /// it had set aside for it; a duplicate report is ignored there.
 fn stop(shared: &Shared, run: u64) {
-    if let Some(cancel) = shared.runs.lock().expect("runs").get(&run) {
-        cancel.cancel();
+    if let Some(control) = shared.runs.lock().expect("runs").get(&run) {
+        control.cancel.cancel();
         return;
     }
     shared.outbox.finished(drover_proto::RunResult {

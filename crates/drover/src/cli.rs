@@ -40,6 +40,12 @@ pub(crate) enum Command {
     Cancel(CancelArgs),
     /// Re-run a finished build's failed jobs and what they skipped.
     Retry(RetryArgs),
+    /// Suspend a build's running jobs (or one of them): their processes are
+    /// stopped (SIGSTOP) and their timeout clocks pause; they keep their
+    /// slots.
+    Suspend(SuspendArgs),
+    /// Resume suspended jobs (SIGCONT).
+    Resume(SuspendArgs),
     /// List the workers.
     Workers(WorkersArgs),
     /// List the coordinator's queues: weight, deserved share, what each
@@ -223,6 +229,16 @@ pub(crate) struct StatusArgs {
 pub(crate) struct CancelArgs {
     /// The build's ID.
     pub(crate) build: u64,
+    #[command(flatten)]
+    pub(crate) remote: Remote,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct SuspendArgs {
+    /// The build's ID.
+    pub(crate) build: u64,
+    /// One job of the build, by name (default: all its running jobs).
+    pub(crate) job: Option<String>,
     #[command(flatten)]
     pub(crate) remote: Remote,
 }

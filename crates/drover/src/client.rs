@@ -17,7 +17,9 @@ use drover_proto::{
 use futures::{StreamExt, TryStreamExt};
 
 use crate::Failure;
-use crate::cli::{BuildArgs, CancelArgs, LogsArgs, Remote, RetryArgs, StatusArgs, SubmitArgs, WorkersArgs};
+use crate::cli::{
+    BuildArgs, CancelArgs, LogsArgs, Remote, RetryArgs, StatusArgs, SubmitArgs, SuspendArgs, WorkersArgs,
+};
 use crate::progress::Progress;
 
 /// A build file, checked and turned into what the coordinator takes.
@@ -469,6 +471,34 @@ pub(crate) async fn cancel(args: CancelArgs) -> Result<(), Failure> {
     })?;
     eprintln!("build {} cancelled", args.build);
     Ok(())
+}
+
+/// `drover suspend` and `drover resume`.
+pub(crate) async fn suspend(args: SuspendArgs, resume: bool) -> Result<(), Failure> {
+    let http = connect(&args.remote);
+    let base = &args.remote.coordinator;
+    let verb = if resume { "resume" } else { "suspend" };
+    let mut path = format!("/v1/builds/{}/{verb}", args.build);
+    if let Some(job) = &args.job {
+        path.push_str(&format!("?job={}", url_escape(job)));
+    }
+    http.post(&api(base, &path)).await.map_err(|e| match e.status() {
+        Some(404 | 409) => Failure::Usage(anyhow!("{e}")),
+        _ => reach(base)(e),
+    })?;
+    let what = args.job.as_deref().map_or_else(|| format!("build {}", args.build), |j| format!("job {j}"));
+    eprintln!("{what}: {}", if resume { "resumed" } else { "suspended" });
+    Ok(())
+}
+
+/// Percent-encodes a query value.
+fn url_escape(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 /// `drover retry`.

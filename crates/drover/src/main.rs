@@ -86,6 +86,8 @@ async fn dispatch(command: Command) -> Result<(), Failure> {
         Command::Status(args) => client::status(args).await,
         Command::Cancel(args) => client::cancel(args).await,
         Command::Retry(args) => client::retry(args).await,
+        Command::Suspend(args) => client::suspend(args, false).await,
+        Command::Resume(args) => client::suspend(args, true).await,
         Command::Workers(args) => client::workers(args).await,
         Command::Queues(args) => client::queues(args).await,
         Command::Logs(args) => client::logs(args).await,

@@ -109,6 +109,11 @@ impl Bars {
                     let _ = self.multi.println(text);
                 }
             }
+            EventKind::JobSuspended { .. } | EventKind::JobResumed { .. } => {
+                if let Some(text) = line(event) {
+                    let _ = self.multi.println(text);
+                }
+            }
             EventKind::BuildRetried { jobs } => {
                 let total = self.total.length().unwrap_or(0);
                 self.total.set_position(total.saturating_sub(*jobs as u64));
@@ -144,8 +149,10 @@ fn line(event: &BuildEvent) -> Option<String> {
             text
         }
         EventKind::JobRequeued { job, attempts } => {
-            format!("requeued  {job} (its worker was lost; attempt {attempts})")
+            format!("requeued  {job} ({attempts} attempt(s) so far: worker lost, evicted or gang restarted)")
         }
+        EventKind::JobSuspended { job } => format!("suspended {job}"),
+        EventKind::JobResumed { job } => format!("resumed   {job}"),
         EventKind::JobSkipped { job, reason } => format!("skipped   {job}: {reason}"),
         EventKind::JobCancelled { job } => format!("cancelled {job}"),
         EventKind::BuildFinished { state } => format!("build {state}"),

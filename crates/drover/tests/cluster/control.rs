@@ -1,0 +1,59 @@
+//! Job control through the real processes: `drover suspend` and `drover
+//! resume` stop and continue a running job's processes.
+
+use crate::harness::{Cluster, eventually, job};
+
+/// The state letter of a process (`T` when stopped), from /proc.
+fn proc_state(pid: &str) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit(')').next()?.split_whitespace().next()?.chars().next()
+}
+
+#[test]
+fn suspend_stops_a_running_job_and_resume_continues_it() {
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", 1, &[]);
+    let (pidfile, gate) = (cluster.scratch("pid"), cluster.scratch("gate"));
+    let file = cluster.project(
+        "ctl",
+        &format!("jobs:\n  - name: long\n    run: \"echo $$ > {pidfile}; while [ ! -e {gate} ]; do sleep 0.05; done\"\n"),
+        &[],
+    );
+    let build = cluster.submit(&file);
+    let pid = eventually("the job to start", || {
+        let pid = std::fs::read_to_string(&pidfile).ok()?;
+        let pid = pid.trim().to_owned();
+        (!pid.is_empty()).then_some(pid)
+    });
+    assert_ne!(proc_state(&pid), Some('T'));
+
+    let out = cluster.run(&["suspend", &build.to_string(), "long"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    eventually("the job's shell stopped", || (proc_state(&pid) == Some('T')).then_some(()));
+    let status = cluster.status(build);
+    assert_eq!(job(&status, "long")["state"], "running");
+    assert_eq!(job(&status, "long")["detail"], "suspended");
+    // Resuming a job that is not suspended, or a job that is not there, is
+    // refused with a clear error.
+    let again = cluster.run(&["suspend", &build.to_string(), "nope"]);
+    assert_eq!(again.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&again.stderr).contains("no job \"nope\""), "{again:?}");
+
+    let out = cluster.run(&["resume", &build.to_string()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    eventually("the job's shell running again", || {
+        matches!(proc_state(&pid), Some(s) if s != 'T').then_some(())
+    });
+    let out = cluster.run(&["resume", &build.to_string(), "long"]);
+    assert_eq!(out.status.code(), Some(2), "not suspended any more");
+
+    std::fs::write(&gate, "").expect("open the gate");
+    let done = eventually("the build to finish", || {
+        let status = cluster.status(build);
+        (status["state"] == "succeeded").then_some(status)
+    });
+    assert_eq!(job(&done, "long")["state"], "succeeded");
+    let events = cluster.run(&["status", &build.to_string(), "--events"]);
+    let events = String::from_utf8_lossy(&events.stdout);
+    assert!(events.contains("\"job_suspended\"") && events.contains("\"job_resumed\""), "{events}");
+}
