@@ -218,6 +218,9 @@ async fn retry(State(app): State<App>, Path(id): Path<u64>) -> ApiResult<StatusC
 struct LogQuery {
     #[serde(default = "default_stream")]
     stream: String,
+    /// Stream what the job writes until it ends.
+    #[serde(default)]
+    follow: bool,
 }
 
 fn default_stream() -> String {
@@ -242,10 +245,11 @@ async fn job_log(
         }
         (true, Some(loc)) => loc,
     };
+    let follow = if q.follow { "&follow=true" } else { "" };
     let stream =
-        app.http.get_stream(&format!("{url}/v1/runs/{run}/log?stream={}", q.stream)).await.map_err(|e| {
-            ApiError(StatusCode::BAD_GATEWAY, format!("the log is on a worker that did not answer: {e}"))
-        })?;
+        app.http.get_stream(&format!("{url}/v1/runs/{run}/log?stream={}{follow}", q.stream)).await.map_err(
+            |e| ApiError(StatusCode::BAD_GATEWAY, format!("the log is on a worker that did not answer: {e}")),
+        )?;
     Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], Body::from_stream(stream)).into_response())
 }
 

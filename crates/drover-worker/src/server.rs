@@ -57,6 +57,41 @@ async fn artifact(State(shared): State<Arc<Shared>>, Path(job): Path<String>) ->
 struct LogQuery {
     #[serde(default)]
     stream: Option<String>,
+    /// Keep the response open and send what the run writes until it ends.
+    #[serde(default)]
+    follow: bool,
+}
+
+/// How often a followed log is checked for new bytes.
+const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// The log from the start, then what the run writes, until the run ends
+/// (then what is left).
+fn follow_log(shared: Arc<Shared>, run: u64, path: std::path::PathBuf) -> Body {
+    use tokio::io::{AsyncReadExt, AsyncSeekExt};
+    let state = (shared, path, 0u64);
+    let stream = futures::stream::unfold(state, move |(shared, path, offset)| async move {
+        loop {
+            // Read whether the run is still going before reading, so bytes
+            // written just before it ended are not missed.
+            let running = shared.runs.lock().expect("runs").contains_key(&run);
+            let mut chunk = Vec::new();
+            if let Ok(mut file) = tokio::fs::File::open(&path).await
+                && file.seek(std::io::SeekFrom::Start(offset)).await.is_ok()
+            {
+                let _ = file.take(1 << 20).read_to_end(&mut chunk).await;
+            }
+            if !chunk.is_empty() {
+                let next = offset + chunk.len() as u64;
+                return Some((Ok::<_, std::io::Error>(axum::body::Bytes::from(chunk)), (shared, path, next)));
+            }
+            if !running {
+                return None;
+            }
+            tokio::time::sleep(FOLLOW_EVERY).await;
+        }
+    });
+    Body::from_stream(stream)
 }
 
 async fn log(State(shared): State<Arc<Shared>>, Path(run): Path<u64>, Query(q): Query<LogQuery>) -> Reply {
@@ -68,6 +103,13 @@ async fn log(State(shared): State<Arc<Shared>>, Path(run): Path<u64>, Query(q): 
         }
     };
     let path = shared.runs_dir().join(run.to_string()).join(name);
+    if q.follow {
+        if !shared.knows_run(run) {
+            return Err((StatusCode::NOT_FOUND, format!("no log for run {run} on this worker")));
+        }
+        let body = follow_log(shared.clone(), run, path);
+        return Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response());
+    }
     let file = match tokio::fs::File::open(&path).await {
         Ok(file) => file,
         // A run that printed nothing (yet) has no log file: that is an

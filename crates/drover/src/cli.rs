@@ -275,6 +275,9 @@ pub(crate) struct LogsArgs {
     /// Print standard error instead of standard output.
     #[arg(long)]
     pub(crate) stderr: bool,
+    /// Keep printing what the job writes until it ends.
+    #[arg(long, short)]
+    pub(crate) follow: bool,
     #[command(flatten)]
     pub(crate) remote: Remote,
 }

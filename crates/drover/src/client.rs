@@ -607,7 +607,8 @@ pub(crate) async fn logs(args: LogsArgs) -> Result<(), Failure> {
     let http = connect(&args.remote);
     let base = &args.remote.coordinator;
     let stream = if args.stderr { "stderr" } else { "stdout" };
-    let url = api(base, &format!("/v1/builds/{}/jobs/{}/log?stream={stream}", args.build, args.job));
+    let follow = if args.follow { "&follow=true" } else { "" };
+    let url = api(base, &format!("/v1/builds/{}/jobs/{}/log?stream={stream}{follow}", args.build, args.job));
     let mut body = http.get_stream(&url).await.map_err(|e| match e.status() {
         Some(404) => Failure::Usage(anyhow!("{e}")),
         _ => reach(base)(e),

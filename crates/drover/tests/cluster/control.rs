@@ -57,3 +57,40 @@ fn suspend_stops_a_running_job_and_resume_continues_it() {
     let events = String::from_utf8_lossy(&events.stdout);
     assert!(events.contains("\"job_suspended\"") && events.contains("\"job_resumed\""), "{events}");
 }
+
+#[test]
+fn logs_follow_streams_a_running_job_until_it_ends() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", 1, &[]);
+    let gate = cluster.scratch("gate");
+    let file = cluster.project(
+        "follow",
+        &format!("jobs:\n  - name: talk\n    run: \"echo one; while [ ! -e {gate} ]; do sleep 0.05; done; echo two\"\n"),
+        &[],
+    );
+    let build = cluster.submit(&file);
+    eventually("the job to start", || (cluster.status(build)["state"] == "running").then_some(()));
+    let mut follow = cluster
+        .client(&["logs", &build.to_string(), "talk", "--follow"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("drover logs --follow");
+    // Lines arrive on a channel, so a broken follow fails the test at a
+    // generous deadline instead of hanging it.
+    let stdout = follow.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let _ = tx.send(line.expect("read"));
+        }
+    });
+    let next = || rx.recv_timeout(std::time::Duration::from_secs(60)).ok();
+    assert_eq!(next().as_deref(), Some("one"), "printed while the job runs");
+    std::fs::write(&gate, "").expect("open the gate");
+    assert_eq!(next().as_deref(), Some("two"));
+    assert_eq!(next(), None, "the stream ends with the job");
+    assert!(follow.wait().expect("wait").success());
+}
