@@ -191,6 +191,10 @@ pub(crate) struct WorkerArgs {
     /// Size bound of the artifact cache.
     #[arg(long, default_value = "10Gi")]
     pub(crate) cache_size: String,
+    /// How long a stopped job (cancel, timeout, eviction) gets after
+    /// SIGTERM before its processes are killed with SIGKILL.
+    #[arg(long, default_value = "10s", value_name = "DURATION")]
+    pub(crate) kill_grace: String,
     /// The cluster's token, if it has one.
     #[arg(long, env = "DROVER_TOKEN", hide_env_values = true)]
     pub(crate) token: Option<String>,

@@ -231,7 +231,7 @@ fn worker_config(args: &WorkerArgs) -> anyhow::Result<WorkerConfig> {
         cache_bytes: units::size("--cache-size", &args.cache_size)?,
         token: args.token.clone(),
         supervisor: supervisor()?,
-        kill_grace: Duration::from_secs(5),
+        kill_grace: units::duration("--kill-grace", &args.kill_grace)?,
         keep_runs: 1000,
     })
 }

@@ -94,3 +94,15 @@ fn logs_follow_streams_a_running_job_until_it_ends() {
     assert_eq!(next(), None, "the stream ends with the job");
     assert!(follow.wait().expect("wait").success());
 }
+
+#[test]
+fn a_bad_kill_grace_is_refused_before_the_worker_starts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = crate::harness::drover()
+        .args(["worker", "--coordinator", "http://127.0.0.1:9", "--kill-grace", "soon", "--cache"])
+        .arg(dir.path())
+        .output()
+        .expect("run drover worker");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--kill-grace"), "{out:?}");
+}
