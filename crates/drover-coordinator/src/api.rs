@@ -33,6 +33,8 @@ use crate::state::{Shared, Stopped};
 pub(crate) struct App {
     pub(crate) shared: Arc<Shared>,
     pub(crate) blobs: Arc<Cas>,
+    /// The shared artifact cache.
+    pub(crate) cache: Arc<Cas>,
     pub(crate) http: Http,
     pub(crate) token: Option<String>,
     pub(crate) max_blob: u64,
@@ -89,6 +91,7 @@ pub(crate) fn router(app: App) -> Router {
         .route("/v1/blobs/missing", post(missing))
         .route("/v1/blobs/{digest}", put(put_blob).get(get_blob))
         .route("/v1/artifacts/{job}", get(artifact_location))
+        .route("/v1/cache/{job}", put(put_cached).get(get_cached))
         .route("/v1/workers", get(workers))
         .route("/v1/queues", get(queues))
         .route("/v1/workers/register", post(register))
@@ -299,6 +302,61 @@ async fn get_blob(State(app): State<App>, Path(digest): Path<String>) -> ApiResu
         .map_err(|e| ApiError(StatusCode::NOT_FOUND, format!("blob {digest}: {e}")))?;
     let stream = tokio_util::io::ReaderStream::new(file);
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], Body::from_stream(stream)).into_response())
+}
+
+/// `PUT /v1/cache/{job}`: a worker pushes an output, in the pack format.
+/// Every file and the tree are verified as they arrive; an output already
+/// here is read, verified and dropped (so concurrent pushes of one output
+/// both succeed).
+async fn put_cached(State(app): State<App>, Path(job): Path<String>, body: Body) -> ApiResult<StatusCode> {
+    let job = parse_hash(&job)?;
+    let stream = body.into_data_stream().map(|chunk| chunk.map_err(std::io::Error::other));
+    let reader = tokio_util::io::StreamReader::new(stream);
+    let cache = app.cache.clone();
+    let result = tokio::task::spawn_blocking(move || {
+        let mut sync = tokio_util::io::SyncIoBridge::new(reader);
+        let info = cache.unpack(&Key(job.0), None, &mut sync);
+        (info, cache.take_evicted())
+    })
+    .await
+    .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    let (info, evicted) = result;
+    if !evicted.is_empty() {
+        let jobs = evicted.into_iter().map(|k| Hash32(k.0)).collect();
+        app.shared.input(Input::Uncached { jobs }).await??;
+    }
+    let info = info.map_err(|e| bad(format!("output {job} rejected: {e}")))?;
+    app.shared.input(Input::Cached { job, tree: Hash32(info.tree.0) }).await??;
+    Ok(StatusCode::CREATED)
+}
+
+/// `GET /v1/cache/{job}`: an output from the shared cache, in the pack
+/// format. A stored file found damaged cuts the stream short (the reader
+/// rejects it) and drops the output from the cache.
+async fn get_cached(State(app): State<App>, Path(job): Path<String>) -> ApiResult<Response> {
+    let job = parse_hash(&job)?;
+    let key = Key(job.0);
+    if app.cache.artifact_info(&key).is_none() {
+        return Err(ApiError(StatusCode::NOT_FOUND, format!("output {job} is not in the shared cache")));
+    }
+    let (reader, writer) = tokio::io::duplex(256 * 1024);
+    let cache = app.cache.clone();
+    let shared = app.shared.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut sync = tokio_util::io::SyncIoBridge::new(writer);
+        if let Err(e) = cache.pack(&key, &mut sync) {
+            tracing::warn!("serving cached output {key}: {e}");
+        }
+        let evicted: Vec<Hash32> = cache.take_evicted().into_iter().map(|k| Hash32(k.0)).collect();
+        if !evicted.is_empty() {
+            // Best effort: the solver then stops offering these.
+            tokio::runtime::Handle::current().spawn(async move {
+                let _ = shared.input(Input::Uncached { jobs: evicted }).await;
+            });
+        }
+    });
+    let body = Body::from_stream(tokio_util::io::ReaderStream::new(reader));
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], body).into_response())
 }
 
 async fn artifact_location(

@@ -35,6 +35,9 @@ pub struct CoordinatorConfig {
     pub source_cache_bytes: u64,
     /// Largest single uploaded file.
     pub max_blob: u64,
+    /// Size bound of the shared artifact cache that workers push outputs
+    /// to and pull them from (least recently used outputs are dropped).
+    pub artifact_cache_bytes: u64,
     /// What a recorded input survives (default: a crash of the process).
     pub durability: Durability,
 }
@@ -49,6 +52,7 @@ impl CoordinatorConfig {
             core: drover_core::Config { lease_timeout: drover_core::Millis(15_000), ..Default::default() },
             source_cache_bytes: 20 << 30,
             max_blob: 4 << 30,
+            artifact_cache_bytes: 10 << 30,
             durability: Durability::default(),
         }
     }
@@ -131,10 +135,12 @@ pub async fn start(config: CoordinatorConfig) -> Result<Coordinator, Coordinator
     let lock = lock_dir(&config.data_dir)?;
     let store = Store::open_with(&config.data_dir.join("state.db"), config.durability)?;
     let blobs = Arc::new(Cas::open(&config.data_dir.join("sources"), config.source_cache_bytes)?);
+    let cache = Arc::new(Cas::open(&config.data_dir.join("cache"), config.artifact_cache_bytes)?);
     let shared = state::start(store, Solver::new(config.core.clone()))?;
     let app = api::App {
         shared,
         blobs,
+        cache,
         http: Http::new(config.token.clone(), Duration::from_secs(30)),
         token: config.token.clone(),
         max_blob: config.max_blob,

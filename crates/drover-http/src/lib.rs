@@ -214,6 +214,23 @@ impl Http {
         self.read_all(url, resp).await.map(|_| ())
     }
 
+    /// PUT a body read from `reader`, streamed.
+    pub async fn put_reader(
+        &self,
+        url: &str,
+        reader: impl tokio::io::AsyncRead + Send + Sync + 'static,
+    ) -> Result<(), HttpError> {
+        let stream = tokio_util::io::ReaderStream::new(reader).map_ok(Frame::data);
+        let req = self.request(
+            Method::PUT,
+            url,
+            BodyExt::boxed(StreamBody::new(stream)),
+            "application/octet-stream",
+        );
+        let resp = self.send(req, None).await?;
+        self.read_all(url, resp).await.map(|_| ())
+    }
+
     /// GET a body as a stream of chunks (downloads, logs, event streams).
     pub async fn get_stream(&self, url: &str) -> Result<ByteStream, HttpError> {
         let req = self.request(Method::GET, url, full(Bytes::new()), "application/octet-stream");

@@ -530,6 +530,10 @@ pub struct Assignment {
     pub deps: Vec<DepInput>,
     /// Run the commands even if the output is already in the worker's cache.
     pub no_cache: bool,
+    /// The coordinator's shared cache holds the result: fetch it from there
+    /// (`GET /v1/cache/{job}`) instead of running, if it can be had.
+    #[serde(default)]
+    pub pull: bool,
 }
 
 /// Reply to [`PollRequest`].

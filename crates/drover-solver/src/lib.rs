@@ -68,6 +68,18 @@ pub enum Input {
         /// Resume instead.
         resume: bool,
     },
+    /// The coordinator's shared cache stored a job's output.
+    Cached {
+        /// The job.
+        job: Hash32,
+        /// Digest of its packed tree.
+        tree: Hash32,
+    },
+    /// The shared cache dropped these outputs (least recently used).
+    Uncached {
+        /// The jobs.
+        jobs: Vec<Hash32>,
+    },
     /// Time passes: due timers fire.
     Tick,
     /// The coordinator restarted: time stood still for the cluster while it
@@ -171,6 +183,8 @@ pub struct Solver {
     worker_ids: BTreeMap<String, u64>,
     /// Output trees of jobs that succeeded, for verifying fetched copies.
     outputs: BTreeMap<JobId, Hash32>,
+    /// Outputs the coordinator's shared cache holds.
+    remote: std::collections::BTreeSet<JobId>,
     /// Which worker ran each run in flight or recently ended, for logs.
     run_workers: BTreeMap<u64, u64>,
     /// Build jobs whose result is known and held: they finish as cached.
@@ -194,6 +208,7 @@ impl Solver {
             workers: BTreeMap::new(),
             worker_ids: BTreeMap::new(),
             outputs: BTreeMap::new(),
+            remote: std::collections::BTreeSet::new(),
             run_workers: BTreeMap::new(),
             cache_hits: Vec::new(),
             durations: BTreeMap::new(),
@@ -217,6 +232,17 @@ impl Solver {
             Input::Submit(req) => self.submit(req),
             Input::Cancel { build } => self.cancel(build),
             Input::Suspend { build, job, resume } => self.suspend(build, job.as_deref(), resume),
+            Input::Cached { job, tree } => {
+                self.outputs.entry(job.into()).or_insert(tree);
+                self.remote.insert(job.into());
+                Ok(Reply::Done)
+            }
+            Input::Uncached { jobs } => {
+                for job in jobs {
+                    self.remote.remove(&job.into());
+                }
+                Ok(Reply::Done)
+            }
             Input::Retry { build } => self.retry(build),
             Input::Tick => Ok(self.core_event(Event::Tick)),
             Input::Restarted => Ok(self.core_event(Event::Resumed)),
@@ -635,6 +661,7 @@ impl Solver {
             sources: build.sources_of(i),
             deps,
             no_cache: false,
+            pull: !build.must_run(i) && self.remote.contains(&JobId::from(def.id)),
         }
     }
 }

@@ -59,6 +59,11 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, control: Ru
     };
     if result.success {
         tracing::debug!(run, job = %assignment.name, cached = result.cached, "run succeeded");
+        // Push stage: a new output goes to the coordinator's shared cache in
+        // the background, so a slow push never holds a slot.
+        if shared.config.push && !result.cached && result.output.is_some() {
+            tokio::spawn(push(shared.clone(), assignment.job));
+        }
     } else {
         tracing::info!(run, job = %assignment.name, detail = %result.detail, "run failed");
     }
@@ -69,6 +74,45 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, control: Ru
     for run in old {
         let _ = remove_tree(&shared.runs_dir().join(run.to_string()));
     }
+}
+
+/// Sends an output to the coordinator's shared cache (`PUT /v1/cache/{job}`,
+/// the pack format, streamed). Best effort: a failure is logged.
+async fn push(shared: Arc<Shared>, job: Hash32) {
+    let (reader, writer) = tokio::io::duplex(256 * 1024);
+    let cas = shared.cas.clone();
+    let key = Key(job.0);
+    let packing = tokio::task::spawn_blocking(move || {
+        let mut sync = tokio_util::io::SyncIoBridge::new(writer);
+        cas.pack(&key, &mut sync)
+    });
+    let url = shared.coordinator(&format!("/v1/cache/{job}"));
+    let sent = shared.http.put_reader(&url, reader).await;
+    let packed = packing.await;
+    match (sent, packed) {
+        (Ok(()), Ok(Ok(_))) => tracing::debug!(%job, "output pushed to the shared cache"),
+        (Err(e), _) => tracing::warn!(%job, "cannot push the output to the shared cache: {e}"),
+        (_, Ok(Err(e))) => tracing::warn!(%job, "cannot pack the output for the shared cache: {e}"),
+        (_, Err(e)) => tracing::warn!(%job, "cannot pack the output for the shared cache: {e}"),
+    }
+}
+
+/// Pull stage: fetches an output from the coordinator's shared cache into
+/// this worker's cache.
+async fn pull(
+    shared: &Arc<Shared>,
+    job: &Hash32,
+    tree: Option<Hash32>,
+) -> Result<drover_cas::ArtifactInfo, String> {
+    let url = shared.coordinator(&format!("/v1/cache/{job}"));
+    let reader = shared.http.get_reader(&url).await.map_err(|e| e.to_string())?;
+    let mut sync = tokio_util::io::SyncIoBridge::new(reader);
+    let cas = shared.cas.clone();
+    let key = Key(job.0);
+    tokio::task::spawn_blocking(move || cas.unpack(&key, tree.map(|t| Key(t.0)).as_ref(), &mut sync))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())
 }
 
 fn held(job: &Hash32, info: &drover_cas::ArtifactInfo) -> HeldArtifact {
@@ -92,6 +136,23 @@ async fn execute(shared: &Arc<Shared>, a: &Assignment, control: &RunControl) -> 
             output: Some(held(&a.job, &info)),
             duration_ms: 0,
         });
+    }
+    if a.pull && !a.no_cache {
+        match pull(shared, &a.job, None).await {
+            Ok(info) => {
+                return Ok(RunResult {
+                    run: a.run,
+                    success: true,
+                    exit_code: None,
+                    cached: true,
+                    detail: String::new(),
+                    output: Some(held(&a.job, &info)),
+                    duration_ms: 0,
+                });
+            }
+            // Gone from the shared cache meanwhile, or damaged: run it.
+            Err(e) => tracing::info!(job = %a.name, "cannot pull from the shared cache, running it: {e}"),
+        }
     }
     let dir = shared.runs_dir().join(a.run.to_string());
     // A job that sees no source shares one empty, read-only directory.
@@ -262,8 +323,14 @@ async fn fetch_artifact(shared: &Arc<Shared>, dep: &DepInput) -> Result<(), Stri
             }
         }
     }
-    if errors.is_empty() {
-        errors.push("no live worker holds it".into());
+    // Last, the coordinator's shared cache (the workers that built it may be
+    // gone).
+    match pull(shared, &dep.job, tree).await {
+        Ok(info) => {
+            shared.outbox.added(held(&dep.job, &info));
+            return Ok(());
+        }
+        Err(e) => errors.push(format!("shared cache: {e}")),
     }
     Err(format!("cannot get the output of {} ({}): {}", dep.name, dep.job, errors.join("; ")))
 }

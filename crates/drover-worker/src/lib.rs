@@ -58,6 +58,8 @@ pub struct WorkerConfig {
     pub kill_grace: Duration,
     /// Logs of this many most recent runs are kept.
     pub keep_runs: usize,
+    /// Push each new output to the coordinator's shared cache.
+    pub push: bool,
 }
 
 /// Why the worker could not start.

@@ -195,6 +195,9 @@ pub(crate) struct WorkerArgs {
     /// SIGTERM before its processes are killed with SIGKILL.
     #[arg(long, default_value = "10s", value_name = "DURATION")]
     pub(crate) kill_grace: String,
+    /// Do not push new outputs to the coordinator's shared cache.
+    #[arg(long)]
+    pub(crate) no_push: bool,
     /// The cluster's token, if it has one.
     #[arg(long, env = "DROVER_TOKEN", hide_env_values = true)]
     pub(crate) token: Option<String>,

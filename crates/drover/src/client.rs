@@ -334,13 +334,20 @@ async fn export(
             .map_err(anyhow::Error::from)?;
         let mut errors = Vec::new();
         let mut done = false;
-        for holder in &location.holders {
-            match fetch(http, &cas, holder, job.id, location.tree).await {
+        // The workers holding it, then the coordinator's shared cache.
+        let mut sources: Vec<(String, String)> = location
+            .holders
+            .iter()
+            .map(|h| (h.clone(), api(h, &format!("/v1/artifacts/{}", job.id))))
+            .collect();
+        sources.push(("the shared cache".into(), api(base, &format!("/v1/cache/{}", job.id))));
+        for (from, url) in &sources {
+            match fetch(http, &cas, url, job.id, location.tree).await {
                 Ok(()) => {
                     done = true;
                     break;
                 }
-                Err(e) => errors.push(format!("{holder}: {e:#}")),
+                Err(e) => errors.push(format!("{from}: {e:#}")),
             }
         }
         if !done {
@@ -364,11 +371,11 @@ async fn export(
 async fn fetch(
     http: &Http,
     cas: &std::sync::Arc<drover_cas::Cas>,
-    holder: &str,
+    url: &str,
     job: Hash32,
     tree: Option<Hash32>,
 ) -> anyhow::Result<()> {
-    let reader = http.get_reader(&api(holder, &format!("/v1/artifacts/{job}"))).await?;
+    let reader = http.get_reader(url).await?;
     let mut sync = tokio_util::io::SyncIoBridge::new(reader);
     let cas = cas.clone();
     tokio::task::spawn_blocking(move || {

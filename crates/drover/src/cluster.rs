@@ -40,6 +40,16 @@ struct ConfigFile {
     /// `[tenants]`: tenant = "leaf queue".
     #[serde(default)]
     tenants: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    cache: CacheSection,
+}
+
+/// The `[cache]` table: the shared cache of outputs.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CacheSection {
+    /// Size bound (`"10Gi"`).
+    size: Option<String>,
 }
 
 /// One `[[queues]]` table.
@@ -167,6 +177,9 @@ fn coordinator_config(args: &ServeArgs) -> anyhow::Result<CoordinatorConfig> {
             });
         }
         core.tenant_queues = file.tenants.clone();
+        if let Some(size) = &file.cache.size {
+            config.artifact_cache_bytes = units::size("[cache] size", size)?;
+        }
         if let Err(errors) = core.validate() {
             anyhow::bail!("{}: invalid queues:\n  {}", path.display(), errors.join("\n  "));
         }
@@ -233,6 +246,7 @@ fn worker_config(args: &WorkerArgs) -> anyhow::Result<WorkerConfig> {
         supervisor: supervisor()?,
         kill_grace: units::duration("--kill-grace", &args.kill_grace)?,
         keep_runs: 1000,
+        push: !args.no_push,
     })
 }
 
@@ -357,5 +371,8 @@ fn embedded_worker(state: &Path, i: u32, slots: u32, coordinator: &str) -> anyho
         supervisor: supervisor()?,
         kill_grace: Duration::from_secs(2),
         keep_runs: 1000,
+        // The embedded workers' caches persist in the state directory and
+        // die with the process: a shared copy would only cost time.
+        push: false,
     })
 }

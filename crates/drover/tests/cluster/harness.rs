@@ -40,6 +40,19 @@ pub(crate) struct Cluster {
 const CONFIG: &str = "[scheduler]\nlease_timeout = \"1500ms\"\n";
 
 impl Cluster {
+    /// A handle on a cluster started elsewhere, to reach it by URL only
+    /// (nothing is started or stopped through it).
+    pub(crate) fn url_only(url: &str) -> Cluster {
+        Cluster {
+            dir: tempfile::tempdir().expect("tempdir"),
+            url: url.to_owned(),
+            port: 0,
+            coordinator: None,
+            workers: Vec::new(),
+            token: None,
+        }
+    }
+
     /// A coordinator alone.
     pub(crate) fn new() -> Cluster {
         Cluster::with_token(None)

@@ -4,6 +4,7 @@
 //! Every wait is for an observable condition (a file, a status, a process
 //! exit) with a generous deadline; no test asserts how long anything took.
 
+mod cache;
 mod control;
 mod harness;
 mod queues;

@@ -1,0 +1,166 @@
+//! The coordinator's shared cache: workers push new outputs there, and a
+//! fresh worker serves a job from it as `cached` without running it.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::harness::{Cluster, eventually, job};
+
+/// A bare HTTP/1.1 request to the coordinator: (status, body).
+fn http(cluster: &Cluster, method: &str, path: &str, body: &[u8]) -> (u16, Vec<u8>) {
+    let addr = cluster.url.trim_start_matches("http://");
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).and_then(|()| stream.write_all(body)).expect("send");
+    let mut reply = Vec::new();
+    stream.read_to_end(&mut reply).expect("read");
+    let split = reply.windows(4).position(|w| w == b"\r\n\r\n").expect("headers") + 4;
+    let head = String::from_utf8_lossy(&reply[..split]).into_owned();
+    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).expect("status");
+    let mut body = reply[split..].to_vec();
+    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        body = dechunk(&body);
+    }
+    (status, body)
+}
+
+fn dechunk(mut data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let line = data.windows(2).position(|w| w == b"\r\n").expect("chunk size");
+        let size =
+            usize::from_str_radix(String::from_utf8_lossy(&data[..line]).trim(), 16).expect("hex size");
+        if size == 0 {
+            return out;
+        }
+        out.extend_from_slice(&data[line + 2..line + 2 + size]);
+        data = &data[line + 2 + size + 2..];
+    }
+}
+
+fn build_file(cluster: &Cluster, counter: &str) -> std::path::PathBuf {
+    cluster.project(
+        "shared",
+        &format!("jobs:\n  - name: a\n    run: \"echo x >> {counter}; echo hello > {{{{out}}}}/greeting\"\n"),
+        &[],
+    )
+}
+
+fn wait_json(cluster: &Cluster, file: &Path, out: &Path) -> Value {
+    let result = cluster.run(&[
+        "submit",
+        file.to_str().expect("utf-8"),
+        "--wait",
+        "--json",
+        "--out",
+        out.to_str().expect("utf-8"),
+    ]);
+    serde_json::from_slice(&result.stdout).unwrap_or_else(|e| {
+        panic!("no status JSON ({e}, {:?}): {}", result.status, String::from_utf8_lossy(&result.stderr))
+    })
+}
+
+/// Kills a worker and waits until the coordinator has declared it lost (so
+/// nothing it held counts any more).
+fn lose(cluster: &mut Cluster, name: &str) {
+    cluster.kill_worker(name);
+    eventually("the worker to be declared lost", || {
+        let workers = cluster.workers_json();
+        workers.as_array()?.iter().any(|w| w["name"] == name && w["alive"] == false).then_some(())
+    });
+}
+
+fn runs(counter: &str) -> usize {
+    std::fs::read_to_string(counter).map(|t| t.lines().count()).unwrap_or(0)
+}
+
+#[test]
+fn a_fresh_worker_serves_a_job_from_the_shared_cache_without_running_it() {
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", 1, &[]);
+    let counter = cluster.scratch("runs");
+    let file = build_file(&cluster, &counter);
+    let first = wait_json(&cluster, &file, &cluster.dir.path().join("out1"));
+    assert_eq!(first["state"], "succeeded", "{first}");
+    assert_eq!(runs(&counter), 1);
+    let id = job(&first, "a")["id"].as_str().expect("job id").to_owned();
+    let cached = eventually("the output in the shared cache", || {
+        let (status, body) = http(&cluster, "GET", &format!("/v1/cache/{id}"), b"");
+        (status == 200 && !body.is_empty()).then_some(body)
+    });
+
+    // Two pushes of the same output at once both succeed.
+    let pushes: Vec<_> = (0..2)
+        .map(|_| {
+            let (url, body, path) = (cluster.url.clone(), cached.clone(), format!("/v1/cache/{id}"));
+            std::thread::spawn(move || {
+                let c = Cluster::url_only(&url);
+                http(&c, "PUT", &path, &body).0
+            })
+        })
+        .collect();
+    for push in pushes {
+        assert_eq!(push.join().expect("push"), 201);
+    }
+
+    // The worker that built it is gone; a fresh one gets the job and
+    // serves it from the shared cache.
+    lose(&mut cluster, "w1");
+    cluster.add_worker("w2", 1, &[]);
+    let out = cluster.dir.path().join("out2");
+    let second = wait_json(&cluster, &file, &out);
+    assert_eq!(second["state"], "succeeded", "{second}");
+    assert_eq!(job(&second, "a")["state"], "cached", "{second}");
+    assert_eq!(job(&second, "a")["worker"], "w2", "pulled by the fresh worker: {second}");
+    assert_eq!(runs(&counter), 1, "it did not run again");
+    assert_eq!(std::fs::read_to_string(out.join("a/greeting")).expect("exported"), "hello\n");
+}
+
+#[test]
+fn a_damaged_output_in_the_shared_cache_is_dropped_and_the_job_runs() {
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", 1, &[]);
+    let counter = cluster.scratch("runs");
+    let file = build_file(&cluster, &counter);
+    let first = wait_json(&cluster, &file, &cluster.dir.path().join("out1"));
+    let id = job(&first, "a")["id"].as_str().expect("job id").to_owned();
+    eventually("the output in the shared cache", || {
+        (http(&cluster, "GET", &format!("/v1/cache/{id}"), b"").0 == 200).then_some(())
+    });
+    // Damage the stored file.
+    let stored = find(&cluster.dir.path().join("coordinator/cache"), "greeting").expect("stored output file");
+    let mut perms = std::fs::metadata(&stored).expect("stat").permissions();
+    #[allow(clippy::permissions_set_readonly_false)]
+    perms.set_readonly(false);
+    std::fs::set_permissions(&stored, perms).expect("chmod");
+    std::fs::write(&stored, "tampered\n").expect("damage");
+
+    lose(&mut cluster, "w1");
+    cluster.add_worker("w2", 1, &[]);
+    let out = cluster.dir.path().join("out2");
+    let second = wait_json(&cluster, &file, &out);
+    assert_eq!(second["state"], "succeeded", "{second}");
+    assert_eq!(job(&second, "a")["state"], "succeeded", "run again, not served damaged: {second}");
+    assert_eq!(runs(&counter), 2);
+    assert_eq!(std::fs::read_to_string(out.join("a/greeting")).expect("exported"), "hello\n");
+}
+
+fn find(dir: &Path, name: &str) -> Option<std::path::PathBuf> {
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            if let Some(found) = find(&path, name) {
+                return Some(found);
+            }
+        } else if path.file_name().is_some_and(|n| n == name) {
+            return Some(path);
+        }
+    }
+    None
+}
