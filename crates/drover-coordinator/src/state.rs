@@ -227,6 +227,10 @@ fn perform(shared: &Shared, effects: Vec<Effect>) {
             }
             Effect::Suspend { worker, run, resume } => {
                 let mb = mailboxes.entry(worker).or_default();
+                // The last request for a run wins: the worker applies the
+                // two lists in one order, not in the order they came.
+                mb.suspend.retain(|r| *r != run);
+                mb.resume.retain(|r| *r != run);
                 if resume {
                     mb.resume.push(run)
                 } else {

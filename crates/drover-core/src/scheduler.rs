@@ -1607,7 +1607,9 @@ impl Scheduler {
         }
         let score = |w: &WorkerIdx| {
             let res = &self.workers[*w as usize].res;
-            let pct = |used: u64, cap: u64| (used.min(cap) * 100).checked_div(cap).unwrap_or(0);
+            let pct = |used: u64, cap: u64| {
+                (u128::from(used.min(cap)) * 100).checked_div(u128::from(cap)).unwrap_or(0) as u64
+            };
             let used = pct(res.used_slots.into(), res.slots.into())
                 .max(pct(res.used_cpu, res.cpu))
                 .max(pct(res.used_memory, res.memory));

@@ -28,6 +28,19 @@ struct GangRec {
     min_available: u32,
     restart: bool,
     restarts: u32,
+    /// Members whose needs are done, held until the whole gang is ready.
+    ready: std::collections::BTreeSet<u32>,
+    /// This instance of the gang went to the core.
+    sent: bool,
+    /// The `min_available` the core was given (what the cache left open).
+    core_min: u32,
+}
+
+/// A gang whose members are all ready (or over): the ready ones go on
+/// together.
+pub(crate) struct GangRelease {
+    pub(crate) name: String,
+    pub(crate) members: Vec<u32>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -93,6 +106,9 @@ fn gangs(jobs: &[JobDef], index: &BTreeMap<String, u32>) -> Result<BTreeMap<Stri
             min_available: g.min_available,
             restart: g.restart,
             restarts: 0,
+            ready: std::collections::BTreeSet::new(),
+            sent: false,
+            core_min: g.min_available,
         });
         if (rec.min_available, rec.restart) != (g.min_available, g.restart) {
             return Err(format!("gang {:?}: its jobs disagree on min_available or on_failure", g.name));
@@ -107,21 +123,23 @@ fn gangs(jobs: &[JobDef], index: &BTreeMap<String, u32>) -> Result<BTreeMap<Stri
                 rec.min_available
             ));
         }
-        for &m in &rec.members {
-            let mut seen = vec![false; jobs.len()];
-            let mut stack: Vec<u32> = jobs[m as usize].needs.iter().map(|n| index[n]).collect();
-            while let Some(d) = stack.pop() {
-                if std::mem::replace(&mut seen[d as usize], true) {
-                    continue;
-                }
-                if rec.members.contains(&d) {
-                    return Err(format!(
-                        "gang {name:?}: job {:?} needs {:?}, another job of the gang",
-                        jobs[m as usize].name, jobs[d as usize].name
-                    ));
-                }
-                stack.extend(jobs[d as usize].needs.iter().map(|n| index[n]));
+        // One search from every member's needs: reaching a member means
+        // one member needs another, directly or not.
+        let members: std::collections::BTreeSet<u32> = rec.members.iter().copied().collect();
+        let mut seen = vec![false; jobs.len()];
+        let mut stack: Vec<u32> =
+            rec.members.iter().flat_map(|&m| jobs[m as usize].needs.iter().map(|n| index[n])).collect();
+        while let Some(d) = stack.pop() {
+            if std::mem::replace(&mut seen[d as usize], true) {
+                continue;
             }
+            if members.contains(&d) {
+                return Err(format!(
+                    "gang {name:?}: job {:?} is needed by another job of the gang (its jobs start together)",
+                    jobs[d as usize].name
+                ));
+            }
+            stack.extend(jobs[d as usize].needs.iter().map(|n| index[n]));
         }
     }
     Ok(gangs)
@@ -288,6 +306,8 @@ impl Build {
             return None;
         }
         gang.restarts += 1;
+        gang.sent = false;
+        gang.ready.clear();
         let members = gang.members.clone();
         let mut cancel = Vec::new();
         let mut again = Vec::new();
@@ -363,14 +383,59 @@ impl Build {
             queue: self.queue.clone(),
             gang: def.gang.as_ref().map(|g| {
                 let rec = &self.gangs[&g.name];
-                // Members that already succeeded (from the cache, say) will
-                // not come to the core: the gang waits only for the others.
-                let open = rec.members.iter().filter(|&&m| !self.jobs[m as usize].state.is_success()).count();
                 drover_core::GangSpec {
                     id: format!("{}/{}#{}", self.id, g.name, rec.restarts),
-                    min_available: rec.min_available.min(open as u32).max(1),
+                    min_available: rec.core_min,
                 }
             }),
+        }
+    }
+
+    /// Whether job `i` belongs to a gang.
+    pub(crate) fn in_gang(&self, i: u32) -> bool {
+        self.def(i).gang.is_some()
+    }
+
+    /// Gang member `i`'s needs are done: it waits for the rest of its gang.
+    pub(crate) fn gang_ready(&mut self, i: u32) {
+        if let Some(g) = &self.spec.jobs[i as usize].gang
+            && let Some(rec) = self.gangs.get_mut(&g.name)
+        {
+            rec.ready.insert(i);
+        }
+    }
+
+    /// Gangs whose every member is ready or over (and some are ready):
+    /// their ready members go on together, now. Each is marked sent.
+    pub(crate) fn take_ready_gangs(&mut self) -> Vec<GangRelease> {
+        let mut out = Vec::new();
+        for (name, rec) in &mut self.gangs {
+            let complete =
+                rec.members.iter().all(|m| rec.ready.contains(m) || self.jobs[*m as usize].state.is_final());
+            if rec.sent || rec.ready.is_empty() || !complete {
+                continue;
+            }
+            rec.sent = true;
+            out.push(GangRelease {
+                name: name.clone(),
+                members: std::mem::take(&mut rec.ready).into_iter().collect(),
+            });
+        }
+        out
+    }
+
+    /// The gang's `min_available`, and how many of its members already
+    /// succeeded.
+    pub(crate) fn gang_needs(&self, name: &str) -> (u32, u32) {
+        let rec = &self.gangs[name];
+        let done = rec.members.iter().filter(|&&m| self.jobs[m as usize].state.is_success()).count();
+        (rec.min_available, done as u32)
+    }
+
+    /// Sets the `min_available` the core gets for this gang instance.
+    pub(crate) fn set_core_min(&mut self, name: &str, min: u32) {
+        if let Some(rec) = self.gangs.get_mut(name) {
+            rec.core_min = min;
         }
     }
 
@@ -417,6 +482,9 @@ impl Build {
                 if resume && !rec.suspended {
                     return Err(format!("job {name} is not suspended"));
                 }
+                if !resume && rec.suspended {
+                    return Err(format!("job {name} is already suspended"));
+                }
                 vec![i]
             }
             None => (0..self.jobs.len() as u32)
@@ -426,6 +494,10 @@ impl Build {
                 })
                 .collect(),
         };
+        if targets.is_empty() {
+            let what = if resume { "suspended" } else { "running (and not suspended)" };
+            return Err(format!("build {} has no job {what}", self.id));
+        }
         let mut runs = Vec::new();
         for i in targets {
             let rec = &mut self.jobs[i as usize];
@@ -509,8 +581,20 @@ impl Build {
 
     /// After job `i` succeeded: the dependents whose needs are now all done.
     pub(crate) fn unblocked_by(&mut self, i: u32) -> Vec<u32> {
+        // The output of a gang that restarts on failure is final only once
+        // every member has succeeded: its dependents wait for all of them.
+        let sources: Vec<u32> = match &self.spec.jobs[i as usize].gang {
+            Some(g) if self.gangs[&g.name].restart => {
+                let members = &self.gangs[&g.name].members;
+                if !members.iter().all(|&m| self.jobs[m as usize].state.is_success()) {
+                    return Vec::new();
+                }
+                members.clone()
+            }
+            _ => vec![i],
+        };
         let mut ready = Vec::new();
-        for &d in &self.dependents[i as usize] {
+        for &d in sources.iter().flat_map(|&s| self.dependents[s as usize].iter()) {
             self.pending[d as usize] -= 1;
             let rec = &self.jobs[d as usize];
             if self.pending[d as usize] == 0
@@ -586,6 +670,18 @@ impl Build {
                 return Err(format!("build {} is still {s}: retry it once it ends", self.id));
             }
             _ => {}
+        }
+        // A gang that restarts on failure reruns whole: its output counts
+        // only when every member succeeded in one go.
+        for gang in self.gangs.values_mut() {
+            gang.sent = false;
+            gang.ready.clear();
+            if gang.restart && gang.members.iter().any(|&m| !self.jobs[m as usize].state.is_success()) {
+                for &m in &gang.members {
+                    self.jobs[m as usize].state = JobState::Failed;
+                    self.rerun.insert(m);
+                }
+            }
         }
         let mut jobs = 0;
         for rec in &mut self.jobs {

@@ -500,9 +500,15 @@ impl Solver {
     /// result is already known and held by a live worker: then it is cached
     /// (unless the build asked for no cache).
     fn schedule(&mut self, build: u64, job: u32) {
-        let b = &self.builds[&build];
-        let id = JobId::from(b.def(job).id);
-        if !b.must_run(job) && self.outputs.contains_key(&id) && self.core.locate_artifact(&id).is_some() {
+        let b = self.builds.get_mut(&build).expect("build exists");
+        if b.in_gang(job) {
+            // A gang member waits for the rest of its gang (see
+            // `release_gangs`).
+            b.gang_ready(job);
+            self.release_gangs(build);
+            return;
+        }
+        if self.cache_hit(build, job) {
             self.cache_hits.push((build, job));
             return;
         }
@@ -511,6 +517,59 @@ impl Solver {
             b.hold(job);
             return;
         }
+        self.hand_to_core(build, job);
+    }
+
+    /// Is job `job`'s result known and held by a live worker (and may the
+    /// build use it)?
+    fn cache_hit(&self, build: u64, job: u32) -> bool {
+        let b = &self.builds[&build];
+        let id = JobId::from(b.def(job).id);
+        !b.must_run(job) && self.outputs.contains_key(&id) && self.core.locate_artifact(&id).is_some()
+    }
+
+    /// Gangs whose members are all ready or over go on together: members
+    /// whose result is cached finish from the cache, the others go to the
+    /// core as one gang whose `min_available` counts the members that
+    /// already succeeded. If too few members can still run to reach
+    /// `min_available` (others failed or were skipped), the rest fail.
+    /// Gang members do not count against `max_parallel`.
+    fn release_gangs(&mut self, build: u64) {
+        let released = self.builds.get_mut(&build).expect("build exists").take_ready_gangs();
+        for gang in released {
+            let (hits, open): (Vec<u32>, Vec<u32>) =
+                gang.members.iter().partition(|&&m| self.cache_hit(build, m));
+            let b = self.builds.get_mut(&build).expect("build exists");
+            let (need, done) = b.gang_needs(&gang.name);
+            let done = done + hits.len() as u32;
+            self.cache_hits.extend(hits.iter().map(|&m| (build, m)));
+            if open.is_empty() {
+                continue;
+            }
+            if open.len() as u32 + done < need {
+                let detail = format!(
+                    "gang {} cannot start: {} of its jobs can still run or have run, it needs {need}",
+                    gang.name,
+                    open.len() as u32 + done
+                );
+                for m in open {
+                    let result =
+                        JobResult { success: false, exit_code: None, cached: false, detail: detail.clone() };
+                    self.finished(build, m, &Completion::Ran(result));
+                }
+                continue;
+            }
+            let min = need.saturating_sub(done).clamp(1, open.len() as u32);
+            b.set_core_min(&gang.name, min);
+            for m in open {
+                self.hand_to_core(build, m);
+            }
+        }
+    }
+
+    /// Hands job `job` to the core.
+    fn hand_to_core(&mut self, build: u64, job: u32) {
+        let b = self.builds.get_mut(&build).expect("build exists");
         let waiter = WaiterId(self.next_waiter);
         self.next_waiter += 1;
         self.waiters.insert(waiter, (build, job));
@@ -624,6 +683,8 @@ impl Solver {
         while let Some(j) = self.builds.get_mut(&b).expect("build exists").next_held() {
             self.schedule(b, j);
         }
+        // A job that ended (or was skipped) may complete a gang.
+        self.release_gangs(b);
         self.finish_if_done(b);
     }
 

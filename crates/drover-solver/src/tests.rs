@@ -841,3 +841,78 @@ fn queued_jobs_say_why_they_wait() {
         .collect();
     assert_eq!(waiting, ["no worker has room for it now (it needs 1 slot(s), 0m CPU, 0 bytes of memory)"]);
 }
+
+/// Runs every assignment to success, round after round.
+fn run_all(h: &mut Harness, w: u64, rounds: usize) {
+    for _ in 0..rounds {
+        h.later();
+        for (_, run, name) in h.assigned() {
+            h.report(w, Report { finished: vec![ok(run, &name)], ..Report::default() });
+        }
+    }
+}
+
+#[test]
+fn dependents_of_a_restarting_gang_wait_for_the_whole_gang() {
+    let mut h = Harness::new();
+    let w = worker_id(h.input(register("w1", 4, vec![])));
+    let b = build_id(h.input(submit(vec![
+        in_gang(job("s1", &[]), "pair", 2, true),
+        in_gang(job("s2", &[]), "pair", 2, true),
+        job("after", &["s1"]),
+    ])));
+    h.later();
+    let pair = h.assigned();
+    let run = |name: &str| pair.iter().find(|a| a.2 == name).map(|a| a.1).expect("assigned");
+    h.report(w, Report { finished: vec![ok(run("s1"), "s1")], ..Report::default() });
+    h.later();
+    assert!(h.assigned().is_empty(), "after waits for the whole gang, not just s1");
+    h.report(w, Report { finished: vec![failed(run("s2"), 1)], ..Report::default() });
+    run_all(&mut h, w, 4);
+    assert_eq!(h.solver.build_status(b).expect("build").state, BuildState::Succeeded);
+}
+
+#[test]
+fn a_gang_member_skipped_by_a_failure_fails_the_gang_instead_of_hanging() {
+    let mut h = Harness::new();
+    let w = worker_id(h.input(register("w1", 4, vec![])));
+    let b = build_id(h.input(submit_with(
+        vec![
+            job("x", &[]),
+            in_gang(job("a", &[]), "pair", 2, false),
+            in_gang(job("b", &["x"]), "pair", 2, false),
+        ],
+        OnError::Continue,
+        None,
+    )));
+    h.later();
+    let x = h.assigned().into_iter().find(|a| a.2 == "x").expect("x runs first").1;
+    h.report(w, Report { finished: vec![failed(x, 1)], ..Report::default() });
+    run_all(&mut h, w, 3);
+    let status = h.solver.build_status(b).expect("build");
+    assert_eq!(status.state, BuildState::Failed, "the build ends");
+    let a = status.jobs.iter().find(|j| j.name == "a").expect("a");
+    assert_eq!(a.state, JobState::Failed);
+    assert!(a.detail.contains("gang pair cannot start"), "{}", a.detail);
+}
+
+#[test]
+fn a_gang_member_served_from_the_cache_lowers_what_the_gang_waits_for() {
+    let mut h = Harness::new();
+    let w = worker_id(h.input(register("w1", 4, vec![])));
+    let gang = |a: &str| {
+        vec![
+            job("x", &[]),
+            in_gang(job(a, &[]), "pair", 2, false),
+            in_gang(job("b", &["x"]), "pair", 2, false),
+        ]
+    };
+    let b1 = build_id(h.input(submit(gang("a1"))));
+    run_all(&mut h, w, 4);
+    assert_eq!(h.solver.build_status(b1).expect("build").state, BuildState::Succeeded);
+    // b is cached now; a2 must not wait for a partner that never comes.
+    let b2 = build_id(h.input(submit(gang("a2"))));
+    run_all(&mut h, w, 4);
+    let status = h.solver.build_status(b2).expect("build");
+    assert_eq!(status.state, BuildState::Succeeded, "{status:?}");
+}

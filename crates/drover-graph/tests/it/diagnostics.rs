@@ -647,9 +647,9 @@ jobs:
         [
             at(4, Some("a"), "gang \"shards\": min_available is 3 but it has 2 job(s)"),
             at(
-                8,
-                Some("b"),
-                "gang \"shards\": needs \"a\", another job of the gang (its jobs start together)"
+                4,
+                Some("a"),
+                "gang \"shards\": another job of the gang needs this one (its jobs start together)"
             ),
             at(17, Some("e"), "gang.on_failure must be \"fail\" or \"restart\", not \"sometimes\""),
             at(17, Some("e"), "gang \"pair\": min_available and on_failure differ from job \"d\" (line 14)"),
