@@ -12,6 +12,11 @@
 //!   one alone: executions are counted by the jobs themselves.
 //! - `makespan`: random DAGs of `sleep` jobs (10 to 80 ms) on 2 workers with
 //!   2 slots each; the makespan against max(critical path, work / slots).
+//! - `transfer`: a job on one worker writes one large file (1 GiB by
+//!   default); a job pinned to the other worker needs it, so that worker
+//!   fetches the output (streamed, verified) before running `true`: the
+//!   rate is the size over that job's time, and the process's peak memory
+//!   growth shows the transfer is not buffered whole.
 //! - `queues`: three queues weighted 1:2:3, each kept busy by a build of
 //!   200 ms jobs, on 2 workers with 3 slots each; the slot-seconds each
 //!   queue received over a window, against its weight (Jain's index).
@@ -59,6 +64,10 @@ pub(crate) async fn run(args: BenchArgs) -> Result<(), Failure> {
     }
     if all || args.scenario == Scenario::Queues {
         rows.extend(queues(dir.path(), args.seconds).await?);
+    }
+    if all || args.scenario == Scenario::Transfer {
+        let size = crate::units::size("--size", &args.size).map_err(Failure::Usage)?;
+        rows.extend(transfer(dir.path(), size).await?);
     }
     println!("| benchmark | result | target |\n|---|---|---|");
     for row in rows {
@@ -483,6 +492,58 @@ async fn queues(dir: &Path, seconds: u64) -> Result<Vec<Row>, Failure> {
             name: "Jain's index of delivered / entitled".into(),
             value: format!("{:.3}", jain(&ratios)),
             target: "at least 0.95".into(),
+        },
+    ])
+}
+
+/// Peak resident memory of this process so far, in bytes.
+fn peak_rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .unwrap_or(0)
+        * 1024
+}
+
+async fn transfer(dir: &Path, size: u64) -> Result<Vec<Row>, Failure> {
+    eprintln!("transfer: a {size}-byte output fetched by the other worker ...");
+    let text = format!(
+        "jobs:\n  - name: make\n    run: [\"head -c {size} /dev/zero > {{{{out}}}}/big\"]\n    labels: {{worker: local-1}}\n  \
+         - name: take\n    needs: [make]\n    run: [\"test -s {{{{dep:make}}}}/big\"]\n    labels: {{worker: local-2}}\n"
+    );
+    let project = dir.join("transfer");
+    std::fs::create_dir_all(&project).context("scratch project").map_err(Failure::Runtime)?;
+    let file = project.join("drover.yaml");
+    std::fs::write(&file, text).context("scratch build file").map_err(Failure::Runtime)?;
+    let loaded = client::load(&file)?;
+    let cluster = Embedded::start(&dir.join("transfer-state"), 2, 1).await?;
+    let before = peak_rss();
+    let (events, _) = measure(&cluster, &loaded).await?;
+    let at = |name: &str, started: bool| {
+        events.iter().find_map(|e| match &e.kind {
+            EventKind::JobStarted { job, .. } if started && job == name => Some(e.at),
+            EventKind::JobFinished { job, .. } if !started && job == name => Some(e.at),
+            _ => None,
+        })
+    };
+    let (start, end) = (at("take", true).unwrap_or(0), at("take", false).unwrap_or(0));
+    let secs = (end.saturating_sub(start)).max(1) as f64 / 1000.0;
+    let peak = peak_rss().saturating_sub(before);
+    Ok(vec![
+        Row {
+            name: format!("transfer of a {} MiB output between two workers", size >> 20),
+            value: format!(
+                "{:.0} MB/s ({secs:.2} s for the fetching job, fetch included)",
+                size as f64 / 1e6 / secs
+            ),
+            target: "at least 500 MB/s".into(),
+        },
+        Row {
+            name: "peak memory growth of the process during the build".into(),
+            value: format!("{} MiB", peak >> 20),
+            target: "bounded (not the whole output)".into(),
         },
     ])
 }

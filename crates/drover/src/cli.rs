@@ -307,6 +307,9 @@ pub(crate) enum Scenario {
     /// Three busy queues weighted 1:2:3: delivered slot-seconds against the
     /// weights (Jain's index).
     Queues,
+    /// One large output fetched by the other worker: transfer rate and
+    /// memory.
+    Transfer,
 }
 
 #[derive(Debug, Args)]
@@ -326,4 +329,7 @@ pub(crate) struct BenchArgs {
     /// Seconds the queues benchmark measures over (after 2 s of warm-up).
     #[arg(long, default_value_t = 60)]
     pub(crate) seconds: u64,
+    /// Size of the output in the transfer benchmark.
+    #[arg(long, default_value = "1Gi")]
+    pub(crate) size: String,
 }

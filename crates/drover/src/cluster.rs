@@ -364,7 +364,8 @@ fn embedded_worker(state: &Path, i: u32, slots: u32, coordinator: &str) -> anyho
             memory: units::memory(),
             tokens: Default::default(),
         },
-        labels: labels(Default::default()),
+        // `worker=local-N` lets a build file pin a job to one of them.
+        labels: labels([("worker".to_owned(), format!("local-{i}"))].into()),
         dir: PathBuf::from(state).join(format!("worker-{i}")),
         cache_bytes: 10 << 30,
         token: None,

@@ -9,6 +9,21 @@ fn proc_state(pid: &str) -> Option<char> {
     stat.rsplit(')').next()?.split_whitespace().next()?.chars().next()
 }
 
+/// Whether the shell is stopped: state `T`, or `D` while it waits in
+/// `vfork` for a child that was stopped before it could `exec` (it then
+/// runs nothing, and takes the stop once the child goes on).
+fn stopped(pid: &str) -> bool {
+    match proc_state(pid) {
+        Some('T') => true,
+        Some('D') => std::fs::read_dir("/proc").into_iter().flatten().flatten().any(|e| {
+            let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+            let mut fields = stat.rsplit(')').next().unwrap_or_default().split_whitespace();
+            fields.next() == Some("T") && fields.next() == Some(pid)
+        }),
+        _ => false,
+    }
+}
+
 #[test]
 fn suspend_stops_a_running_job_and_resume_continues_it() {
     let mut cluster = Cluster::new();
@@ -25,11 +40,11 @@ fn suspend_stops_a_running_job_and_resume_continues_it() {
         let pid = pid.trim().to_owned();
         (!pid.is_empty()).then_some(pid)
     });
-    assert_ne!(proc_state(&pid), Some('T'));
+    assert!(!stopped(&pid));
 
     let out = cluster.run(&["suspend", &build.to_string(), "long"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    eventually("the job's shell stopped", || (proc_state(&pid) == Some('T')).then_some(()));
+    eventually("the job's shell stopped", || stopped(&pid).then_some(()));
     let status = cluster.status(build);
     assert_eq!(job(&status, "long")["state"], "running");
     assert_eq!(job(&status, "long")["detail"], "suspended");
@@ -41,9 +56,7 @@ fn suspend_stops_a_running_job_and_resume_continues_it() {
 
     let out = cluster.run(&["resume", &build.to_string()]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    eventually("the job's shell running again", || {
-        matches!(proc_state(&pid), Some(s) if s != 'T').then_some(())
-    });
+    eventually("the job's shell running again", || (!stopped(&pid)).then_some(()));
     let out = cluster.run(&["resume", &build.to_string(), "long"]);
     assert_eq!(out.status.code(), Some(2), "not suspended any more");
 
