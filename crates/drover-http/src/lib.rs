@@ -220,7 +220,7 @@ impl Http {
         url: &str,
         reader: impl tokio::io::AsyncRead + Send + Sync + 'static,
     ) -> Result<(), HttpError> {
-        let stream = tokio_util::io::ReaderStream::new(reader).map_ok(Frame::data);
+        let stream = tokio_util::io::ReaderStream::with_capacity(reader, 256 * 1024).map_ok(Frame::data);
         let req = self.request(
             Method::PUT,
             url,
