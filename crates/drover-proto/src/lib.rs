@@ -329,6 +329,10 @@ pub struct JobStatus {
     /// Why it failed or was skipped, for people.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub detail: String,
+    /// Milliseconds per stage of its latest finished run (`pull`, `fetch`,
+    /// `build`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub stages: BTreeMap<String, u64>,
 }
 
 /// `GET /v1/builds/{id}` (and `status --json`, `run --json`).
@@ -573,6 +577,11 @@ pub struct RunResult {
     pub output: Option<HeldArtifact>,
     /// Milliseconds the commands ran.
     pub duration_ms: u64,
+    /// Milliseconds in each stage the run went through: `pull` (from the
+    /// shared cache), `fetch` (sources and dependencies), `build` (the
+    /// commands and storing the output).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub stages: BTreeMap<String, u64>,
 }
 
 /// `POST /v1/workers/{id}/report`.
@@ -649,6 +658,7 @@ mod tests {
                 attempts: 0,
                 exit_code: None,
                 detail: String::new(),
+                stages: BTreeMap::new(),
             }],
         };
         let v: serde_json::Value = serde_json::to_value(&status).expect("json");

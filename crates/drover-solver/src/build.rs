@@ -788,6 +788,7 @@ impl Build {
                         (JobState::Running, _) if rec.suspended => "suspended".to_owned(),
                         _ => rec.detail.clone(),
                     },
+                    stages: BTreeMap::new(),
                 })
                 .collect(),
         }

@@ -185,6 +185,8 @@ pub struct Solver {
     outputs: BTreeMap<JobId, Hash32>,
     /// Outputs the coordinator's shared cache holds.
     remote: std::collections::BTreeSet<JobId>,
+    /// Milliseconds per stage of each job's latest reported run.
+    stages: BTreeMap<JobId, BTreeMap<String, u64>>,
     /// Which worker ran each run in flight or recently ended, for logs.
     run_workers: BTreeMap<u64, u64>,
     /// Build jobs whose result is known and held: they finish as cached.
@@ -209,6 +211,7 @@ impl Solver {
             worker_ids: BTreeMap::new(),
             outputs: BTreeMap::new(),
             remote: std::collections::BTreeSet::new(),
+            stages: BTreeMap::new(),
             run_workers: BTreeMap::new(),
             cache_hits: Vec::new(),
             durations: BTreeMap::new(),
@@ -269,8 +272,14 @@ impl Solver {
     pub fn build_status(&self, id: u64) -> Option<BuildStatus> {
         let b = self.builds.get(&id)?;
         let mut status = b.status(|w| self.workers.get(&w).map(|i| i.name.clone()));
-        // Queued jobs the core holds say why they wait.
+        // Queued jobs the core holds say why they wait; finished ones how
+        // long each stage of their run took.
         for job in &mut status.jobs {
+            if job.state.is_final()
+                && let Some(stages) = self.stages.get(&JobId::from(job.id))
+            {
+                job.stages = stages.clone();
+            }
             if job.state == JobState::Queued
                 && job.detail.is_empty()
                 && let Some(why) = self.core.waiting_reason(&JobId::from(job.id))
@@ -412,6 +421,11 @@ impl Solver {
             }
         }
         for r in report.finished {
+            if !r.stages.is_empty()
+                && let Some((_, job, _)) = self.core.run_info(RunId(r.run))
+            {
+                self.stages.insert(job, r.stages.clone());
+            }
             if r.success
                 && !r.cached
                 && let Some((_, job, _)) = self.core.run_info(RunId(r.run))

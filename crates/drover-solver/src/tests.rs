@@ -70,6 +70,7 @@ fn ok(run: u64, job: &str) -> RunResult {
         detail: String::new(),
         output: Some(HeldArtifact { job: Hash32(id), tree: Hash32([7; 32]), size: 1 }),
         duration_ms: 1,
+        stages: Default::default(),
     }
 }
 
@@ -82,6 +83,7 @@ fn failed(run: u64, code: i32) -> RunResult {
         detail: "boom".into(),
         output: None,
         duration_ms: 1,
+        stages: Default::default(),
     }
 }
 

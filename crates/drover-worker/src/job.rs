@@ -55,6 +55,7 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, control: Ru
             detail: if cancel.is_cancelled() { "cancelled".into() } else { detail },
             output: None,
             duration_ms,
+            stages: Default::default(),
         },
     };
     if result.success {
@@ -79,6 +80,7 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, control: Ru
 /// Sends an output to the coordinator's shared cache (`PUT /v1/cache/{job}`,
 /// the pack format, streamed). Best effort: a failure is logged.
 async fn push(shared: Arc<Shared>, job: Hash32) {
+    let Ok(_token) = shared.pushers.acquire().await else { return };
     let (reader, writer) = tokio::io::duplex(256 * 1024);
     let cas = shared.cas.clone();
     let key = Key(job.0);
@@ -135,9 +137,11 @@ async fn execute(shared: &Arc<Shared>, a: &Assignment, control: &RunControl) -> 
             detail: String::new(),
             output: Some(held(&a.job, &info)),
             duration_ms: 0,
+            stages: Default::default(),
         });
     }
     if a.pull && !a.no_cache {
+        let started = Instant::now();
         match pull(shared, &a.job, None).await {
             Ok(info) => {
                 return Ok(RunResult {
@@ -148,6 +152,7 @@ async fn execute(shared: &Arc<Shared>, a: &Assignment, control: &RunControl) -> 
                     detail: String::new(),
                     output: Some(held(&a.job, &info)),
                     duration_ms: 0,
+                    stages: [("pull".to_owned(), started.elapsed().as_millis() as u64)].into(),
                 });
             }
             // Gone from the shared cache meanwhile, or damaged: run it.
@@ -161,14 +166,27 @@ async fn execute(shared: &Arc<Shared>, a: &Assignment, control: &RunControl) -> 
     if own_src {
         tokio::fs::create_dir_all(&src).await.map_err(|e| format!("cannot create {}: {e}", src.display()))?;
     }
+    // Fetch stage: sources and dependencies, under a fetcher token.
+    let fetch_started = Instant::now();
     let prepared = tokio::select! {
-        prepared = prepare(shared, a, &src) => prepared,
+        prepared = async {
+            let _token = shared.fetchers.acquire().await.map_err(|e| e.to_string())?;
+            prepare(shared, a, &src).await
+        } => prepared,
         () = cancel.cancelled() => Err("cancelled".into()),
     };
-    let result = match prepared {
+    let fetch_ms = fetch_started.elapsed().as_millis() as u64;
+    // Build stage: the commands and storing the output (the slot is the
+    // builder token: the coordinator assigns no more runs than slots).
+    let build_started = Instant::now();
+    let mut result = match prepared {
         Ok(deps) => run_commands(shared, a, &dir, &src, &deps, control).await,
         Err(e) => Err(e),
     };
+    if let Ok(r) = &mut result {
+        r.stages.insert("fetch".to_owned(), fetch_ms);
+        r.stages.insert("build".to_owned(), build_started.elapsed().as_millis() as u64);
+    }
     if own_src {
         let _ = tokio::task::spawn_blocking(move || remove_tree(&src)).await;
     }
@@ -404,6 +422,7 @@ async fn run_commands(
             detail,
             output: None,
             duration_ms: 0,
+            stages: Default::default(),
         })
     };
     match outcome {
@@ -425,6 +444,7 @@ async fn run_commands(
                 detail: String::new(),
                 output: Some(held(&a.job, &info)),
                 duration_ms: 0,
+                stages: Default::default(),
             })
         }
         Outcome::Failed { exit_code } => {

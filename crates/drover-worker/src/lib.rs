@@ -60,6 +60,10 @@ pub struct WorkerConfig {
     pub keep_runs: usize,
     /// Push each new output to the coordinator's shared cache.
     pub push: bool,
+    /// Jobs fetching their inputs at once (BuildStream's default: 10).
+    pub fetchers: usize,
+    /// Outputs pushed to the shared cache at once (default 4).
+    pub pushers: usize,
 }
 
 /// Why the worker could not start.
@@ -110,6 +114,10 @@ struct Shared {
     /// Artifacts being fetched from peers, so one fetch serves every job.
     fetching: Mutex<BTreeSet<Key>>,
     fetched: tokio::sync::Notify,
+    /// Tokens of the fetch stage (sources and dependencies).
+    fetchers: tokio::sync::Semaphore,
+    /// Tokens of the push stage (outputs to the shared cache).
+    pushers: tokio::sync::Semaphore,
 }
 
 /// How the session reaches a run in progress: cancelling the token stops
@@ -195,6 +203,7 @@ fn lock_dir(dir: &std::path::Path) -> Result<std::fs::File, WorkerError> {
 
 /// Opens the cache, starts serving and joins the cluster.
 pub async fn start(mut config: WorkerConfig) -> Result<Worker, WorkerError> {
+    let (fetchers, pushers) = (config.fetchers.max(1), config.pushers.max(1));
     let dir_err = |path: &PathBuf| {
         let path = path.display().to_string();
         move |source| WorkerError::Dir { path, source }
@@ -231,6 +240,8 @@ pub async fn start(mut config: WorkerConfig) -> Result<Worker, WorkerError> {
         kept: Mutex::new(VecDeque::new()),
         fetching: Mutex::new(BTreeSet::new()),
         fetched: tokio::sync::Notify::new(),
+        fetchers: tokio::sync::Semaphore::new(fetchers),
+        pushers: tokio::sync::Semaphore::new(pushers),
     });
     let mut tasks = tokio::task::JoinSet::new();
     let router = server::router(shared.clone());

@@ -126,5 +126,6 @@ fn stop(shared: &Shared, run: u64) {
         detail: "cancelled before it started".into(),
         output: None,
         duration_ms: 0,
+        stages: Default::default(),
     });
 }

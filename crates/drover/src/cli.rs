@@ -198,6 +198,13 @@ pub(crate) struct WorkerArgs {
     /// Do not push new outputs to the coordinator's shared cache.
     #[arg(long)]
     pub(crate) no_push: bool,
+    /// Jobs fetching their sources and dependencies at once (the fetch
+    /// stage's tokens; the build stage's are the slots).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) fetchers: u32,
+    /// Outputs pushed to the shared cache at once (the push stage's tokens).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) pushers: u32,
     /// The cluster's token, if it has one.
     #[arg(long, env = "DROVER_TOKEN", hide_env_values = true)]
     pub(crate) token: Option<String>,

@@ -458,6 +458,13 @@ pub(crate) async fn status(args: StatusArgs) -> Result<(), Failure> {
                     println!("      {line}");
                 }
             }
+            if !j.stages.is_empty() {
+                let stages: Vec<String> = ["pull", "fetch", "build"]
+                    .iter()
+                    .filter_map(|s| j.stages.get(*s).map(|ms| format!("{s} {ms} ms")))
+                    .collect();
+                println!("      {}", stages.join(", "));
+            }
         }
     }
     if args.watch && status.state != BuildState::Succeeded {

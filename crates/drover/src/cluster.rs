@@ -247,6 +247,8 @@ fn worker_config(args: &WorkerArgs) -> anyhow::Result<WorkerConfig> {
         kill_grace: units::duration("--kill-grace", &args.kill_grace)?,
         keep_runs: 1000,
         push: !args.no_push,
+        fetchers: args.fetchers as usize,
+        pushers: args.pushers as usize,
     })
 }
 
@@ -375,5 +377,7 @@ fn embedded_worker(state: &Path, i: u32, slots: u32, coordinator: &str) -> anyho
         // The embedded workers' caches persist in the state directory and
         // die with the process: a shared copy would only cost time.
         push: false,
+        fetchers: 10,
+        pushers: 4,
     })
 }
