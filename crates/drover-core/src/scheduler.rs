@@ -318,6 +318,9 @@ pub struct Scheduler {
     dirty: BTreeSet<WorkerIdx>,
     /// The global queue gained jobs: every hungry worker should draw.
     global_dirty: bool,
+    /// With placement weights: dirty workers taken out of `dirty`, best
+    /// score last (empty between steps).
+    ranked: Vec<WorkerIdx>,
 
     decisions: Vec<Decision>,
 }
@@ -370,6 +373,7 @@ impl Scheduler {
             hungry: BTreeSet::new(),
             dirty: BTreeSet::new(),
             global_dirty: false,
+            ranked: Vec::new(),
             decisions: Vec::new(),
         }
     }
@@ -1615,9 +1619,15 @@ impl Scheduler {
                 .max(pct(res.used_memory, res.memory));
             u64::from(self.config.binpack) * used + u64::from(self.config.spread) * (100 - used)
         };
-        let best = self.dirty.iter().copied().max_by_key(|w| (score(w), Reverse(*w)))?;
-        self.dirty.remove(&best);
-        Some(best)
+        // Score the dirty workers once per round rather than once per pick
+        // (a round can hold every hungry worker of the cluster).
+        if self.ranked.is_empty() {
+            let mut round: Vec<(u64, Reverse<WorkerIdx>)> =
+                std::mem::take(&mut self.dirty).into_iter().map(|w| (score(&w), Reverse(w))).collect();
+            round.sort_unstable();
+            self.ranked = round.into_iter().map(|(_, Reverse(w))| w).collect();
+        }
+        self.ranked.pop()
     }
 
     /// Every dirty worker draws until it is full or finds nothing.
