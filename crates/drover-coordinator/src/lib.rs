@@ -76,8 +76,8 @@ pub enum CoordinatorError {
     /// The state log failed.
     #[error(transparent)]
     Store(#[from] drover_store::StoreError),
-    /// The source store failed.
-    #[error("source store: {0}")]
+    /// The store of sources or the shared cache of outputs failed to open.
+    #[error("store: {0}")]
     Cas(#[from] drover_cas::CasError),
     /// The address is taken or not ours.
     #[error("cannot listen on {addr}: {source}")]

@@ -1,6 +1,7 @@
 //! drover's HTTP/JSON client: a thin layer over hyper that adds the bearer
 //! token, JSON bodies, readable errors (the server's `{"error": ...}` body),
-//! time limits, and streaming downloads and uploads.
+//! time limits, and streaming downloads and uploads (artifacts straight
+//! into a content-addressed store).
 
 use std::path::Path;
 use std::time::Duration;
@@ -55,6 +56,16 @@ pub enum HttpError {
         url: String,
         /// What was wrong.
         message: String,
+    },
+    /// A downloaded artifact was refused by the store (a digest mismatch,
+    /// a cut-short stream, an unsafe path, a full store).
+    #[error("{url}: {source}")]
+    Artifact {
+        /// The URL.
+        url: String,
+        /// Why.
+        #[source]
+        source: drover_cas::CasError,
     },
     /// A local file could not be read.
     #[error("{path}: {source}")]
@@ -203,15 +214,7 @@ impl Http {
         let file = tokio::fs::File::open(path)
             .await
             .map_err(|source| HttpError::File { path: path.display().to_string(), source })?;
-        let stream = tokio_util::io::ReaderStream::new(file).map_ok(Frame::data);
-        let req = self.request(
-            Method::PUT,
-            url,
-            BodyExt::boxed(StreamBody::new(stream)),
-            "application/octet-stream",
-        );
-        let resp = self.send(req, None).await?;
-        self.read_all(url, resp).await.map(|_| ())
+        self.put_reader(url, file).await
     }
 
     /// PUT a body read from `reader`, streamed.
@@ -229,6 +232,24 @@ impl Http {
         );
         let resp = self.send(req, None).await?;
         self.read_all(url, resp).await.map(|_| ())
+    }
+
+    /// GET an artifact in the pack format and commit it to `cas` as `job`,
+    /// verified as it arrives (against `tree` too, if known).
+    pub async fn get_artifact(
+        &self,
+        url: &str,
+        cas: &std::sync::Arc<drover_cas::Cas>,
+        job: drover_cas::Key,
+        tree: Option<drover_cas::Key>,
+    ) -> Result<drover_cas::ArtifactInfo, HttpError> {
+        let reader = self.get_reader(url).await?;
+        let mut sync = tokio_util::io::SyncIoBridge::new(reader);
+        let cas = cas.clone();
+        let stored = tokio::task::spawn_blocking(move || cas.unpack(&job, tree.as_ref(), &mut sync))
+            .await
+            .map_err(|e| HttpError::Decode { url: url.to_owned(), message: e.to_string() })?;
+        stored.map_err(|source| HttpError::Artifact { url: url.to_owned(), source })
     }
 
     /// GET a body as a stream of chunks (downloads, logs, event streams).

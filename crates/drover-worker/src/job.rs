@@ -107,14 +107,18 @@ async fn pull(
     tree: Option<Hash32>,
 ) -> Result<drover_cas::ArtifactInfo, String> {
     let url = shared.coordinator(&format!("/v1/cache/{job}"));
-    let reader = shared.http.get_reader(&url).await.map_err(|e| e.to_string())?;
-    let mut sync = tokio_util::io::SyncIoBridge::new(reader);
-    let cas = shared.cas.clone();
-    let key = Key(job.0);
-    tokio::task::spawn_blocking(move || cas.unpack(&key, tree.map(|t| Key(t.0)).as_ref(), &mut sync))
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())
+    get_artifact(shared, &url, job, tree).await
+}
+
+/// Fetches an artifact (pack format) from `url` into this worker's cache.
+async fn get_artifact(
+    shared: &Arc<Shared>,
+    url: &str,
+    job: &Hash32,
+    tree: Option<Hash32>,
+) -> Result<drover_cas::ArtifactInfo, String> {
+    let tree = tree.map(|t| Key(t.0));
+    shared.http.get_artifact(url, &shared.cas, Key(job.0), tree).await.map_err(|e| e.to_string())
 }
 
 fn held(job: &Hash32, info: &drover_cas::ArtifactInfo) -> HeldArtifact {
@@ -360,14 +364,7 @@ async fn fetch_from(
     tree: Option<Hash32>,
 ) -> Result<drover_cas::ArtifactInfo, String> {
     let url = format!("{}/v1/artifacts/{job}", holder.trim_end_matches('/'));
-    let reader = shared.http.get_reader(&url).await.map_err(|e| e.to_string())?;
-    let mut sync = tokio_util::io::SyncIoBridge::new(reader);
-    let cas = shared.cas.clone();
-    let key = Key(job.0);
-    tokio::task::spawn_blocking(move || cas.unpack(&key, tree.map(|t| Key(t.0)).as_ref(), &mut sync))
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())
+    get_artifact(shared, &url, job, tree).await
 }
 
 /// Runs the commands and commits the output.

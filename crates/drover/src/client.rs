@@ -375,13 +375,7 @@ async fn fetch(
     job: Hash32,
     tree: Option<Hash32>,
 ) -> anyhow::Result<()> {
-    let reader = http.get_reader(url).await?;
-    let mut sync = tokio_util::io::SyncIoBridge::new(reader);
-    let cas = cas.clone();
-    tokio::task::spawn_blocking(move || {
-        cas.unpack(&drover_cas::Key(job.0), tree.map(|t| drover_cas::Key(t.0)).as_ref(), &mut sync)
-    })
-    .await??;
+    http.get_artifact(url, cas, drover_cas::Key(job.0), tree.map(|t| drover_cas::Key(t.0))).await?;
     Ok(())
 }
 

@@ -9,9 +9,9 @@ use serde_json::Value;
 
 use crate::harness::{Cluster, eventually, job};
 
-/// A bare HTTP/1.1 request to the coordinator: (status, body).
-fn http(cluster: &Cluster, method: &str, path: &str, body: &[u8]) -> (u16, Vec<u8>) {
-    let addr = cluster.url.trim_start_matches("http://");
+/// A bare HTTP/1.1 request to the coordinator at `url`: (status, body).
+fn http(url: &str, method: &str, path: &str, body: &[u8]) -> (u16, Vec<u8>) {
+    let addr = url.trim_start_matches("http://");
     let mut stream = TcpStream::connect(addr).expect("connect");
     let head = format!(
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
@@ -53,17 +53,7 @@ fn build_file(cluster: &Cluster, counter: &str) -> std::path::PathBuf {
 }
 
 fn wait_json(cluster: &Cluster, file: &Path, out: &Path) -> Value {
-    let result = cluster.run(&[
-        "submit",
-        file.to_str().expect("utf-8"),
-        "--wait",
-        "--json",
-        "--out",
-        out.to_str().expect("utf-8"),
-    ]);
-    serde_json::from_slice(&result.stdout).unwrap_or_else(|e| {
-        panic!("no status JSON ({e}, {:?}): {}", result.status, String::from_utf8_lossy(&result.stderr))
-    })
+    crate::harness::wait_json(cluster, file, &["--out", out.to_str().expect("utf-8")]).1
 }
 
 /// Kills a worker and waits until the coordinator has declared it lost (so
@@ -91,7 +81,7 @@ fn a_fresh_worker_serves_a_job_from_the_shared_cache_without_running_it() {
     assert_eq!(runs(&counter), 1);
     let id = job(&first, "a")["id"].as_str().expect("job id").to_owned();
     let cached = eventually("the output in the shared cache", || {
-        let (status, body) = http(&cluster, "GET", &format!("/v1/cache/{id}"), b"");
+        let (status, body) = http(&cluster.url, "GET", &format!("/v1/cache/{id}"), b"");
         (status == 200 && !body.is_empty()).then_some(body)
     });
 
@@ -99,10 +89,7 @@ fn a_fresh_worker_serves_a_job_from_the_shared_cache_without_running_it() {
     let pushes: Vec<_> = (0..2)
         .map(|_| {
             let (url, body, path) = (cluster.url.clone(), cached.clone(), format!("/v1/cache/{id}"));
-            std::thread::spawn(move || {
-                let c = Cluster::url_only(&url);
-                http(&c, "PUT", &path, &body).0
-            })
+            std::thread::spawn(move || http(&url, "PUT", &path, &body).0)
         })
         .collect();
     for push in pushes {
@@ -134,7 +121,7 @@ fn a_damaged_output_in_the_shared_cache_is_dropped_and_the_job_runs() {
     let first = wait_json(&cluster, &file, &cluster.dir.path().join("out1"));
     let id = job(&first, "a")["id"].as_str().expect("job id").to_owned();
     eventually("the output in the shared cache", || {
-        (http(&cluster, "GET", &format!("/v1/cache/{id}"), b"").0 == 200).then_some(())
+        (http(&cluster.url, "GET", &format!("/v1/cache/{id}"), b"").0 == 200).then_some(())
     });
     // Damage the stored file.
     let stored = find(&cluster.dir.path().join("coordinator/cache"), "greeting").expect("stored output file");

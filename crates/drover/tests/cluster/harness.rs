@@ -40,19 +40,6 @@ pub(crate) struct Cluster {
 const CONFIG: &str = "[scheduler]\nlease_timeout = \"1500ms\"\n";
 
 impl Cluster {
-    /// A handle on a cluster started elsewhere, to reach it by URL only
-    /// (nothing is started or stopped through it).
-    pub(crate) fn url_only(url: &str) -> Cluster {
-        Cluster {
-            dir: tempfile::tempdir().expect("tempdir"),
-            url: url.to_owned(),
-            port: 0,
-            coordinator: None,
-            workers: Vec::new(),
-            token: None,
-        }
-    }
-
     /// A coordinator alone.
     pub(crate) fn new() -> Cluster {
         Cluster::with_token(None)
@@ -211,6 +198,17 @@ impl Drop for Cluster {
             let _ = child.wait();
         }
     }
+}
+
+/// `drover submit FILE --wait --json EXTRA...`: the exit code and the final
+/// status.
+pub(crate) fn wait_json(cluster: &Cluster, file: &Path, extra: &[&str]) -> (Option<i32>, Value) {
+    let mut args = vec!["submit", file.to_str().expect("utf-8"), "--wait", "--json"];
+    args.extend_from_slice(extra);
+    let out = cluster.run(&args);
+    let status = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("no status JSON ({e}); stderr: {}", String::from_utf8_lossy(&out.stderr)));
+    (out.status.code(), status)
 }
 
 /// The job named `name` in a status document.

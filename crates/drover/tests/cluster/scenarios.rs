@@ -7,19 +7,10 @@ use std::process::Stdio;
 
 use serde_json::Value;
 
-use crate::harness::{Cluster, drover, eventually, job, process_gone};
+use crate::harness::{Cluster, drover, eventually, job, process_gone, wait_json};
 
 fn stderr(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn wait_json(cluster: &Cluster, file: &Path, extra: &[&str]) -> (Option<i32>, Value) {
-    let mut args = vec!["submit", file.to_str().expect("utf-8"), "--wait", "--json"];
-    args.extend_from_slice(extra);
-    let out = cluster.run(&args);
-    let status = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("no status JSON ({e}); stderr: {}", stderr(&out)));
-    (out.status.code(), status)
 }
 
 #[test]
