@@ -16,6 +16,7 @@
 
 #![warn(missing_docs)]
 
+mod policy;
 mod queue;
 mod quota;
 mod resources;
@@ -27,6 +28,6 @@ pub use quota::DEFAULT_QUEUE;
 pub use scheduler::{JobStatus, JobView, QueueAmounts, QueueName, QueueView, Scheduler};
 pub use types::{
     CancelStage, Capacity, Completion, Config, Decision, Event, FailReason, GangSpec, JobId, JobResult,
-    JobSpec, Millis, QueueConfig, QueueLimits, Rejected, Request, RunId, Timer, TimerKind, WaiterId,
-    WorkerId,
+    JobSpec, Millis, PluginConfig, QueueConfig, QueueLimits, Rejected, Request, RunId, Tier, Timer,
+    TimerKind, WaiterId, WorkerId,
 };

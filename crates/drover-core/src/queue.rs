@@ -14,7 +14,6 @@
 //! or removing a job is one descent, and a tenant's first job of each class
 //! is one descent per class.
 
-use std::cmp::Reverse;
 use std::collections::BTreeMap;
 
 /// Index of an interned job class.
@@ -24,12 +23,12 @@ pub(crate) type TenantIdx = u32;
 /// Index of a live job in the scheduler's slab.
 pub(crate) type JobIdx = u32;
 
-/// Order of a tenant's jobs: higher priority first, then the longest
-/// remaining path (critical path first), then first scheduled.
+/// Order of a tenant's jobs: the components of the configured job rules
+/// (by default higher priority first, then the longest remaining path:
+/// critical path first; see `policy.rs`), then first scheduled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct JobKey {
-    pub(crate) priority: Reverse<i32>,
-    pub(crate) path: Reverse<u64>,
+    pub(crate) order: [u64; 2],
     pub(crate) seq: u64,
 }
 
@@ -37,7 +36,7 @@ pub(crate) struct JobKey {
 /// among that tenant's jobs of the class.
 type Slot = (TenantIdx, ClassIdx, JobKey);
 
-const FIRST_KEY: JobKey = JobKey { priority: Reverse(i32::MAX), path: Reverse(u64::MAX), seq: 0 };
+const FIRST_KEY: JobKey = JobKey { order: [0; 2], seq: 0 };
 
 /// One queue: the global queue, or one of a worker's two local queues. One
 /// ordered map, so adding or removing a job is a single descent.
@@ -92,7 +91,7 @@ mod tests {
     use super::*;
 
     fn key(priority: i32, seq: u64) -> JobKey {
-        JobKey { priority: Reverse(priority), path: Reverse(0), seq }
+        JobKey { order: [(i64::from(i32::MAX) - i64::from(priority)) as u64, 0], seq }
     }
 
     #[test]

@@ -18,7 +18,6 @@
 //!
 //! Nothing here reads a clock or iterates a hash: it is part of the pure core.
 
-use std::cmp::Reverse;
 use std::collections::BTreeMap;
 
 use crate::types::{QueueConfig, QueueLimits};
@@ -309,11 +308,11 @@ impl Queues {
         true
     }
 
-    /// Order in which leaves are offered to a drawing worker: higher queue
-    /// priority first, then the lowest share (allocated over deserved).
-    pub(crate) fn order_key(&self, leaf: QueueIdx) -> (Reverse<i32>, u64, QueueIdx) {
-        let node = &self.nodes[leaf as usize];
-        (Reverse(node.priority), node.allocated.share_of(&node.deserved), leaf)
+    /// A queue's share: what it holds over what it deserves (for the queue
+    /// order of `proportion`).
+    pub(crate) fn share(&self, q: QueueIdx) -> u64 {
+        let node = &self.nodes[q as usize];
+        node.allocated.share_of(&node.deserved)
     }
 
     /// Recomputes every queue's deserved amount for a cluster of `total`.
@@ -453,6 +452,6 @@ mod tests {
         q.charge(a, |n| n.allocated = n.allocated.plus(Amounts::new(2, 0, 0)));
         assert!(!q.admits(a, Amounts::new(1, 0, 0), true), "at its deserved share");
         assert!(q.admits(a, Amounts::new(1, 0, 0), false), "no capability");
-        assert_eq!(q.order_key(a).1, 1_000_000);
+        assert_eq!(q.share(a), 1_000_000);
     }
 }

@@ -17,6 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use crate::policy::{Policy, QueueKey, TenantKey, VictimTier};
 use crate::queue::{ClassIdx, JobIdx, JobKey, Queue, TenantIdx};
 use crate::quota::{Amounts, QueueIdx, Queues};
 use crate::resources::{ClassKey, TokenIdx, WorkerResources};
@@ -77,6 +78,7 @@ struct Job {
     tenant: TenantIdx,
     class: ClassIdx,
     key: JobKey,
+    priority: i32,
     deps: Box<[JobId]>,
     waiters: Vec<WaiterId>,
     attempts: u32,
@@ -159,10 +161,6 @@ struct Gang {
     /// Members waiting to be placed, in job order.
     queued: BTreeSet<(JobKey, JobIdx)>,
 }
-
-/// A tenant's place in its queue's order: highest queued priority first,
-/// then the lowest dominant share (DRF), then least recently served.
-type TenantKey = (Reverse<i32>, u64, u64, TenantIdx);
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Class {
@@ -267,6 +265,8 @@ pub struct JobView {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Scheduler {
     config: Config,
+    /// `config.tiers`, resolved.
+    policy: Policy,
     now: Millis,
     rng: SplitMix64,
     serve_clock: u64,
@@ -328,6 +328,35 @@ pub struct Scheduler {
 /// A tenant's best fitting job in one of a worker's queues.
 type Offer = (Place, JobKey, JobIdx);
 
+/// Volcano's two eviction actions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Action {
+    /// A starving job evicts jobs of its own queue.
+    Preempt,
+    /// A queue below its deserved share evicts jobs of other queues.
+    Reclaim,
+}
+
+/// A running job that may be evicted.
+#[derive(Clone, Copy, Debug)]
+struct Candidate {
+    /// Eviction order (priority, or 0 without `priority`; newest first),
+    /// with the run.
+    order: (i32, Reverse<RunId>),
+    priority: i32,
+    class: ClassIdx,
+    tenant: TenantIdx,
+    queue: QueueIdx,
+}
+
+/// What victim functions know of the job they evict for.
+#[derive(Clone, Copy, Debug)]
+struct Preemptor {
+    priority: i32,
+    /// Its tenant's dominant share with the job, in millionths.
+    share: u64,
+}
+
 /// What a worker's draw came up with.
 enum Pick {
     Run(JobIdx),
@@ -340,6 +369,7 @@ impl Scheduler {
         let quotas = Queues::new(&config.queues, &config.tenant_queues);
         Scheduler {
             rng: SplitMix64::new(config.seed),
+            policy: Policy::new(&config),
             orders: vec![BTreeSet::new(); quotas.nodes.len()],
             quotas,
             total: Amounts::default(),
@@ -940,7 +970,8 @@ impl Scheduler {
             id: spec.id,
             tenant,
             class,
-            key: JobKey { priority: Reverse(spec.priority), path: Reverse(spec.path), seq },
+            key: self.policy.job_key(spec.priority, spec.path, seq),
+            priority: spec.priority,
             deps: deps.into_boxed_slice(),
             waiters: vec![waiter],
             attempts: 0,
@@ -974,7 +1005,8 @@ impl Scheduler {
                     let gang = Gang {
                         id: spec.id,
                         min: spec.min_available,
-                        started: false,
+                        // Without the gang plugin, members start one by one.
+                        started: !self.policy.gang,
                         members: 0,
                         queued: BTreeSet::new(),
                     };
@@ -1245,14 +1277,20 @@ impl Scheduler {
         }
     }
 
+    /// The key tenant `t` belongs under in its queue's order: its highest
+    /// queued priority, dominant share and last service, as the tiers order
+    /// them.
+    fn tenant_key(&self, t: TenantIdx) -> TenantKey {
+        let tenant = &self.tenants[t as usize];
+        let top = tenant.priorities.last_key_value().map_or(i32::MIN, |(p, _)| *p);
+        self.policy.tenant_key(top, tenant.allocated.share_of(&self.total), tenant.served, t)
+    }
+
     /// Files the tenant in its queue's order under its current key (or takes
     /// it out, when it has no queue entries).
     fn refile(&mut self, t: TenantIdx) {
+        let key = (self.tenants[t as usize].placed > 0).then(|| self.tenant_key(t));
         let tenant = &self.tenants[t as usize];
-        let key = (tenant.placed > 0).then(|| {
-            let top = tenant.priorities.last_key_value().map_or(i32::MIN, |(p, _)| *p);
-            (Reverse(top), tenant.allocated.share_of(&self.total), tenant.served, t)
-        });
         if key == tenant.filed {
             return;
         }
@@ -1276,8 +1314,7 @@ impl Scheduler {
     fn queued_changed(&mut self, j: JobIdx, add: bool) {
         let job = self.jobs[j as usize].as_mut().expect("live job");
         job.counted = add;
-        let (t, priority, amounts) =
-            (job.tenant, job.key.priority.0, self.classes[job.class as usize].amounts);
+        let (t, priority, amounts) = (job.tenant, job.priority, self.classes[job.class as usize].amounts);
         let tenant = &mut self.tenants[t as usize];
         let q = tenant.queue;
         if add {
@@ -1606,7 +1643,8 @@ impl Scheduler {
     /// `used` is the worker's busiest share (slots, CPU, memory) in percent,
     /// highest first, ties by registration order.
     fn next_dirty(&mut self) -> Option<WorkerIdx> {
-        if self.config.binpack == 0 && self.config.spread == 0 {
+        let (binpack, spread) = (u64::from(self.policy.binpack), u64::from(self.policy.spread));
+        if binpack == 0 && spread == 0 {
             return self.dirty.pop_first();
         }
         let score = |w: &WorkerIdx| {
@@ -1617,7 +1655,7 @@ impl Scheduler {
             let used = pct(res.used_slots.into(), res.slots.into())
                 .max(pct(res.used_cpu, res.cpu))
                 .max(pct(res.used_memory, res.memory));
-            u64::from(self.config.binpack) * used + u64::from(self.config.spread) * (100 - used)
+            binpack * used + spread * (100 - used)
         };
         // Score the dirty workers once per round rather than once per pick
         // (a round can hold every hungry worker of the cluster).
@@ -1705,10 +1743,7 @@ impl Scheduler {
     /// `Drop` if it had not started); its resources are freed when the
     /// worker reports the run's end.
     fn evict_for_starving(&mut self) -> bool {
-        let mut leaves: Vec<(Reverse<i32>, u64, QueueIdx)> =
-            self.active_queues.iter().map(|&q| self.quotas.order_key(q)).collect();
-        leaves.sort_unstable();
-        for (_, _, q) in leaves {
+        for (_, q) in self.leaf_order() {
             let Some(j) = self.starving_job(q) else { continue };
             if let Some((w, victims)) = self.victims_for(j, q) {
                 for run in victims {
@@ -1728,7 +1763,7 @@ impl Scheduler {
     /// The best job of queue `q`'s first tenant that waits in the global
     /// queue with no reservation.
     fn starving_job(&self, q: QueueIdx) -> Option<JobIdx> {
-        let &(_, _, _, tenant) = self.orders[q as usize].first()?;
+        let &(_, tenant) = self.orders[q as usize].first()?;
         self.global
             .fronts(tenant)
             .filter(|&(_, _, j)| self.job(j).reserved_on.is_none() && self.job(j).gang.is_none())
@@ -1737,11 +1772,14 @@ impl Scheduler {
     }
 
     /// A worker and the runs to evict there so that job `j` of queue `q`
-    /// fits, if any.
+    /// fits, if any. On each worker the candidates of each action (preempt:
+    /// runs of the same queue; reclaim: runs of other reclaimable queues, if
+    /// `q` stays within its deserved share with the job) are narrowed by
+    /// the tiers ([`Self::tier_victims`]); the victims are then taken, in
+    /// eviction order, until the job fits.
     fn victims_for(&self, j: JobIdx, q: QueueIdx) -> Option<(WorkerIdx, Vec<RunId>)> {
         let job = self.job(j);
         let class = &self.classes[job.class as usize];
-        let priority = job.key.priority.0;
         let node = &self.quotas.nodes[q as usize];
         let mut with_job = node.allocated;
         with_job.add(class.amounts);
@@ -1755,60 +1793,149 @@ impl Scheduler {
         if self.workers.iter().any(|worker| usable(worker) && worker.res.fits(&class.key, None)) {
             return None;
         }
+        // The preemptor's tenant's dominant share with the job (for drf).
+        let mut mine = self.tenants[job.tenant as usize].allocated;
+        mine.add(class.amounts);
+        let preemptor = Preemptor { priority: job.priority, share: mine.share_of(&self.total) };
+        let (mut preempt, mut reclaim) = (Vec::new(), Vec::new());
         for (w, worker) in self.workers.iter().enumerate() {
             let w = w as WorkerIdx;
             if !usable(worker) {
                 continue;
             }
-            // (priority, newest first, run, amounts, its queue) of each
-            // running job this job may evict.
-            let mut candidates: Vec<(i32, Reverse<RunId>, RunId, ClassIdx, QueueIdx)> = Vec::new();
+            preempt.clear();
+            reclaim.clear();
             for &run in &worker.runs {
                 let r = &self.runs[&run];
                 let Some(v) = r.job else { continue };
                 let victim = self.job(v);
-                if victim.gang.is_some() {
+                // The gang guard: while `gang` is listed, never a member.
+                if self.policy.gang && victim.gang.is_some() {
                     continue;
                 }
-                let vq = self.tenants[r.tenant as usize].queue;
-                let vp = victim.key.priority.0;
-                let preempt = self.config.preempt && vq == q && vp < priority;
-                let reclaim = may_reclaim && vq != q && self.quotas.nodes[vq as usize].reclaimable;
-                if preempt || reclaim {
-                    candidates.push((vp, Reverse(run), run, r.class, vq));
+                let queue = self.tenants[r.tenant as usize].queue;
+                // Eviction order: lowest priority first (if `priority` is
+                // listed), then the most recently assigned.
+                let order = (if self.policy.priority { victim.priority } else { 0 }, Reverse(run));
+                let c =
+                    Candidate { order, priority: victim.priority, class: r.class, tenant: r.tenant, queue };
+                if self.config.preempt && queue == q {
+                    preempt.push(c);
+                } else if may_reclaim && queue != q && self.quotas.nodes[queue as usize].reclaimable {
+                    reclaim.push(c);
                 }
             }
-            candidates.sort_unstable();
+            preempt.sort_unstable_by_key(|c| c.order);
+            reclaim.sort_unstable_by_key(|c| c.order);
+            let mut victims = self.tier_victims(Action::Preempt, &preempt, preemptor);
+            victims.extend(self.tier_victims(Action::Reclaim, &reclaim, preemptor));
+            victims.sort_unstable_by_key(|c| c.order);
             let mut res = worker.res.clone();
-            let mut taken: BTreeMap<QueueIdx, Amounts> = BTreeMap::new();
-            let mut victims = Vec::new();
-            for (_, _, run, vclass, vq) in candidates {
+            let mut freed = Amounts::default();
+            let mut taken = Vec::new();
+            for c in victims {
                 if res.fits(&class.key, None) {
                     break;
                 }
-                let vnode = &self.quotas.nodes[vq as usize];
-                let amounts = self.classes[vclass as usize].amounts;
-                if vq != q {
-                    // Reclaim: the victim's queue keeps at least its share.
-                    let mut after = vnode.allocated;
-                    after.sub(*taken.get(&vq).unwrap_or(&Amounts::default()));
-                    after.sub(amounts);
-                    if !vnode.deserved.within(&after) {
-                        continue;
-                    }
+                if c.queue == q {
+                    freed.add(self.classes[c.class as usize].amounts);
                 }
-                taken.entry(vq).or_default().add(amounts);
-                res.release(&self.classes[vclass as usize].key);
-                victims.push(run);
+                res.release(&self.classes[c.class as usize].key);
+                taken.push(c.order.1.0);
             }
             // The job's queue must admit it once its own victims are gone.
-            let freed = taken.get(&q).copied().unwrap_or_default();
             let admitted = !self.quotas.active() || self.quotas.admits_freeing(q, freed, class.amounts);
-            if !victims.is_empty() && admitted && res.fits(&class.key, None) {
-                return Some((w, victims));
+            if !taken.is_empty() && admitted && res.fits(&class.key, None) {
+                return Some((w, taken));
             }
         }
         None
+    }
+
+    /// The victims among one worker's `candidates` for `action` (in
+    /// eviction order), with Volcano's tier semantics: in each tier that
+    /// has a victim function for the action, a candidate is a victim if
+    /// every such function of the tier accepts it; the first tier that
+    /// finds any victim decides; a tier that finds none passes to the next.
+    ///
+    /// - `priority` (preempt): a lower priority than the preemptor's;
+    /// - `drf` with `preemptable` (preempt): its tenant, without it and the
+    ///   victims of that tenant before it, keeps a dominant share above the
+    ///   preemptor's tenant's with the job; while `priority` is listed, never
+    ///   a higher priority than the preemptor's (fairness does not override
+    ///   priority, so the two rules cannot evict each other's jobs in turn);
+    /// - `proportion` (reclaim): its queue, without it and the victims of
+    ///   that queue before it, stays at or above its deserved share.
+    ///
+    /// The stateless rule (`priority`) is checked first, so the running
+    /// totals of `drf` and `proportion` count only real victims: the result
+    /// is the intersection, whatever the order within the tier.
+    fn tier_victims(&self, action: Action, candidates: &[Candidate], preemptor: Preemptor) -> Vec<Candidate> {
+        if candidates.is_empty() {
+            return Vec::new();
+        }
+        for tier in &self.policy.victims {
+            let applies = match action {
+                Action::Preempt => tier.priority || tier.drf,
+                Action::Reclaim => tier.proportion,
+            };
+            if !applies {
+                continue;
+            }
+            let victims = self.tier_accepts(tier, action, candidates, preemptor);
+            if !victims.is_empty() {
+                return victims;
+            }
+        }
+        Vec::new()
+    }
+
+    /// The candidates every victim function of `tier` for `action` accepts.
+    fn tier_accepts(
+        &self,
+        tier: &VictimTier,
+        action: Action,
+        candidates: &[Candidate],
+        preemptor: Preemptor,
+    ) -> Vec<Candidate> {
+        // What the victims chosen so far take from each tenant (drf) or
+        // queue (proportion).
+        let mut removed: BTreeMap<u32, Amounts> = BTreeMap::new();
+        let mut victims = Vec::new();
+        for c in candidates {
+            let amounts = self.classes[c.class as usize].amounts;
+            let (holder, held, at_least) = match action {
+                Action::Preempt => {
+                    if tier.priority && c.priority >= preemptor.priority {
+                        continue;
+                    }
+                    if !tier.drf {
+                        victims.push(*c);
+                        continue;
+                    }
+                    if self.policy.priority && c.priority > preemptor.priority {
+                        continue;
+                    }
+                    (c.tenant, self.tenants[c.tenant as usize].allocated, None)
+                }
+                Action::Reclaim => {
+                    let node = &self.quotas.nodes[c.queue as usize];
+                    (c.queue, node.allocated, Some(node.deserved))
+                }
+            };
+            let mut after = held;
+            after.sub(removed.get(&holder).copied().unwrap_or_default());
+            after.sub(amounts);
+            let keeps = match at_least {
+                Some(deserved) => deserved.within(&after),
+                None => after.share_of(&self.total) > preemptor.share,
+            };
+            if keeps {
+                removed.entry(holder).or_default().add(amounts);
+                victims.push(*c);
+            }
+        }
+        victims
     }
 
     /// Evicts a run: its job goes back to the queues with its attempts, and
@@ -1896,6 +2023,18 @@ impl Scheduler {
         self.quotas.charge(queue, |node| node.allocated.sub(amounts));
     }
 
+    /// The active leaf queues in queue order (the tiers' queue rules, then
+    /// the queue's index).
+    fn leaf_order(&self) -> Vec<QueueKey> {
+        let mut leaves: Vec<QueueKey> = self
+            .active_queues
+            .iter()
+            .map(|&q| self.policy.queue_key(self.quotas.nodes[q as usize].priority, self.quotas.share(q), q))
+            .collect();
+        leaves.sort_unstable();
+        leaves
+    }
+
     /// Chooses the next job for worker `w`: the queue order picks the queue,
     /// the job order inside it the tenant, locality the local or global
     /// queue, and resources filter the classes. See ARCHITECTURE.md.
@@ -1919,27 +2058,26 @@ impl Scheduler {
             return None;
         }
         let quotas = self.quotas.active();
-        let mut leaves: Vec<(Reverse<i32>, u64, QueueIdx)> =
-            self.active_queues.iter().map(|&q| self.quotas.order_key(q)).collect();
-        leaves.sort_unstable();
+        let leaves = self.leaf_order();
         let queues = [
             (Place::First(w), &worker.first),
             (Place::Second(w), &worker.second),
             (Place::Global, &self.global),
         ];
-        // With quotas, first only what keeps every queue within its deserved
-        // share; then, so that no slot idles, what stays within capabilities.
-        let phases: &[bool] = if quotas { &[true, false] } else { &[false] };
+        // With quotas (and proportion), first only what keeps every queue
+        // within its deserved share; then, so that no slot idles, what stays
+        // within capabilities.
+        let phases: &[bool] = if quotas && self.policy.proportion { &[true, false] } else { &[false] };
         // The current tenant's best fitting job in each worker queue.
         let mut fitting: Vec<Offer> = Vec::new();
         for &within_deserved in phases {
-            for &(_, _, q) in &leaves {
+            for &(_, q) in &leaves {
                 // Every job takes a slot: a queue without room for one more
                 // has nothing to offer in this phase.
                 if quotas && !self.quotas.admits(q, Amounts::new(1, 0, 0), within_deserved) {
                     continue;
                 }
-                for &(_, _, _, tenant) in &self.orders[q as usize] {
+                for &(_, tenant) in &self.orders[q as usize] {
                     fitting.clear();
                     let mut reserve = None;
                     for &(place, queue) in &queues {
@@ -1965,11 +2103,12 @@ impl Scheduler {
                         }
                     }
                     // Locality: a uniform draw among the worker queues
-                    // offering this tenant a fitting job of its highest
-                    // priority (distbuild's random choice among the three
-                    // queues); within the queue, the tenant's best job.
-                    if let Some(p) = fitting.iter().map(|f| f.1.priority.0).max() {
-                        fitting.retain(|f| f.1.priority.0 == p);
+                    // offering this tenant a fitting job that is best by the
+                    // first job rule (its highest priority, by default):
+                    // distbuild's random choice among the three queues;
+                    // within the queue, the tenant's best job.
+                    if let Some(p) = fitting.iter().map(|f| f.1.order[0]).min() {
+                        fitting.retain(|f| f.1.order[0] == p);
                         let pick = match fitting.len() {
                             1 => fitting[0].2,
                             n => fitting[self.rng.below(n)].2,

@@ -478,18 +478,67 @@ pub struct Config {
     #[serde(default)]
     pub reclaim: bool,
     /// Weight of binpack in the order idle workers draw in (fill the
-    /// busiest workers first). 0 with `spread` 0: registration order.
+    /// busiest workers first). 0 with `spread` 0: registration order. The
+    /// older spelling of listing `binpack` with this weight in [`Self::tiers`]
+    /// (setting both is an error).
     #[serde(default)]
     pub binpack: u32,
-    /// Weight of spread in that order (the least busy workers first).
+    /// Weight of spread in that order (the least busy workers first); the
+    /// older spelling of `spread` in [`Self::tiers`].
     #[serde(default)]
     pub spread: u32,
+    /// The policies in force, as ordered tiers of named plugins (Volcano's
+    /// tiers): order rules are applied in the order the plugins are listed,
+    /// first decisive answer wins; placement scores are summed; preemption
+    /// and reclaim victims come from the first tier whose plugins agree on
+    /// any. [`Config::default_tiers`] reproduces drover's fixed policies;
+    /// a plugin left out switches its rule off. See `README.md`, "Plugin
+    /// tiers", for each plugin.
+    #[serde(default = "Config::default_tiers")]
+    pub tiers: Vec<Tier>,
+}
+
+/// One tier of [`Config::tiers`]: plugins in order.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tier {
+    /// The plugins of the tier, in order.
+    pub plugins: Vec<PluginConfig>,
+}
+
+impl Tier {
+    /// A tier of plugins given by name, with no arguments.
+    pub fn of(names: &[&str]) -> Tier {
+        Tier { plugins: names.iter().map(|n| PluginConfig::named(n)).collect() }
+    }
+}
+
+/// One plugin of a [`Tier`]: its name and arguments.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PluginConfig {
+    /// One of `priority`, `gang`, `drf`, `proportion`, `fairness`,
+    /// `critical-path`, `binpack`, `spread`, `predicates`.
+    pub name: String,
+    /// Weight of a scoring plugin (`binpack`, `spread`; 1 when unset).
+    #[serde(default)]
+    pub weight: Option<u32>,
+    /// `drf` only: also choose preemption victims (Volcano's
+    /// `enablePreemptable`, off by default as in Volcano's Helm config).
+    #[serde(default)]
+    pub preemptable: bool,
+}
+
+impl PluginConfig {
+    /// A plugin with no arguments.
+    pub fn named(name: &str) -> PluginConfig {
+        PluginConfig { name: name.to_owned(), ..PluginConfig::default() }
+    }
 }
 
 impl Config {
-    /// Checks the queue settings: unique names, known parents, no cycles,
+    /// Checks the queue settings (unique names, known parents, no cycles,
     /// weights of at least 1, guarantees within capabilities, tenants mapped
-    /// to leaf queues. Every problem is listed.
+    /// to leaf queues) and the tiers (known plugins, each listed once,
+    /// arguments only where they mean something). Every problem is listed.
     pub fn validate(&self) -> Result<(), Vec<String>> {
         let mut errors = Vec::new();
         let mut names = BTreeMap::new();
@@ -538,7 +587,18 @@ impl Config {
                     .push(format!("tenant {tenant}: queue {queue} has child queues; map tenants to leaves"));
             }
         }
+        errors.extend(crate::policy::check_tiers(self));
         if errors.is_empty() { Ok(()) } else { Err(errors) }
+    }
+
+    /// The tiers that reproduce drover's fixed policies: `priority` and
+    /// `gang`, then `drf`, `proportion`, `fairness`, `critical-path` and
+    /// `predicates`.
+    pub fn default_tiers() -> Vec<Tier> {
+        vec![
+            Tier::of(&["priority", "gang"]),
+            Tier::of(&["drf", "proportion", "fairness", "critical-path", "predicates"]),
+        ]
     }
 }
 
@@ -614,6 +674,7 @@ impl Default for Config {
             reclaim: false,
             binpack: 0,
             spread: 0,
+            tiers: Config::default_tiers(),
         }
     }
 }

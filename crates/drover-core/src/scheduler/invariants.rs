@@ -135,8 +135,11 @@ impl Scheduler {
             if queued {
                 queued_places += job.places.len();
                 *placed.entry(job.tenant).or_default() += job.places.len() as u32;
-                // Rule 1: the first queue of every live holder of its result.
-                for &w in self.holders.get(&job.id).into_iter().flatten() {
+                // Rule 1: the first queue of every live holder of its result
+                // (gang members wait outside the locality queues).
+                let holders =
+                    if job.state == JobState::Queued(Stage::Gang) { None } else { self.holders.get(&job.id) };
+                for &w in holders.into_iter().flatten() {
                     if !job.places.contains(&Place::First(w)) {
                         return Err(format!("job {} is missing from a holder's first queue", job.id));
                     }
@@ -192,8 +195,7 @@ impl Scheduler {
         for (t, tenant) in self.tenants.iter().enumerate() {
             let t = t as u32;
             let expect = placed.get(&t).copied().unwrap_or(0);
-            let top = tenant.priorities.last_key_value().map_or(i32::MIN, |(p, _)| *p);
-            let key = (std::cmp::Reverse(top), tenant.allocated.share_of(&self.total), tenant.served, t);
+            let key = self.tenant_key(t);
             let filed = self.orders[tenant.queue as usize].contains(&key);
             if tenant.placed != expect || filed != (expect > 0) || tenant.filed != filed.then_some(key) {
                 return Err(format!("tenant {} is not filed under its current key", tenant.name));

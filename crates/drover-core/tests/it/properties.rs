@@ -40,8 +40,8 @@ use std::fmt::Write as _;
 
 use drover_core::{
     CancelStage, Capacity, Completion, Config, Decision, Event, FailReason, JobId, JobResult, JobSpec,
-    JobStatus, Millis, QueueConfig, QueueName, Rejected, Request, RunId, Scheduler, Timer, TimerKind,
-    WaiterId, WorkerId,
+    JobStatus, Millis, PluginConfig, QueueConfig, QueueName, Rejected, Request, RunId, Scheduler, Tier,
+    Timer, TimerKind, WaiterId, WorkerId,
 };
 use proptest::prelude::*;
 use proptest::sample::Index;
@@ -199,12 +199,63 @@ fn queues() -> impl Strategy<Value = (Vec<QueueConfig>, BTreeMap<String, String>
     ]
 }
 
+/// The plugins the tiers may list.
+const PLUGINS: [&str; 9] =
+    ["priority", "gang", "drf", "proportion", "fairness", "critical-path", "binpack", "spread", "predicates"];
+
+/// The default tiers in half the cases (`None`); otherwise a random subset
+/// of the plugins in a random order, cut into one to three tiers, `drf`
+/// sometimes choosing preemption victims, `binpack` and `spread` with
+/// random weights.
+fn tiers() -> impl Strategy<Value = Option<Vec<Tier>>> {
+    let shape = (Just(PLUGINS.to_vec()).prop_shuffle(), any::<[bool; 9]>(), [1..=8usize, 1..=8usize]);
+    let custom = (shape, any::<bool>(), 1..=3u32, 1..=3u32).prop_map(
+        |((names, keep, cuts), drf_preempts, binpack, spread)| {
+            let mut tiers = vec![Tier::default()];
+            for (i, name) in names.into_iter().enumerate() {
+                if cuts.contains(&i) && !tiers.last().expect("a tier").plugins.is_empty() {
+                    tiers.push(Tier::default());
+                }
+                if keep[i] {
+                    let mut plugin = PluginConfig::named(name);
+                    plugin.preemptable = name == "drf" && drf_preempts;
+                    plugin.weight = match name {
+                        "binpack" => Some(binpack),
+                        "spread" => Some(spread),
+                        _ => None,
+                    };
+                    tiers.last_mut().expect("a tier").plugins.push(plugin);
+                }
+            }
+            tiers.retain(|t| !t.plugins.is_empty());
+            Some(tiers)
+        },
+    );
+    prop_oneof![1 => Just(None), 1 => custom]
+}
+
+/// May the core evict runs under `config`? Preempt needs `priority` or a
+/// preemptable `drf` in the tiers, reclaim needs `proportion`.
+fn evicts(config: &Config) -> bool {
+    let listed = |f: &dyn Fn(&PluginConfig) -> bool| config.tiers.iter().flat_map(|t| &t.plugins).any(f);
+    let preempt = listed(&|p| p.name == "priority" || (p.name == "drf" && p.preemptable));
+    (config.preempt && preempt) || (config.reclaim && listed(&|p| p.name == "proportion"))
+}
+
 /// Two or three registrations first, so that most jobs find a worker.
 fn case() -> impl Strategy<Value = Case> {
     let timing = (0..=30u64, 0..=60u64, 150..=400u64, prop_oneof![Just(0u64), Just(80)], any::<u64>());
-    let config = (timing, queues(), any::<(bool, bool)>(), 0..3u32).prop_map(
-        |((cache, deps, lease, grace, seed), (queues, tenant_queues), (preempt, reclaim), placement)| {
-            Config {
+    let config = (timing, queues(), any::<(bool, bool)>(), 0..3u32, tiers()).prop_map(
+        |(
+            (cache, deps, lease, grace, seed),
+            (queues, tenant_queues),
+            (preempt, reclaim),
+            placement,
+            tiers,
+        )| {
+            // Custom tiers carry their own placement weights.
+            let placement = if tiers.is_some() { 0 } else { placement };
+            let config = Config {
                 cache_timeout: Millis(cache),
                 deps_timeout: Millis(deps),
                 lease_timeout: Millis(lease),
@@ -216,7 +267,10 @@ fn case() -> impl Strategy<Value = Case> {
                 reclaim,
                 binpack: u32::from(placement == 1),
                 spread: u32::from(placement == 2),
-            }
+                tiers: tiers.unwrap_or_else(Config::default_tiers),
+            };
+            assert_eq!(config.validate(), Ok(()), "generated config");
+            config
         },
     );
     let specs: Vec<_> = (0..JOBS).map(job_spec).collect();
@@ -528,9 +582,11 @@ impl Harness {
             Decision::Drop { worker, run } | Decision::Stop { worker, run } => {
                 let stop = matches!(d, Decision::Stop { .. });
                 let expected = matches!(ex.cancel, Some((_, _, Some(r))) if r == *run);
-                if !expected && (self.config.preempt || self.config.reclaim) {
+                if !expected && evicts(&self.config) {
                     // An eviction: the job is requeued in the same step, and
-                    // the evicted run does not count as an attempt.
+                    // the evicted run does not count as an attempt. (Only
+                    // with a victim function in the tiers for an action
+                    // that is on: anything else is an unexpected stop.)
                     let victim =
                         self.runs.get_mut(run).filter(|r| r.worker == *worker && r.started == stop && r.live);
                     let job = victim.map(|r| {
@@ -988,4 +1044,111 @@ proptest! {
         }
         prop_assert_eq!(s.check_invariants(), Ok(()));
     }
+}
+
+proptest! {
+    #![proptest_config(cases(64))]
+
+    /// Victims follow the tiers, whatever they are: a full worker runs jobs
+    /// of three tenants at random priorities, then a job that fits nowhere
+    /// arrives. Nothing is evicted unless a tier has a victim function for
+    /// preemption (`priority`, or `drf` with `preemptable`); while
+    /// `priority` is listed, no victim has a higher priority than the
+    /// starving job (`priority` picks lower ones, `drf` never overrides
+    /// it), and a lower one only if `priority` picks victims without `drf`
+    /// in its tier and no earlier tier has victim functions; the job starts
+    /// once its victims' runs end; every invariant holds; and replaying the
+    /// events rebuilds the same state.
+    #[test]
+    fn preemption_victims_follow_the_tiers(
+        tiers in tiers(),
+        slots in 2..=4u32,
+        running in prop::collection::vec((0..3usize, -1..=1i32), 4),
+        starving in (0..3usize, -1..=2i32),
+        seed in any::<u64>(),
+    ) {
+        let tiers = tiers.unwrap_or_else(Config::default_tiers);
+        let config = Config { preempt: true, tiers: tiers.clone(), ..global_config(seed) };
+        let mut s = Scheduler::new(config.clone());
+        let mut log = vec![plain_worker(0, slots, BTreeMap::new())];
+        let mut priorities = BTreeMap::new();
+        for (i, &(tenant, priority)) in running.iter().take(slots as usize).enumerate() {
+            let name = format!("r{i}");
+            priorities.insert(JobId::named(&name), priority);
+            log.push(schedule(&name, TENANTS[tenant], priority, 0));
+        }
+        log.push(schedule("starving", TENANTS[starving.0], starving.1, 0));
+        let mut decisions = Vec::new();
+        for event in &log {
+            s.handle(Millis(0), event.clone()).expect("accepted");
+            decisions.extend(s.take_decisions());
+            prop_assert_eq!(s.check_invariants(), Ok(()));
+        }
+        let victims: Vec<JobId> = decisions.iter().filter_map(|d| match d {
+            Decision::Requeued { job, .. } => Some(*job),
+            _ => None,
+        }).collect();
+        let plugins: Vec<&PluginConfig> = tiers.iter().flat_map(|t| &t.plugins).collect();
+        let priority_listed = plugins.iter().any(|p| p.name == "priority");
+        let drf_preempts = plugins.iter().any(|p| p.name == "drf" && p.preemptable);
+        if !priority_listed && !drf_preempts {
+            prop_assert!(victims.is_empty(), "evicted {:?} with no victim function", victims);
+        }
+        for v in &victims {
+            if priority_listed {
+                prop_assert!(priorities[v] <= starving.1, "{} outranks the starving job", v);
+            }
+            if priority_listed && !drf_preempts {
+                prop_assert!(priorities[v] < starving.1, "{} is not of a lower priority", v);
+            }
+        }
+        // The victims' runs end: the starving job starts in their room.
+        let runs: BTreeMap<JobId, RunId> = decisions.iter().filter_map(|d| match d {
+            Decision::Assign { job, run, .. } => Some((*job, *run)),
+            _ => None,
+        }).collect();
+        for v in &victims {
+            let event = exit(runs[v]);
+            s.handle(Millis(0), event.clone()).expect("accepted");
+            log.push(event);
+            decisions.extend(s.take_decisions());
+            prop_assert_eq!(s.check_invariants(), Ok(()));
+        }
+        let started = decisions.iter().any(|d| matches!(d, Decision::Assign { job, .. } if *job == JobId::named("starving")));
+        prop_assert_eq!(started, !victims.is_empty(), "victims {:?}", victims);
+        let replayed = Scheduler::replay(config, log.into_iter().map(|e| (Millis(0), e)));
+        prop_assert!(replayed == s, "replay differs");
+    }
+}
+
+/// The eviction property is not vacuous: over fixed-seed cases, custom
+/// tiers evict (through `priority` and through `drf`) and keep from
+/// evicting.
+#[test]
+fn the_tier_generator_reaches_evictions() {
+    let mut runner = TestRunner::new_with_rng(cases(0), TestRng::deterministic_rng(RngAlgorithm::XorShift));
+    let (mut by_priority, mut by_drf_only, mut none) = (0, 0, 0);
+    for _ in 0..300 {
+        let Some(tiers) = tiers().new_tree(&mut runner).expect("tiers").current() else { continue };
+        let config = Config { preempt: true, tiers: tiers.clone(), ..global_config(1) };
+        let mut s = Scheduler::new(config);
+        let mut evicted = false;
+        for event in [
+            plain_worker(0, 3, BTreeMap::new()),
+            schedule("a1", "ada", -1, 0),
+            schedule("a2", "ada", 0, 0),
+            schedule("a3", "ada", 0, 0),
+            schedule("b1", "bob", 0, 0),
+        ] {
+            s.handle(Millis(0), event).expect("accepted");
+            evicted |= s.take_decisions().iter().any(|d| matches!(d, Decision::Requeued { .. }));
+        }
+        let listed = |name: &str| tiers.iter().flat_map(|t| &t.plugins).any(|p| p.name == name);
+        match (evicted, listed("priority")) {
+            (true, true) => by_priority += 1,
+            (true, false) => by_drf_only += 1,
+            (false, _) => none += 1,
+        }
+    }
+    assert!(by_priority >= 10 && by_drf_only >= 10 && none >= 10, "{by_priority} {by_drf_only} {none}");
 }

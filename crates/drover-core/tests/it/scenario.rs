@@ -13,12 +13,16 @@
 //! config cache=10 deps=100 lease=10000 grace=0 seed=1 preempt=1 reclaim=1
 //! queue q1 weight=1 parent=p priority=0 tenants=a,b cap=slots:2,cpu:4000,mem:8Gi
 //!          guarantee=slots:1        (before any other command but config)
+//! tier priority,gang drf:preemptable binpack:2
+//!          one tier of plugins (before any other command but config and
+//!          queues); the first `tier` line replaces the default tiers
 //! worker w1 slots=2 cpu=4000 mem=8Gi tokens=network:2 labels=os:linux artifacts=d1,d2
 //! rejoin w1 ...            same keys: re-registration of a live worker
 //! at 50                    move the clock to 50 (fires due timers)
 //! resume 50               the shell was down until 50: deadlines shift
 //! schedule j1 tenant=a waiter=1 deps=d1 cpu=1000 mem=1Gi tokens=network:1
 //!          exclusive=network labels=os:linux priority=5 attempts=2 queue=q1
+//!          path=3000                (remaining critical path, ms)
 //!          gang=shards:4            (gang ID and min_available)
 //! cancel j1 waiter=1
 //! start j1 | exit j1 ok|fail=CODE|cached   (the job's latest run)
@@ -32,7 +36,8 @@ use std::path::PathBuf;
 
 use drover_core::{
     Capacity, Completion, Config, Decision, Event, GangSpec, JobId, JobResult, JobSpec, JobStatus, Millis,
-    QueueAmounts, QueueConfig, QueueLimits, QueueName, RunId, Scheduler, TimerKind, WaiterId, WorkerId,
+    PluginConfig, QueueAmounts, QueueConfig, QueueLimits, QueueName, RunId, Scheduler, Tier, TimerKind,
+    WaiterId, WorkerId,
 };
 
 /// Maps names in scripts to IDs and back.
@@ -152,6 +157,7 @@ impl Runner {
                     get("exclusive").map_or_else(Vec::new, |v| v.split(',').map(str::to_owned).collect());
                 spec.labels = pairs(get("labels").unwrap_or(""));
                 spec.priority = get("priority").map_or(0, |v| v.parse().expect("priority"));
+                spec.path = get("path").map_or(0, |v| v.parse().expect("path"));
                 spec.max_attempts = get("attempts").map_or(3, |v| v.parse().expect("attempts"));
                 spec.queue = get("queue").map(str::to_owned);
                 spec.gang = get("gang").map(|g| {
@@ -356,6 +362,23 @@ fn parse_queue(line: &str, config: &mut Config) {
     config.queues.push(q);
 }
 
+/// A `tier` line: appends a tier of plugins (`name`, `name:preemptable`,
+/// `name:WEIGHT`, separated by commas or spaces).
+fn parse_tier(line: &str, config: &mut Config) {
+    let mut tier = Tier::default();
+    for word in line.split([' ', ',']).skip(1).filter(|w| !w.is_empty()) {
+        let (name, arg) = word.split_once(':').unwrap_or((word, ""));
+        let mut plugin = PluginConfig::named(name);
+        match arg {
+            "" => {}
+            "preemptable" => plugin.preemptable = true,
+            weight => plugin.weight = Some(weight.parse().expect("plugin weight")),
+        }
+        tier.plugins.push(plugin);
+    }
+    config.tiers.push(tier);
+}
+
 fn parse_config(line: &str) -> Config {
     let mut config = Config::default();
     let words: Vec<&str> = line.split_whitespace().collect();
@@ -382,6 +405,7 @@ fn parse_config(line: &str) -> Config {
 fn execute(script: &str) -> String {
     let mut runner: Option<Runner> = None;
     let mut config: Option<Config> = None;
+    let mut tiers_given = false;
     let mut actual = String::new();
     for line in script.lines() {
         if line.starts_with("> ") || line == ">" {
@@ -403,9 +427,18 @@ fn execute(script: &str) -> String {
             parse_queue(trimmed, config.get_or_insert_with(Config::default));
             continue;
         }
+        if trimmed.starts_with("tier ") {
+            assert!(runner.is_none(), "tiers come before other commands");
+            let config = config.get_or_insert_with(Config::default);
+            if !std::mem::replace(&mut tiers_given, true) {
+                config.tiers.clear();
+            }
+            parse_tier(trimmed, config);
+            continue;
+        }
         let r = runner.get_or_insert_with(|| {
             let config = config.take().unwrap_or_default();
-            assert_eq!(config.validate(), Ok(()), "queue configuration");
+            assert_eq!(config.validate(), Ok(()), "queue and tier configuration");
             Runner::new(config)
         });
         for out in r.run(trimmed) {
@@ -475,7 +508,43 @@ scenarios!(
     reclaim,
     placement,
     placement_spread,
+    tiers_default,
+    tiers_fairness_first,
+    tiers_plain,
+    tiers_drf_first,
+    tiers_victims,
+    tiers_victims_intersection,
+    tiers_no_gang,
+    tiers_no_proportion,
 );
+
+/// The default tiers, as README.md writes them out, reproduce every scenario
+/// written before tiers existed (which run under `Config::default()`): each
+/// script, with the tiers inserted after its `config` line, reads as it is.
+#[test]
+fn default_tiers_written_out_change_no_scenario() {
+    let dir: PathBuf = [env!("CARGO_MANIFEST_DIR"), "tests", "scenarios"].iter().collect();
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).expect("scenarios") {
+        let path = entry.expect("entry").path();
+        let script = std::fs::read_to_string(&path).expect("scenario");
+        if path.extension().is_none_or(|e| e != "scn") || script.lines().any(|l| l.starts_with("tier ")) {
+            continue;
+        }
+        let tiers = "tier priority,gang\ntier drf,proportion,fairness,critical-path,predicates\n";
+        let with_tiers = match script.find("\nconfig ").or(script.starts_with("config ").then_some(0)) {
+            Some(at) => {
+                let end = at + script[at + 1..].find('\n').expect("config line ends") + 2;
+                format!("{}{tiers}{}", &script[..end], &script[end..])
+            }
+            None => format!("{tiers}{script}"),
+        };
+        let actual = execute(&with_tiers);
+        assert_eq!(actual, with_tiers, "{} under the default tiers written out", path.display());
+        checked += 1;
+    }
+    assert!(checked >= 20, "only {checked} scenarios");
+}
 
 /// Draws of one worker between its second queue and the global queue: returns
 /// `true` for each pick that came from the local jobs.
