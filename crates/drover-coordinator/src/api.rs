@@ -137,8 +137,22 @@ async fn list_builds(State(app): State<App>) -> ApiResult<Json<Vec<BuildStatus>>
 }
 
 async fn build_status(State(app): State<App>, Path(id): Path<u64>) -> ApiResult<Json<BuildStatus>> {
+    let stages = app.shared.stages();
     app.shared
-        .query(move |s| s.build_status(id))
+        .query(move |s| {
+            let mut status = s.build_status(id)?;
+            // Where each running job stands on its worker, if it said.
+            for job in &mut status.jobs {
+                if job.state == drover_proto::JobState::Running
+                    && let Some((_, run)) = s.run_location(id, &job.name)
+                    && let Some(note) = stages.get(&run)
+                {
+                    job.stage = Some(note.stage.clone());
+                    job.stage_waiting = note.waiting;
+                }
+            }
+            Some(status)
+        })
         .await?
         .map(Json)
         .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no build {id}")))
@@ -239,8 +253,8 @@ async fn job_log(
     Path((id, name)): Path<(u64, String)>,
     Query(q): Query<LogQuery>,
 ) -> ApiResult<Response> {
-    if q.stream != "stdout" && q.stream != "stderr" {
-        return Err(bad("stream must be stdout or stderr"));
+    if !["stdout", "stderr", "pull", "fetch", "push"].contains(&q.stream.as_str()) {
+        return Err(bad("stream must be stdout or stderr (the build stage), pull, fetch or push"));
     }
     let job = name.clone();
     let location =
@@ -453,8 +467,14 @@ async fn poll(
 async fn report(
     State(app): State<App>,
     Path(id): Path<u64>,
-    Json(report): Json<Report>,
+    Json(mut report): Json<Report>,
 ) -> ApiResult<Json<PollReply>> {
+    // Stages are display only: kept aside, not recorded.
+    app.shared.note_stages(std::mem::take(&mut report.stages), &report.finished);
+    if report == Report::default() {
+        let alive = app.shared.query(move |s| s.worker_alive(id)).await?;
+        return Ok(Json(PollReply { reregister: !alive, ..PollReply::default() }));
+    }
     let reply = app.shared.input(Input::Report { worker: id, report }).await??;
     Ok(Json(PollReply { reregister: reply == Reply::Reregister, ..PollReply::default() }))
 }

@@ -13,13 +13,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use drover_core::Millis;
-use drover_proto::Assignment;
+use drover_proto::{Assignment, RunResult, RunStage};
 use drover_solver::{Effect, Input, Reply, Solver, SolverError};
 use drover_store::Store;
 use tokio::sync::{Notify, oneshot, watch};
 
 /// Most commands handled in one turn (one transaction).
 const MAX_BATCH: usize = 4096;
+
+/// Most stage notes kept (the oldest runs' are dropped first).
+const MAX_STAGE_NOTES: usize = 100_000;
 
 /// Work for the state thread.
 pub(crate) enum Command {
@@ -49,6 +52,9 @@ pub(crate) struct Shared {
     pub(crate) version: watch::Sender<u64>,
     /// When each worker's lease was last renewed through a recorded poll.
     renewed: Mutex<BTreeMap<u64, std::time::Instant>>,
+    /// The stage each run in flight is in, as its worker last said (display
+    /// only, not recorded).
+    stages: Mutex<BTreeMap<u64, RunStage>>,
 }
 
 /// The state thread is gone (the log failed, or the coordinator is stopping).
@@ -92,6 +98,27 @@ impl Shared {
                 true
             }
         }
+    }
+
+    /// Notes the stages runs entered, and forgets those of runs that ended.
+    pub(crate) fn note_stages(&self, notes: Vec<RunStage>, finished: &[RunResult]) {
+        let mut stages = self.stages.lock().expect("stages");
+        for note in notes {
+            stages.insert(note.run, note);
+        }
+        for result in finished {
+            stages.remove(&result.run);
+        }
+        // Runs lost with their worker never report an end: keep the map
+        // from growing without bound.
+        while stages.len() > MAX_STAGE_NOTES {
+            stages.pop_first();
+        }
+    }
+
+    /// The stage of each run in flight, as last reported.
+    pub(crate) fn stages(&self) -> BTreeMap<u64, RunStage> {
+        self.stages.lock().expect("stages").clone()
     }
 
     /// The mailbox's notifier, creating the mailbox if needed.
@@ -138,6 +165,7 @@ pub(crate) fn start(mut store: Store, mut solver: Solver) -> Result<Arc<Shared>,
         mailboxes: Mutex::new(BTreeMap::new()),
         version,
         renewed: Mutex::new(BTreeMap::new()),
+        stages: Mutex::new(BTreeMap::new()),
     });
     let thread_shared = shared.clone();
     std::thread::Builder::new()

@@ -333,6 +333,13 @@ pub struct JobStatus {
     /// `build`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub stages: BTreeMap<String, u64>,
+    /// The stage a running job is in on its worker now (`pull`, `fetch` or
+    /// `build`), if the worker said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage: Option<String>,
+    /// The running job waits for its stage's tokens on the worker.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stage_waiting: bool,
 }
 
 /// `GET /v1/builds/{id}` (and `status --json`, `run --json`).
@@ -538,6 +545,14 @@ pub struct Assignment {
     /// (`GET /v1/cache/{job}`) instead of running, if it can be had.
     #[serde(default)]
     pub pull: bool,
+    /// Named tokens the job takes on the worker (the worker enforces them
+    /// too, in its build stage).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tokens: BTreeMap<String, u64>,
+    /// Tokens it takes exclusively: its build waits until no other stage of
+    /// any run on the worker uses them, and holds new users back meanwhile.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclusive: Vec<String>,
 }
 
 /// Reply to [`PollRequest`].
@@ -595,6 +610,21 @@ pub struct Report {
     pub added: Vec<HeldArtifact>,
     /// Artifacts it evicted.
     pub evicted: Vec<Hash32>,
+    /// The stage each run in flight is in now (display only: the
+    /// coordinator shows it in the status and does not record it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stages: Vec<RunStage>,
+}
+
+/// Where a run in flight stands on its worker.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunStage {
+    /// The run.
+    pub run: u64,
+    /// Its stage now: `pull`, `fetch` or `build`.
+    pub stage: String,
+    /// It waits for the stage's tokens.
+    pub waiting: bool,
 }
 
 /// `GET /v1/workers`.
@@ -659,6 +689,8 @@ mod tests {
                 exit_code: None,
                 detail: String::new(),
                 stages: BTreeMap::new(),
+                stage: None,
+                stage_waiting: false,
             }],
         };
         let v: serde_json::Value = serde_json::to_value(&status).expect("json");

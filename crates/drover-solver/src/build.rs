@@ -789,6 +789,8 @@ impl Build {
                         _ => rec.detail.clone(),
                     },
                     stages: BTreeMap::new(),
+                    stage: None,
+                    stage_waiting: false,
                 })
                 .collect(),
         }

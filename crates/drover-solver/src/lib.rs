@@ -737,6 +737,8 @@ impl Solver {
             deps,
             no_cache: false,
             pull: !build.must_run(i) && self.remote.contains(&JobId::from(def.id)),
+            tokens: def.tokens.clone(),
+            exclusive: def.exclusive.clone(),
         }
     }
 }

@@ -1,16 +1,22 @@
-//! One assignment, from receipt to report: answer from the cache if the
-//! output is already here, otherwise lay out the run directory (the job's
-//! sources, fetched from the coordinator when missing; its dependencies'
-//! artifacts, fetched from a peer that holds them), run the commands under a
-//! supervisor, and commit `{{out}}` as the job's artifact.
+//! One assignment, from receipt to report, in stages (each under its
+//! tokens, see [`crate::tokens`]): answer from the local cache if the output
+//! is already here; **pull** it from the shared cache if the coordinator
+//! says it holds it; otherwise **fetch** (the job's sources from the
+//! coordinator, its dependencies' artifacts from a peer that holds them),
+//! **build** (run the commands under a supervisor and commit `{{out}}` as
+//! the job's artifact), and in the background **push** the new output to
+//! the shared cache.
 //!
 //! A run directory is `runs/<run>/` with `src/` (the job's read-only view of
-//! the sources, also its working directory), `stdout.log` and `stderr.log`.
-//! Each part exists only if needed: `src/` for a job with sources (the
-//! others share the read-only `runs/empty-src/`), and each log once the job
-//! writes to it (the supervisor creates it, and the directory, on the first
-//! byte), so a job that has no source and prints nothing touches no
-//! directory. `src/` is removed when the run ends; the logs stay for the
+//! the sources, also its working directory), `stdout.log` and `stderr.log`
+//! (the build stage's log), and `pull.log`, `fetch.log`, `push.log` (what
+//! the worker did in those stages: what moved, from where, how fast, what
+//! failed). Each part exists only if needed: `src/` for a job with sources
+//! (the others share the read-only `runs/empty-src/`), each command log once
+//! the job writes to it (the supervisor creates it, and the directory, on
+//! the first byte), each stage log once something crosses the network, so
+//! a job that has no source, needs nothing remote and prints nothing
+//! touches no directory. `src/` is removed when the run ends; the logs stay for the
 //! most recent runs. Likewise a job whose commands never mention `{{out}}`
 //! gets no output directory: its output is the empty tree, committed
 //! without one.
@@ -26,6 +32,7 @@ use drover_cas::{ArtifactGuard, Key};
 use drover_exec::{JobSpec, Outcome};
 use drover_proto::{Assignment, DepInput, Hash32, HeldArtifact, RunResult, SourceFile};
 
+use crate::tokens::{Grant, Request, Stage};
 use crate::{RunControl, Shared};
 
 /// The shared working directory of jobs that see no source, under `runs/`.
@@ -63,7 +70,7 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, control: Ru
         // Push stage: a new output goes to the coordinator's shared cache in
         // the background, so a slow push never holds a slot.
         if shared.config.push && !result.cached && result.output.is_some() {
-            tokio::spawn(push(shared.clone(), assignment.job));
+            tokio::spawn(push(shared.clone(), assignment.job, run));
         }
     } else {
         tracing::info!(run, job = %assignment.name, detail = %result.detail, "run failed");
@@ -77,10 +84,70 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, control: Ru
     }
 }
 
-/// Sends an output to the coordinator's shared cache (`PUT /v1/cache/{job}`,
-/// the pack format, streamed). Best effort: a failure is logged.
-async fn push(shared: Arc<Shared>, job: Hash32) {
-    let Ok(_token) = shared.pushers.acquire().await else { return };
+/// A stage's log file (`runs/<run>/<stage>.log`), created on its first
+/// line; lines of a run whose logs are no longer kept are dropped.
+struct StageLog<'a> {
+    shared: &'a Shared,
+    run: u64,
+    stage: Stage,
+}
+
+impl StageLog<'_> {
+    fn line(&self, text: impl std::fmt::Display) {
+        use std::io::Write;
+        if !self.shared.knows_run(self.run) {
+            return;
+        }
+        let dir = self.shared.runs_dir().join(self.run.to_string());
+        let path = dir.join(format!("{}.log", self.stage.name()));
+        let written = std::fs::create_dir_all(&dir).and_then(|()| {
+            let mut file = std::fs::OpenOptions::new().create(true).append(true).open(&path)?;
+            writeln!(file, "{text}")
+        });
+        if let Err(e) = written {
+            tracing::warn!("cannot write {}: {e}", path.display());
+        }
+    }
+}
+
+/// Milliseconds since `since`.
+fn ms(since: Instant) -> u64 {
+    since.elapsed().as_millis() as u64
+}
+
+/// "12.3 MB in 45 ms (273 MB/s)".
+fn rate(bytes: u64, since: Instant) -> String {
+    let secs = since.elapsed().as_secs_f64().max(1e-6);
+    format!("{bytes} bytes in {} ms ({:.1} MB/s)", ms(since), bytes as f64 / secs / 1e6)
+}
+
+/// Enters a stage: waits for its tokens (telling the coordinator while it
+/// waits), unless the run is cancelled first. Returns the grant and the
+/// milliseconds it waited.
+async fn enter(
+    shared: &Shared,
+    run: u64,
+    control: &RunControl,
+    request: Request,
+) -> Result<(Grant, u64), String> {
+    let stage = request.stage.name();
+    let asked = Instant::now();
+    let acquired = tokio::select! {
+        grant = shared.tokens.acquire(request, || shared.outbox.stage(run, stage, true)) => grant,
+        () = control.cancel.cancelled() => return Err("cancelled".into()),
+    };
+    let grant = acquired.map_err(|e| format!("cannot run the {stage} stage on this worker: {e}"))?;
+    shared.outbox.stage(run, stage, false);
+    Ok((grant, ms(asked)))
+}
+
+/// Push stage: sends an output to the coordinator's shared cache (`PUT
+/// /v1/cache/{job}`, the pack format, streamed). Best effort: a failure is
+/// logged.
+async fn push(shared: Arc<Shared>, job: Hash32, run: u64) {
+    let log = StageLog { shared: &shared, run, stage: Stage::Push };
+    let Ok(_grant) = shared.tokens.acquire(Request::stage(Stage::Push), || {}).await else { return };
+    let started = Instant::now();
     let (reader, writer) = tokio::io::duplex(256 * 1024);
     let cas = shared.cas.clone();
     let key = Key(job.0);
@@ -91,28 +158,23 @@ async fn push(shared: Arc<Shared>, job: Hash32) {
     let url = shared.coordinator(&format!("/v1/cache/{job}"));
     let sent = shared.http.put_reader(&url, reader).await;
     let packed = packing.await;
-    match (sent, packed) {
-        (Ok(()), Ok(Ok(_))) => tracing::debug!(%job, "output pushed to the shared cache"),
-        (Err(e), _) => tracing::warn!(%job, "cannot push the output to the shared cache: {e}"),
-        (_, Ok(Err(e))) => tracing::warn!(%job, "cannot pack the output for the shared cache: {e}"),
-        (_, Err(e)) => tracing::warn!(%job, "cannot pack the output for the shared cache: {e}"),
-    }
-}
-
-/// Pull stage: fetches an output from the coordinator's shared cache into
-/// this worker's cache.
-async fn pull(
-    shared: &Arc<Shared>,
-    job: &Hash32,
-    tree: Option<Hash32>,
-) -> Result<drover_cas::ArtifactInfo, String> {
-    let url = shared.coordinator(&format!("/v1/cache/{job}"));
-    get_artifact(shared, &url, job, tree).await
+    let failed = match (sent, packed) {
+        (Ok(()), Ok(Ok(info))) => {
+            tracing::debug!(%job, "output pushed to the shared cache");
+            log.line(format_args!("pushed {job} to the shared cache: {}", rate(info.size, started)));
+            return;
+        }
+        (Err(e), _) => format!("cannot push the output to the shared cache: {e}"),
+        (_, Ok(Err(e))) => format!("cannot pack the output for the shared cache: {e}"),
+        (_, Err(e)) => format!("cannot pack the output for the shared cache: {e}"),
+    };
+    tracing::warn!(%job, "{failed}");
+    log.line(failed);
 }
 
 /// Fetches an artifact (pack format) from `url` into this worker's cache.
 async fn get_artifact(
-    shared: &Arc<Shared>,
+    shared: &Shared,
     url: &str,
     job: &Hash32,
     tree: Option<Hash32>,
@@ -125,107 +187,145 @@ fn held(job: &Hash32, info: &drover_cas::ArtifactInfo) -> HeldArtifact {
     HeldArtifact { job: *job, tree: Hash32(info.tree.0), size: info.size }
 }
 
+/// A successful result: `cached` if nothing ran.
+fn succeeded(a: &Assignment, info: &drover_cas::ArtifactInfo, cached: bool) -> RunResult {
+    RunResult {
+        run: a.run,
+        success: true,
+        exit_code: if cached { None } else { Some(0) },
+        cached,
+        detail: String::new(),
+        output: Some(held(&a.job, info)),
+        duration_ms: 0,
+        stages: Default::default(),
+    }
+}
+
 /// Does the work of a run; `Err` is a failure before the commands ran.
 async fn execute(shared: &Arc<Shared>, a: &Assignment, control: &RunControl) -> Result<RunResult, String> {
-    let cancel = &control.cancel;
     let key = Key(a.job.0);
     if !a.no_cache
         && let Some(guard) = shared.cas.artifact(&key)
     {
-        let info = *guard.info();
-        return Ok(RunResult {
-            run: a.run,
-            success: true,
-            exit_code: None,
-            cached: true,
-            detail: String::new(),
-            output: Some(held(&a.job, &info)),
-            duration_ms: 0,
-            stages: Default::default(),
-        });
+        return Ok(succeeded(a, guard.info(), true));
     }
+    let mut stages = BTreeMap::new();
+    let mut waited = 0;
     if a.pull && !a.no_cache {
+        let (grant, wait) = enter(shared, a.run, control, Request::stage(Stage::Pull)).await?;
+        waited += wait;
+        let log = StageLog { shared, run: a.run, stage: Stage::Pull };
         let started = Instant::now();
-        match pull(shared, &a.job, None).await {
+        let url = shared.coordinator(&format!("/v1/cache/{}", a.job));
+        let pulled = get_artifact(shared, &url, &a.job, None).await;
+        drop(grant);
+        stages.insert("pull".to_owned(), ms(started));
+        match pulled {
             Ok(info) => {
-                return Ok(RunResult {
-                    run: a.run,
-                    success: true,
-                    exit_code: None,
-                    cached: true,
-                    detail: String::new(),
-                    output: Some(held(&a.job, &info)),
-                    duration_ms: 0,
-                    stages: [("pull".to_owned(), started.elapsed().as_millis() as u64)].into(),
-                });
+                log.line(format_args!(
+                    "pulled {} from the shared cache: {}",
+                    a.job,
+                    rate(info.size, started)
+                ));
+                let mut result = succeeded(a, &info, true);
+                result.stages = stages;
+                return Ok(result);
             }
             // Gone from the shared cache meanwhile, or damaged: run it.
-            Err(e) => tracing::info!(job = %a.name, "cannot pull from the shared cache, running it: {e}"),
+            Err(e) => {
+                tracing::info!(job = %a.name, "cannot pull from the shared cache, running it: {e}");
+                log.line(format_args!("cannot pull {} from the shared cache, running it: {e}", a.job));
+            }
         }
     }
     let dir = shared.runs_dir().join(a.run.to_string());
     // A job that sees no source shares one empty, read-only directory.
     let own_src = !a.sources.is_empty();
     let src = if own_src { dir.join("src") } else { shared.runs_dir().join(EMPTY_SRC) };
-    if own_src {
-        tokio::fs::create_dir_all(&src).await.map_err(|e| format!("cannot create {}: {e}", src.display()))?;
+    let result = async {
+        // Fetch stage: sources and dependencies. Its tokens are taken only
+        // if something must cross the network; otherwise it is skipped.
+        let fetch_started = Instant::now();
+        let deps = fetch(shared, a, control, &src, &mut waited).await?;
+        stages.insert("fetch".to_owned(), ms(fetch_started));
+        // Build stage: the commands and storing the output.
+        let (grant, wait) = enter(shared, a.run, control, Request::build(&a.tokens, &a.exclusive)).await?;
+        waited += wait;
+        let build_started = Instant::now();
+        let mut result = run_commands(shared, a, &dir, &src, &deps, control).await?;
+        drop(grant);
+        stages.insert("build".to_owned(), ms(build_started));
+        if waited > 0 {
+            stages.insert("wait".to_owned(), waited);
+        }
+        result.stages = stages;
+        Ok(result)
     }
-    // Fetch stage: sources and dependencies, under a fetcher token.
-    let fetch_started = Instant::now();
-    let prepared = tokio::select! {
-        prepared = async {
-            let _token = shared.fetchers.acquire().await.map_err(|e| e.to_string())?;
-            prepare(shared, a, &src).await
-        } => prepared,
-        () = cancel.cancelled() => Err("cancelled".into()),
-    };
-    let fetch_ms = fetch_started.elapsed().as_millis() as u64;
-    // Build stage: the commands and storing the output (the slot is the
-    // builder token: the coordinator assigns no more runs than slots).
-    let build_started = Instant::now();
-    let mut result = match prepared {
-        Ok(deps) => run_commands(shared, a, &dir, &src, &deps, control).await,
-        Err(e) => Err(e),
-    };
-    if let Ok(r) = &mut result {
-        r.stages.insert("fetch".to_owned(), fetch_ms);
-        r.stages.insert("build".to_owned(), build_started.elapsed().as_millis() as u64);
-    }
+    .await;
     if own_src {
         let _ = tokio::task::spawn_blocking(move || remove_tree(&src)).await;
     }
     result
 }
 
-/// Materialises the sources and dependencies; returns the guards that keep
-/// the dependencies' artifacts from eviction, by dependency name.
-async fn prepare(
+/// The fetch stage: materialises the sources and dependencies; returns the
+/// guards that keep the dependencies' artifacts from eviction, by
+/// dependency name. Adds the time it waited for tokens to `waited`.
+async fn fetch(
     shared: &Arc<Shared>,
     a: &Assignment,
+    control: &RunControl,
     src: &Path,
+    waited: &mut u64,
 ) -> Result<BTreeMap<String, ArtifactGuard>, String> {
-    for file in &a.sources {
-        ensure_blob(shared, file).await?;
+    if a.sources.is_empty() && a.deps.is_empty() {
+        return Ok(BTreeMap::new());
     }
-    let files = a.sources.clone();
-    let cas = shared.cas.clone();
-    let root = src.to_owned();
-    tokio::task::spawn_blocking(move || lay_out_sources(&cas, &root, &files))
-        .await
-        .map_err(|e| e.to_string())??;
-    let mut deps = BTreeMap::new();
-    for dep in &a.deps {
-        deps.insert(dep.name.clone(), ensure_artifact(shared, dep).await?);
+    let remote = a.sources.iter().any(|f| !shared.cas.has_blob(&Key(f.digest.0)))
+        || a.deps.iter().any(|d| shared.cas.artifact_info(&Key(d.job.0)).is_none());
+    // Everything is here: only the cache is used.
+    let request = if remote { Request::stage(Stage::Fetch) } else { Request::local(Stage::Fetch) };
+    let (_grant, wait) = enter(shared, a.run, control, request).await?;
+    *waited += wait;
+    let log = StageLog { shared, run: a.run, stage: Stage::Fetch };
+    let fetched = async {
+        if !a.sources.is_empty() {
+            tokio::fs::create_dir_all(src)
+                .await
+                .map_err(|e| format!("cannot create {}: {e}", src.display()))?;
+        }
+        for file in &a.sources {
+            ensure_blob(shared, file, &log).await?;
+        }
+        let files = a.sources.clone();
+        let cas = shared.cas.clone();
+        let root = src.to_owned();
+        tokio::task::spawn_blocking(move || lay_out_sources(&cas, &root, &files))
+            .await
+            .map_err(|e| e.to_string())??;
+        let mut deps = BTreeMap::new();
+        for dep in &a.deps {
+            deps.insert(dep.name.clone(), ensure_artifact(shared, dep, &log).await?);
+        }
+        Ok(deps)
+    };
+    let result = tokio::select! {
+        fetched = fetched => fetched,
+        () = control.cancel.cancelled() => Err("cancelled".into()),
+    };
+    if let Err(e) = &result {
+        log.line(format_args!("failed: {e}"));
     }
-    Ok(deps)
+    result
 }
 
 /// Gets a source file from the coordinator unless the cache has it.
-async fn ensure_blob(shared: &Shared, file: &SourceFile) -> Result<(), String> {
+async fn ensure_blob(shared: &Shared, file: &SourceFile, log: &StageLog<'_>) -> Result<(), String> {
     let key = Key(file.digest.0);
     if shared.cas.has_blob(&key) {
         return Ok(());
     }
+    let started = Instant::now();
     let url = shared.coordinator(&format!("/v1/blobs/{}", file.digest));
     let reader = shared.http.get_reader(&url).await.map_err(|e| format!("source {}: {e}", file.path))?;
     let cas = shared.cas.clone();
@@ -234,6 +334,7 @@ async fn ensure_blob(shared: &Shared, file: &SourceFile) -> Result<(), String> {
         .await
         .map_err(|e| e.to_string())?
         .map_err(|e| format!("source {}: {e}", file.path))?;
+    log.line(format_args!("source {} from the coordinator: {}", file.path, rate(file.size, started)));
     Ok(())
 }
 
@@ -289,7 +390,11 @@ fn make_writable(path: &Path) {
 
 /// Gets a dependency's artifact: from the cache, or from a peer that holds
 /// it (each holder in turn, then whoever the coordinator knows of now).
-async fn ensure_artifact(shared: &Arc<Shared>, dep: &DepInput) -> Result<ArtifactGuard, String> {
+async fn ensure_artifact(
+    shared: &Arc<Shared>,
+    dep: &DepInput,
+    log: &StageLog<'_>,
+) -> Result<ArtifactGuard, String> {
     let key = Key(dep.job.0);
     loop {
         if let Some(guard) = shared.cas.artifact(&key) {
@@ -300,22 +405,26 @@ async fn ensure_artifact(shared: &Arc<Shared>, dep: &DepInput) -> Result<Artifac
         if !first {
             let notified = shared.fetched.notified();
             if shared.fetching.lock().expect("fetching").contains(&key) {
+                log.line(format_args!("dependency {}: waiting for another run's fetch of it", dep.name));
                 notified.await;
             }
             continue;
         }
-        let result = fetch_artifact(shared, dep).await;
+        let result = fetch_artifact(shared, dep, log).await;
         shared.fetching.lock().expect("fetching").remove(&key);
         shared.fetched.notify_waiters();
         result?;
     }
 }
 
-async fn fetch_artifact(shared: &Arc<Shared>, dep: &DepInput) -> Result<(), String> {
+/// Fetches a dependency's artifact from a peer holding it, or failing
+/// that from the shared cache.
+async fn fetch_artifact(shared: &Arc<Shared>, dep: &DepInput, log: &StageLog<'_>) -> Result<(), String> {
     let mut tried = Vec::new();
     let mut errors = Vec::new();
     let mut holders = dep.holders.clone();
     let mut tree = dep.tree;
+    let name = &dep.name;
     for round in 0..2 {
         if round == 1 {
             // The holders we were told of failed: ask who holds it now.
@@ -333,13 +442,17 @@ async fn fetch_artifact(shared: &Arc<Shared>, dep: &DepInput) -> Result<(), Stri
                 continue;
             }
             tried.push(holder.clone());
-            match fetch_from(shared, holder, &dep.job, tree).await {
+            let started = Instant::now();
+            let url = format!("{}/v1/artifacts/{}", holder.trim_end_matches('/'), dep.job);
+            match get_artifact(shared, &url, &dep.job, tree).await {
                 Ok(info) => {
+                    log.line(format_args!("dependency {name} from {holder}: {}", rate(info.size, started)));
                     shared.outbox.added(held(&dep.job, &info));
                     return Ok(());
                 }
                 Err(e) => {
-                    tracing::warn!(dep = %dep.name, %holder, "artifact fetch failed: {e}");
+                    tracing::warn!(dep = %name, %holder, "artifact fetch failed: {e}");
+                    log.line(format_args!("dependency {name} from {holder} failed: {e}"));
                     errors.push(format!("{holder}: {e}"));
                 }
             }
@@ -347,24 +460,17 @@ async fn fetch_artifact(shared: &Arc<Shared>, dep: &DepInput) -> Result<(), Stri
     }
     // Last, the coordinator's shared cache (the workers that built it may be
     // gone).
-    match pull(shared, &dep.job, tree).await {
+    let started = Instant::now();
+    let url = shared.coordinator(&format!("/v1/cache/{}", dep.job));
+    match get_artifact(shared, &url, &dep.job, tree).await {
         Ok(info) => {
+            log.line(format_args!("dependency {name} from the shared cache: {}", rate(info.size, started)));
             shared.outbox.added(held(&dep.job, &info));
             return Ok(());
         }
         Err(e) => errors.push(format!("shared cache: {e}")),
     }
-    Err(format!("cannot get the output of {} ({}): {}", dep.name, dep.job, errors.join("; ")))
-}
-
-async fn fetch_from(
-    shared: &Arc<Shared>,
-    holder: &str,
-    job: &Hash32,
-    tree: Option<Hash32>,
-) -> Result<drover_cas::ArtifactInfo, String> {
-    let url = format!("{}/v1/artifacts/{job}", holder.trim_end_matches('/'));
-    get_artifact(shared, &url, job, tree).await
+    Err(format!("cannot get the output of {name} ({}): {}", dep.job, errors.join("; ")))
 }
 
 /// Runs the commands and commits the output.
@@ -433,16 +539,7 @@ async fn run_commands(
             .await
             .map_err(|e| e.to_string())?
             .map_err(|e| format!("cannot store the output: {e}"))?;
-            Ok(RunResult {
-                run: a.run,
-                success: true,
-                exit_code: Some(0),
-                cached: false,
-                detail: String::new(),
-                output: Some(held(&a.job, &info)),
-                duration_ms: 0,
-                stages: Default::default(),
-            })
+            Ok(succeeded(a, &info, false))
         }
         Outcome::Failed { exit_code } => {
             failed(Some(exit_code), with_tail(format!("exit code {exit_code}"), &spec.stderr))

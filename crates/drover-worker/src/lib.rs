@@ -5,8 +5,10 @@
 //! ([`session`]): register with capacity, labels, cached artifacts and the
 //! runs still going; then long-poll for assignments (the poll is also the
 //! heartbeat that renews the lease) and report what happened ([`report`]).
-//! Each assignment runs in its own task ([`job`]): fetch inputs, run the
-//! commands under a supervisor process, commit the output as an artifact.
+//! Each assignment runs in its own task ([`job`]) through the stages pull,
+//! fetch, build and push, each under its own tokens ([`tokens`]): fetch
+//! inputs, run the commands under a supervisor process, commit the output as
+//! an artifact.
 //!
 //! The worker survives a coordinator restart: runs go on, reports are kept
 //! until they are delivered, and the session registers again with the runs
@@ -16,6 +18,7 @@ mod job;
 mod report;
 mod server;
 mod session;
+mod tokens;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::SocketAddr;
@@ -62,6 +65,9 @@ pub struct WorkerConfig {
     pub push: bool,
     /// Jobs fetching their inputs at once (BuildStream's default: 10).
     pub fetchers: usize,
+    /// Jobs running their commands at once (at most the slots; fewer lets
+    /// the worker fetch ahead).
+    pub builders: usize,
     /// Outputs pushed to the shared cache at once (default 4).
     pub pushers: usize,
 }
@@ -114,10 +120,8 @@ struct Shared {
     /// Artifacts being fetched from peers, so one fetch serves every job.
     fetching: Mutex<BTreeSet<Key>>,
     fetched: tokio::sync::Notify,
-    /// Tokens of the fetch stage (sources and dependencies).
-    fetchers: tokio::sync::Semaphore,
-    /// Tokens of the push stage (outputs to the shared cache).
-    pushers: tokio::sync::Semaphore,
+    /// The stages' tokens.
+    tokens: Arc<tokens::Arbiter>,
 }
 
 /// How the session reaches a run in progress: cancelling the token stops
@@ -201,9 +205,28 @@ fn lock_dir(dir: &std::path::Path) -> Result<std::fs::File, WorkerError> {
     }
 }
 
+/// The token pools of a worker's stages: its fetchers, builders, pushers
+/// and named tokens.
+fn pools(config: &WorkerConfig) -> tokens::Pools {
+    use tokens::Token;
+    // `cache` stays unlimited here: every stage uses the cache, and the
+    // count a worker advertises for it only limits jobs in the core.
+    let mut limits: BTreeMap<Token, u64> = config
+        .capacity
+        .tokens
+        .iter()
+        .filter(|(name, _)| name.as_str() != tokens::CACHE)
+        .map(|(name, n)| (Token::Named(name.clone()), *n))
+        .collect();
+    let builders = config.builders.clamp(1, config.capacity.slots.max(1) as usize);
+    limits.insert(Token::Download, config.fetchers.max(1) as u64);
+    limits.insert(Token::Process, builders as u64);
+    limits.insert(Token::Upload, config.pushers.max(1) as u64);
+    tokens::Pools::new(limits)
+}
+
 /// Opens the cache, starts serving and joins the cluster.
 pub async fn start(mut config: WorkerConfig) -> Result<Worker, WorkerError> {
-    let (fetchers, pushers) = (config.fetchers.max(1), config.pushers.max(1));
     let dir_err = |path: &PathBuf| {
         let path = path.display().to_string();
         move |source| WorkerError::Dir { path, source }
@@ -231,7 +254,6 @@ pub async fn start(mut config: WorkerConfig) -> Result<Worker, WorkerError> {
     let name = config.name.clone().unwrap_or_else(|| format!("worker-{}", addr.port()));
     let shared = Arc::new(Shared {
         http: Http::new(config.token.clone(), Duration::from_secs(30)),
-        config,
         url: url.clone(),
         name,
         cas,
@@ -240,8 +262,8 @@ pub async fn start(mut config: WorkerConfig) -> Result<Worker, WorkerError> {
         kept: Mutex::new(VecDeque::new()),
         fetching: Mutex::new(BTreeSet::new()),
         fetched: tokio::sync::Notify::new(),
-        fetchers: tokio::sync::Semaphore::new(fetchers),
-        pushers: tokio::sync::Semaphore::new(pushers),
+        tokens: tokens::Arbiter::new(pools(&config)),
+        config,
     });
     let mut tasks = tokio::task::JoinSet::new();
     let router = server::router(shared.clone());

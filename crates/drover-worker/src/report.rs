@@ -1,5 +1,7 @@
 //! Reports to the coordinator: run started, run finished (with its output),
-//! artifacts added and evicted. Job tasks put items in the [`Outbox`]; one
+//! artifacts added and evicted, and the stage each run is in (display only:
+//! only the latest stage of each run is sent). Job tasks put items in the
+//! [`Outbox`]; one
 //! task sends whatever has gathered in a single request, and keeps it (in
 //! order) until the coordinator has taken it, so nothing is lost while the
 //! coordinator restarts.
@@ -7,7 +9,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use drover_proto::{HeldArtifact, PollReply, Report, RunResult};
+use std::collections::BTreeMap;
+
+use drover_proto::{HeldArtifact, PollReply, Report, RunResult, RunStage};
 use tokio::sync::{Notify, watch};
 
 use crate::Shared;
@@ -16,6 +20,8 @@ use crate::Shared;
 #[derive(Debug)]
 pub(crate) struct Outbox {
     pending: Mutex<Report>,
+    /// Stages entered since the last report, latest per run.
+    stages: Mutex<BTreeMap<u64, RunStage>>,
     ready: Notify,
     /// The worker ID of the current session (`None` while registering).
     session: watch::Sender<Option<u64>>,
@@ -27,6 +33,7 @@ impl Default for Outbox {
     fn default() -> Outbox {
         Outbox {
             pending: Mutex::new(Report::default()),
+            stages: Mutex::new(BTreeMap::new()),
             ready: Notify::new(),
             session: watch::Sender::new(None),
             reregister: Notify::new(),
@@ -45,7 +52,15 @@ impl Outbox {
     }
 
     pub(crate) fn finished(&self, result: RunResult) {
+        self.stages.lock().expect("stages").remove(&result.run);
         self.push(|r| r.finished.push(result));
+    }
+
+    /// The run entered a stage (`waiting` for its tokens, or working).
+    pub(crate) fn stage(&self, run: u64, stage: &str, waiting: bool) {
+        let note = RunStage { run, stage: stage.to_owned(), waiting };
+        self.stages.lock().expect("stages").insert(run, note);
+        self.ready.notify_one();
     }
 
     pub(crate) fn added(&self, artifact: HeldArtifact) {
@@ -71,6 +86,15 @@ impl Outbox {
         sent.finished.extend(later.finished);
         sent.added.extend(later.added);
         sent.evicted.extend(later.evicted);
+        // Stage notes are display only: put back those not superseded (and
+        // not of runs that ended meanwhile).
+        let finished: Vec<u64> = sent.finished.iter().map(|r| r.run).collect();
+        let mut stages = self.stages.lock().expect("stages");
+        for note in std::mem::take(&mut sent.stages) {
+            if !finished.contains(&note.run) {
+                stages.entry(note.run).or_insert(note);
+            }
+        }
         *pending = sent;
     }
 }
@@ -88,7 +112,10 @@ pub(crate) async fn run(shared: Arc<Shared>) {
         let report = {
             let mut pending = outbox.pending.lock().expect("outbox");
             pending.evicted.extend(shared.cas.take_evicted().into_iter().map(|k| drover_proto::Hash32(k.0)));
-            std::mem::take(&mut *pending)
+            let mut report = std::mem::take(&mut *pending);
+            report.stages =
+                std::mem::take(&mut *outbox.stages.lock().expect("stages")).into_values().collect();
+            report
         };
         if report == Report::default() {
             tokio::select! {

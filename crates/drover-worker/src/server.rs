@@ -1,7 +1,8 @@
 //! The worker's HTTP API: `GET /v1/artifacts/{job}` streams an artifact in
 //! the pack format to a peer (or a client exporting outputs), and
-//! `GET /v1/runs/{run}/log?stream=stdout|stderr` a run's log (the
-//! coordinator proxies `drover logs` here). With a token configured, every
+//! `GET /v1/runs/{run}/log?stream=stdout|stderr|pull|fetch|push` a run's
+//! log: the build stage's standard output or error, or the log of another
+//! stage (the coordinator proxies `drover logs` here). With a token configured, every
 //! request must present it.
 
 use std::sync::Arc;
@@ -102,8 +103,14 @@ async fn log(State(shared): State<Arc<Shared>>, Path(run): Path<u64>, Query(q): 
     let name = match q.stream.as_deref().unwrap_or("stdout") {
         "stdout" => "stdout.log",
         "stderr" => "stderr.log",
+        "pull" => "pull.log",
+        "fetch" => "fetch.log",
+        "push" => "push.log",
         other => {
-            return Err((StatusCode::BAD_REQUEST, format!("stream must be stdout or stderr, not {other:?}")));
+            return Err((
+                StatusCode::BAD_REQUEST,
+                format!("stream must be stdout, stderr, pull, fetch or push, not {other:?}"),
+            ));
         }
     };
     let path = shared.runs_dir().join(run.to_string()).join(name);

@@ -173,7 +173,8 @@ pub(crate) struct WorkerArgs {
     #[arg(long)]
     pub(crate) slots: Option<u32>,
     /// CPU to offer, in cores ("2", "0.5") or millicores ("500m"); default:
-    /// the number of CPUs.
+    /// the number of CPUs (times slots / builders, since runs fetching
+    /// ahead hold CPU in the coordinator's count without using it).
     #[arg(long)]
     pub(crate) cpu: Option<String>,
     /// Memory to offer ("8Gi", "512Mi"); default: the machine's memory.
@@ -198,10 +199,15 @@ pub(crate) struct WorkerArgs {
     /// Do not push new outputs to the coordinator's shared cache.
     #[arg(long)]
     pub(crate) no_push: bool,
-    /// Jobs fetching their sources and dependencies at once (the fetch
-    /// stage's tokens; the build stage's are the slots).
+    /// Jobs fetching their sources and dependencies, or pulling results
+    /// from the shared cache, at once (the pull and fetch stages' tokens).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) fetchers: u32,
+    /// Jobs running their commands at once (the build stage's tokens;
+    /// default: the slots). Fewer builders than slots lets the worker fetch
+    /// the inputs of its next jobs while others build.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) builders: Option<u32>,
     /// Outputs pushed to the shared cache at once (the push stage's tokens).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) pushers: u32,
@@ -286,14 +292,32 @@ pub(crate) struct LogsArgs {
     pub(crate) build: u64,
     /// The job's name.
     pub(crate) job: String,
-    /// Print standard error instead of standard output.
+    /// Which stage's log: `build` (what the commands print), or what the
+    /// worker did to `pull` the result from the shared cache, `fetch` the
+    /// inputs, or `push` the output.
+    #[arg(long, value_enum, default_value_t = LogStage::Build)]
+    pub(crate) stage: LogStage,
+    /// Print standard error instead of standard output (build stage).
     #[arg(long)]
     pub(crate) stderr: bool,
-    /// Keep printing what the job writes until it ends.
+    /// Keep printing what the job writes until its run ends.
     #[arg(long, short)]
     pub(crate) follow: bool,
     #[command(flatten)]
     pub(crate) remote: Remote,
+}
+
+/// A stage of a run on its worker, for `drover logs --stage`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum LogStage {
+    /// The result from the shared cache.
+    Pull,
+    /// Sources and dependencies.
+    Fetch,
+    /// The commands (their standard output or error).
+    Build,
+    /// The output to the shared cache.
+    Push,
 }
 
 /// Which benchmark to run.

@@ -18,7 +18,8 @@ use futures::{StreamExt, TryStreamExt};
 
 use crate::Failure;
 use crate::cli::{
-    BuildArgs, CancelArgs, LogsArgs, Remote, RetryArgs, StatusArgs, SubmitArgs, SuspendArgs, WorkersArgs,
+    BuildArgs, CancelArgs, LogStage, LogsArgs, Remote, RetryArgs, StatusArgs, SubmitArgs, SuspendArgs,
+    WorkersArgs,
 };
 use crate::progress::Progress;
 
@@ -452,8 +453,12 @@ pub(crate) async fn status(args: StatusArgs) -> Result<(), Failure> {
                     println!("      {line}");
                 }
             }
+            if let Some(stage) = &j.stage {
+                let waiting = if j.stage_waiting { ", waiting for its tokens" } else { "" };
+                println!("      stage {stage}{waiting}");
+            }
             if !j.stages.is_empty() {
-                let stages: Vec<String> = ["pull", "fetch", "build"]
+                let stages: Vec<String> = ["pull", "fetch", "build", "wait"]
                     .iter()
                     .filter_map(|s| j.stages.get(*s).map(|ms| format!("{s} {ms} ms")))
                     .collect();
@@ -614,7 +619,14 @@ pub(crate) async fn logs(args: LogsArgs) -> Result<(), Failure> {
     use tokio::io::AsyncWriteExt;
     let http = connect(&args.remote);
     let base = &args.remote.coordinator;
-    let stream = if args.stderr { "stderr" } else { "stdout" };
+    let stream = match (args.stage, args.stderr) {
+        (LogStage::Build, false) => "stdout",
+        (LogStage::Build, true) => "stderr",
+        (_, true) => return Err(Failure::Usage(anyhow!("--stderr is for the build stage's log only"))),
+        (LogStage::Pull, false) => "pull",
+        (LogStage::Fetch, false) => "fetch",
+        (LogStage::Push, false) => "push",
+    };
     let follow = if args.follow { "&follow=true" } else { "" };
     let url = api(base, &format!("/v1/builds/{}/jobs/{}/log?stream={stream}{follow}", args.build, args.job));
     let mut body = http.get_stream(&url).await.map_err(|e| match e.status() {

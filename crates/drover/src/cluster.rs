@@ -221,11 +221,18 @@ fn worker_config(args: &WorkerArgs) -> anyhow::Result<WorkerConfig> {
     let cpus = units::cpus();
     let slots = args.slots.unwrap_or(cpus);
     anyhow::ensure!(slots > 0, "--slots must be at least 1");
+    let builders = args.builders.unwrap_or(slots);
+    anyhow::ensure!(
+        builders <= slots,
+        "--builders ({builders}) cannot exceed --slots ({slots}): a worker never holds more jobs than slots"
+    );
     let capacity = WorkerCapacity {
         slots,
         cpu_millis: match &args.cpu {
             Some(text) => units::cpu(text)?,
-            None => u64::from(cpus) * 1000,
+            // The coordinator counts the CPU of every run the worker holds,
+            // fetching ahead or building; only the builders use it.
+            None => u64::from(cpus) * 1000 * u64::from(slots) / u64::from(builders),
         },
         memory: match &args.memory {
             Some(text) => units::size("--memory", text)?,
@@ -248,6 +255,7 @@ fn worker_config(args: &WorkerArgs) -> anyhow::Result<WorkerConfig> {
         keep_runs: 1000,
         push: !args.no_push,
         fetchers: args.fetchers as usize,
+        builders: builders as usize,
         pushers: args.pushers as usize,
     })
 }
@@ -378,6 +386,7 @@ fn embedded_worker(state: &Path, i: u32, slots: u32, coordinator: &str) -> anyho
         // die with the process: a shared copy would only cost time.
         push: false,
         fetchers: 10,
+        builders: slots as usize,
         pushers: 4,
     })
 }

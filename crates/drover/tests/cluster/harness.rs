@@ -52,8 +52,13 @@ impl Cluster {
 
     /// A coordinator whose config file has `extra` after the test settings.
     pub(crate) fn configured(token: Option<&str>, extra: &str) -> Cluster {
+        Cluster::with_config(token, &format!("{CONFIG}{extra}"))
+    }
+
+    /// A coordinator with this whole config file.
+    pub(crate) fn with_config(token: Option<&str>, config: &str) -> Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
-        std::fs::write(dir.path().join("config.toml"), format!("{CONFIG}{extra}")).expect("config");
+        std::fs::write(dir.path().join("config.toml"), config).expect("config");
         let mut cluster = Cluster {
             dir,
             url: String::new(),
@@ -130,6 +135,16 @@ impl Cluster {
         let (_, mut child) = self.workers.remove(i);
         child.kill().expect("kill worker");
         child.wait().expect("reap worker");
+    }
+
+    /// Sends a signal (`STOP`, `CONT`, ...) to a worker's process.
+    pub(crate) fn signal_worker(&self, name: &str, signal: &str) {
+        let (_, child) = self.workers.iter().find(|(n, _)| n == name).expect("worker exists");
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill -{signal} failed");
     }
 
     /// A client command against this cluster.

@@ -9,3 +9,4 @@ mod control;
 mod harness;
 mod queues;
 mod scenarios;
+mod stages;
