@@ -40,6 +40,9 @@ struct ConfigFile {
     /// `[tenants]`: tenant = "leaf queue".
     #[serde(default)]
     tenants: std::collections::BTreeMap<String, String>,
+    /// `[[tiers]]` tables: the plugin tiers (none: the default tiers).
+    #[serde(default)]
+    tiers: Option<Vec<TierSection>>,
     #[serde(default)]
     cache: CacheSection,
 }
@@ -68,6 +71,44 @@ struct QueueSection {
     reclaimable: bool,
     #[serde(default)]
     priority: i32,
+}
+
+/// One `[[tiers]]` table: `plugins = ["priority", { name = "binpack",
+/// weight = 2 }]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TierSection {
+    plugins: Vec<PluginEntry>,
+}
+
+/// A plugin of a tier: its name, or a table with its arguments.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum PluginEntry {
+    Name(String),
+    Table(PluginTable),
+}
+
+/// `{ name = "binpack", weight = 2 }`, `{ name = "drf", preemptable = true }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PluginTable {
+    name: String,
+    weight: Option<u32>,
+    #[serde(default)]
+    preemptable: bool,
+}
+
+/// The core's tiers for `[[tiers]]` tables (checked by
+/// `drover_core::Config::validate`).
+fn tiers(sections: &[TierSection]) -> Vec<drover_core::Tier> {
+    let plugin = |entry: &PluginEntry| match entry {
+        PluginEntry::Name(name) => drover_core::PluginConfig::named(name),
+        PluginEntry::Table(t) => {
+            drover_core::PluginConfig { name: t.name.clone(), weight: t.weight, preemptable: t.preemptable }
+        }
+    };
+    sections.iter().map(|t| drover_core::Tier { plugins: t.plugins.iter().map(plugin).collect() }).collect()
 }
 
 fn one() -> u32 {
@@ -177,11 +218,14 @@ fn coordinator_config(args: &ServeArgs) -> anyhow::Result<CoordinatorConfig> {
             });
         }
         core.tenant_queues = file.tenants.clone();
+        if let Some(sections) = &file.tiers {
+            core.tiers = tiers(sections);
+        }
         if let Some(size) = &file.cache.size {
             config.artifact_cache_bytes = units::size("[cache] size", size)?;
         }
         if let Err(errors) = core.validate() {
-            anyhow::bail!("{}: invalid queues:\n  {}", path.display(), errors.join("\n  "));
+            anyhow::bail!("{}: invalid queues or tiers:\n  {}", path.display(), errors.join("\n  "));
         }
         config.durability = match file.store.durability.as_deref() {
             None | Some("process-crash") => drover_coordinator::Durability::ProcessCrash,
@@ -389,4 +433,71 @@ fn embedded_worker(state: &Path, i: u32, slots: u32, coordinator: &str) -> anyho
         builders: slots as usize,
         pushers: 4,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The core config of a config file's `[scheduler]` and `[[tiers]]`.
+    fn core(text: &str) -> drover_core::Config {
+        let file: ConfigFile = toml::from_str(text).expect("config parses");
+        let mut core = drover_core::Config { binpack: file.scheduler.binpack, ..Default::default() };
+        if let Some(sections) = &file.tiers {
+            core.tiers = tiers(sections);
+        }
+        core
+    }
+
+    #[test]
+    fn tiers_map_to_the_core_and_default_when_absent() {
+        assert_eq!(core("").tiers, drover_core::Config::default_tiers());
+        let custom = core(
+            r#"
+            [[tiers]]
+            plugins = ["priority", "gang"]
+            [[tiers]]
+            plugins = [{ name = "drf", preemptable = true }, "proportion", { name = "binpack", weight = 2 }]
+            "#,
+        );
+        let drf = drover_core::PluginConfig { preemptable: true, ..drover_core::PluginConfig::named("drf") };
+        let binpack =
+            drover_core::PluginConfig { weight: Some(2), ..drover_core::PluginConfig::named("binpack") };
+        assert_eq!(
+            custom.tiers,
+            [
+                drover_core::Tier::of(&["priority", "gang"]),
+                drover_core::Tier {
+                    plugins: vec![drf, drover_core::PluginConfig::named("proportion"), binpack]
+                },
+            ]
+        );
+        assert_eq!(custom.validate(), Ok(()));
+    }
+
+    #[test]
+    fn bad_tiers_list_every_problem() {
+        let bad = core(
+            r#"
+            [scheduler]
+            binpack = 1
+            [[tiers]]
+            plugins = ["priority", "nodeorder", { name = "binpack", weight = 3 }]
+            [[tiers]]
+            plugins = ["priority", { name = "gang", weight = 1 }]
+            "#,
+        );
+        let errors = bad.validate().unwrap_err();
+        for problem in [
+            "tier 1: unknown plugin \"nodeorder\"",
+            "plugin priority is listed in tier 1 and again in tier 2",
+            "plugin gang: only binpack and spread take a weight",
+            "binpack is both listed in a tier and given as a weight (binpack = 1): keep one",
+        ] {
+            assert!(errors.iter().any(|e| e.starts_with(problem)), "missing {problem:?} in {errors:?}");
+        }
+        assert_eq!(errors.len(), 4, "{errors:?}");
+        let unknown_key = "[[tiers]]\nplugins = [{ name = \"drf\", preempt = true }]\n";
+        assert!(toml::from_str::<ConfigFile>(unknown_key).is_err());
+    }
 }
