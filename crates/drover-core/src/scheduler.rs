@@ -1729,13 +1729,16 @@ impl Scheduler {
     /// for it. The victims are chosen on a copy of the worker's resources
     /// and applied only if the job then fits (a statement: all or nothing).
     ///
-    /// Victims, lowest priority first (then the most recently assigned):
+    /// Victims, lowest priority first (then the most recently assigned),
+    /// as the tiers choose them ([`Self::tier_victims`]); with the default
+    /// tiers:
     /// - preempt: jobs of the same queue with a lower priority;
     /// - reclaim (for a queue that stays within its deserved share with the
     ///   job): jobs of other, reclaimable queues that stay at or above their
     ///   deserved share without the victim.
     ///
-    /// Gang members are never victims. Since a reclaimer never goes above
+    /// Gang members are never victims while `gang` is listed. Since a
+    /// reclaimer never goes above
     /// its share and a victim's queue never below its own, neither can then
     /// reclaim from the other: no eviction loops. An evicted job is
     /// requeued (`Requeued`; the evicted run does not count as one of its
