@@ -55,8 +55,10 @@ pub(crate) const TAG_FILE: u8 = 1;
 pub(crate) const TAG_DIR: u8 = 2;
 pub(crate) const TAG_SYMLINK: u8 = 3;
 
-/// Size of the buffer used to stream file contents.
-pub(crate) const CHUNK: usize = 64 * 1024;
+/// Size of the buffer used to stream file contents: large enough that the
+/// system calls per byte are few, small enough that what was read is still
+/// in the core's cache when it is hashed.
+pub(crate) const CHUNK: usize = 256 * 1024;
 
 /// What the cache knows about a committed artifact.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

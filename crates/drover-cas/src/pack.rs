@@ -1,6 +1,6 @@
 //! The pack format: one artifact as a single byte stream, to move it between
 //! machines. Written and read in one pass with bounded memory (file contents
-//! go through a 64 KiB buffer), and verified while it is read.
+//! go through a 256 KiB buffer), and verified while it is read.
 //!
 //! All integers are little-endian. A pack is:
 //!
@@ -41,7 +41,7 @@ use std::io::{BufWriter, ErrorKind, Read, Write};
 use std::path::Path;
 
 use crate::error::{CasError, IoContext};
-use crate::fsutil::{copy_stored_file, set_exec};
+use crate::fsutil::{WriteBehind, copy_stored_file, set_exec};
 use crate::manifest::{
     CHUNK, Entry, MAX_ENTRIES, MAX_PATH, Manifest, TAG_DIR, TAG_END, TAG_FILE, TAG_SYMLINK, TreeHasher,
     check_link_target, check_links_resolve, check_rel_path, count_path_bytes, len32, parent, path_cmp,
@@ -284,7 +284,7 @@ fn read_file(
         .create_new(true)
         .open(full)
         .ctx(|| format!("create {}", full.display()))?;
-    let mut out = BufWriter::with_capacity(CHUNK, &file);
+    let mut out = BufWriter::with_capacity(CHUNK, WriteBehind::new(&file));
     let mut hasher = blake3::Hasher::new();
     let mut left = size;
     while left > 0 {

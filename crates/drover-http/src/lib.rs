@@ -1,7 +1,7 @@
 //! drover's HTTP/JSON client: a thin layer over hyper that adds the bearer
 //! token, JSON bodies, readable errors (the server's `{"error": ...}` body),
 //! time limits, and streaming downloads and uploads (artifacts straight
-//! into a content-addressed store).
+//! into a content-addressed store, bodies written by blocking code).
 
 use std::path::Path;
 use std::time::Duration;
@@ -105,6 +105,60 @@ pub fn authorized(headers: &hyper::HeaderMap, token: Option<&str>) -> bool {
 
 /// A streamed response body.
 pub type ByteStream = std::pin::Pin<Box<dyn Stream<Item = Result<Bytes, std::io::Error>> + Send>>;
+
+/// Bytes per chunk of a body written by blocking code ([`write_stream`]).
+const WRITE_CHUNK: usize = 1 << 20;
+/// Chunks of such a body waiting for the connection, at most: with the one
+/// being filled and the one being sent, a body holds at most 6 MiB.
+const WRITE_QUEUE: usize = 4;
+
+/// A body written by `produce` on a blocking thread (an artifact being
+/// packed, say), sent in chunks of 1 MiB that move to the connection
+/// without another copy. Memory stays bounded: `produce` blocks while
+/// [`WRITE_QUEUE`] chunks wait. If the body is dropped (the peer went
+/// away), its writes fail with `BrokenPipe`. The body ends when `produce`
+/// returns, whatever it wrote: a producer that fails leaves a short body,
+/// which the reader of a pack rejects.
+pub fn write_stream(produce: impl FnOnce(&mut dyn std::io::Write) + Send + 'static) -> ByteStream {
+    let (tx, mut rx) = tokio::sync::mpsc::channel(WRITE_QUEUE);
+    tokio::task::spawn_blocking(move || {
+        let mut writer = ChunkWriter { tx, buf: Vec::with_capacity(WRITE_CHUNK) };
+        produce(&mut writer);
+        let _ = std::io::Write::flush(&mut writer);
+    });
+    Box::pin(futures::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|chunk| chunk.map(Ok))))
+}
+
+/// The writing end of [`write_stream`].
+struct ChunkWriter {
+    tx: tokio::sync::mpsc::Sender<Bytes>,
+    buf: Vec<u8>,
+}
+
+impl ChunkWriter {
+    fn send(&mut self) -> std::io::Result<()> {
+        let chunk = std::mem::replace(&mut self.buf, Vec::with_capacity(WRITE_CHUNK));
+        self.tx
+            .blocking_send(Bytes::from(chunk))
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the body's reader went away"))
+    }
+}
+
+impl std::io::Write for ChunkWriter {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        let n = data.len().min(WRITE_CHUNK - self.buf.len());
+        self.buf.extend_from_slice(&data[..n]);
+        if self.buf.len() == WRITE_CHUNK {
+            self.send()?;
+        }
+        Ok(n)
+    }
+
+    /// Sends what is buffered (called once, at the end).
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.buf.is_empty() { Ok(()) } else { self.send() }
+    }
+}
 
 /// The client. Cheap to clone; connections are pooled.
 #[derive(Clone, Debug)]
@@ -289,6 +343,33 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_written_body_arrives_whole_in_bounded_chunks() {
+        let data: Vec<u8> = (0..3_500_000u32).map(|i| (i % 251) as u8).collect();
+        let expected = data.clone();
+        let stream = write_stream(move |out| {
+            for piece in data.chunks(70_001) {
+                out.write_all(piece).expect("write");
+            }
+        });
+        let chunks: Vec<Bytes> = stream.try_collect().await.expect("body");
+        assert!(chunks.iter().all(|c| !c.is_empty() && c.len() <= WRITE_CHUNK), "chunk sizes");
+        assert_eq!(chunks.len(), 4, "three full chunks and the rest");
+        assert_eq!(chunks.concat(), expected);
+    }
+
+    #[tokio::test]
+    async fn dropping_a_written_body_stops_its_writer() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stream = write_stream(move |out| {
+            let failed = (0..).try_for_each(|_: u64| out.write_all(&[0; 1 << 16]));
+            tx.send(failed.map_err(|e| e.kind())).expect("report");
+        });
+        drop(stream);
+        let outcome = tokio::task::spawn_blocking(move || rx.recv()).await.expect("join").expect("outcome");
+        assert_eq!(outcome, Err(std::io::ErrorKind::BrokenPipe));
+    }
 
     #[test]
     fn only_the_configured_bearer_token_is_authorized() {

@@ -19,10 +19,6 @@ use serde::Deserialize;
 
 use crate::Shared;
 
-/// Bytes per chunk of a streamed artifact (4 KiB chunks cost more in
-/// HTTP framing than in copying).
-const STREAM_CHUNK: usize = 256 * 1024;
-
 type Reply = Result<Response, (StatusCode, String)>;
 
 pub(crate) fn router(shared: Arc<Shared>) -> Router {
@@ -45,16 +41,13 @@ async fn artifact(State(shared): State<Arc<Shared>>, Path(job): Path<String>) ->
     if shared.cas.artifact_info(&key).is_none() {
         return Err((StatusCode::NOT_FOUND, format!("no artifact {job} here")));
     }
-    let (reader, writer) = tokio::io::duplex(256 * 1024);
-    let mut sync = tokio_util::io::SyncIoBridge::new(writer);
     let cas = shared.cas.clone();
-    tokio::task::spawn_blocking(move || {
+    let body = Body::from_stream(drover_http::write_stream(move |out| {
         // A failure cuts the stream short, which the reader rejects.
-        if let Err(e) = cas.pack(&key, &mut sync) {
+        if let Err(e) = cas.pack(&key, out) {
             tracing::warn!("serving artifact {key}: {e}");
         }
-    });
-    let body = Body::from_stream(tokio_util::io::ReaderStream::with_capacity(reader, STREAM_CHUNK));
+    }));
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], body).into_response())
 }
 
