@@ -27,7 +27,7 @@ mod types;
 pub use quota::DEFAULT_QUEUE;
 pub use scheduler::{JobStatus, JobView, QueueAmounts, QueueName, QueueView, Scheduler};
 pub use types::{
-    CancelStage, Capacity, Completion, Config, Decision, Event, FailReason, GangSpec, JobId, JobResult,
-    JobSpec, Millis, PluginConfig, QueueConfig, QueueLimits, Rejected, Request, RunId, Tier, Timer,
-    TimerKind, WaiterId, WorkerId,
+    CancelStage, Capacity, Completion, Config, Decision, Event, Evict, FailReason, GangSpec, JobId,
+    JobResult, JobSpec, Millis, PluginConfig, QueueConfig, QueueLimits, Rejected, Request, RunId, Tier,
+    Timer, TimerKind, WaiterId, WorkerId,
 };

@@ -119,6 +119,28 @@ impl WorkerResources {
         }
     }
 
+    /// A run of the class is suspended: it gives back its slots and CPU and
+    /// keeps its memory and tokens.
+    pub(crate) fn suspend(&mut self, key: &ClassKey) {
+        self.used_slots -= key.slots;
+        self.used_cpu -= key.cpu;
+    }
+
+    /// Can a suspended run of the class take its slots and CPU back now,
+    /// leaving room for the job the worker is reserved for, if any?
+    pub(crate) fn fits_resumed(&self, key: &ClassKey, reserved: Option<&ClassKey>) -> bool {
+        let (r_slots, r_cpu, r_mem) = reserved.map_or((0, 0, 0), |r| (r.slots, r.cpu, r.memory));
+        self.used_slots + key.slots + r_slots <= self.slots
+            && self.used_cpu + key.cpu + r_cpu <= self.cpu
+            && self.used_memory + r_mem <= self.memory
+    }
+
+    /// A suspended run of the class takes its slots and CPU back.
+    pub(crate) fn resume(&mut self, key: &ClassKey) {
+        self.used_slots += key.slots;
+        self.used_cpu += key.cpu;
+    }
+
     /// Is anything in use beyond capacity? (Checked by the invariants.)
     pub(crate) fn over_committed(&self) -> bool {
         self.used_slots > self.slots

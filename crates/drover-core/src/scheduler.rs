@@ -23,7 +23,7 @@ use crate::quota::{Amounts, QueueIdx, Queues};
 use crate::resources::{ClassKey, TokenIdx, WorkerResources};
 use crate::rng::SplitMix64;
 use crate::types::{
-    CancelStage, Capacity, Completion, Config, Decision, Event, FailReason, JobId, JobResult, JobSpec,
+    CancelStage, Capacity, Completion, Config, Decision, Event, Evict, FailReason, JobId, JobResult, JobSpec,
     Millis, Rejected, RunId, Timer, TimerKind, WaiterId, WorkerId,
 };
 
@@ -106,6 +106,9 @@ struct Run {
     /// and only holds its resources until the worker reports its exit.
     job: Option<JobIdx>,
     started: bool,
+    /// Suspended by an eviction for this job ([`Evict::Suspend`]): it
+    /// holds its memory and tokens on the worker but not its slots and CPU.
+    suspended: Option<JobId>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -287,6 +290,9 @@ pub struct Scheduler {
     free_jobs: Vec<JobIdx>,
     job_index: BTreeMap<JobId, JobIdx>,
     runs: BTreeMap<RunId, Run>,
+    /// Runs suspended by an eviction that wait to be resumed, oldest run
+    /// first (a cancelled one leaves: it is only being stopped).
+    suspended: BTreeSet<RunId>,
 
     global: Queue,
     /// The queue tree with quotas and deserved shares.
@@ -395,6 +401,7 @@ impl Scheduler {
             free_jobs: Vec::new(),
             job_index: BTreeMap::new(),
             runs: BTreeMap::new(),
+            suspended: BTreeSet::new(),
             global: Queue::default(),
             holders: BTreeMap::new(),
             dependents: BTreeMap::new(),
@@ -511,6 +518,16 @@ impl Scheduler {
             JobState::Running(run) => JobStatus::Running { worker: wid(self.runs[&run].worker), run },
         };
         Some(JobView { status, waiters: job.waiters.clone(), attempts: job.attempts })
+    }
+
+    /// The job a running job's run was suspended for by an eviction, while
+    /// it waits to be resumed ([`Evict::Suspend`]).
+    pub fn evicted_by(&self, id: &JobId) -> Option<JobId> {
+        let job = self.job(*self.job_index.get(id)?);
+        match job.state {
+            JobState::Running(run) => self.runs.get(&run)?.suspended,
+            _ => None,
+        }
     }
 
     /// Why a queued job is not running yet, for people: its gang is
@@ -763,11 +780,8 @@ impl Scheduler {
             Event::RunLost { run } => {
                 let r = self.runs.remove(&run).ok_or(Rejected::UnknownRun(run))?;
                 let w = r.worker;
-                let worker = &mut self.workers[w as usize];
-                worker.runs.remove(&run);
-                worker.res.release(&self.classes[r.class as usize].key);
-                let name = worker.name.clone();
-                self.charge_run(r.tenant, r.class, false);
+                self.release_run(run, &r);
+                let name = self.workers[w as usize].name.clone();
                 self.update_hungry(w);
                 self.dirty.insert(w);
                 self.requeue_lost_run(r, &name);
@@ -1062,6 +1076,26 @@ impl Scheduler {
         if let Some(r) = self.runs.get_mut(&run) {
             r.job = None;
         }
+        // A suspended run that is being stopped is never resumed (the
+        // worker continues its processes so they see the stop).
+        self.suspended.remove(&run);
+    }
+
+    /// Gives back everything run `run` (already out of `runs`) holds on
+    /// its worker and in its queue's and tenant's accounts.
+    fn release_run(&mut self, run: RunId, r: &Run) {
+        let key = &self.classes[r.class as usize].key;
+        let worker = &mut self.workers[r.worker as usize];
+        worker.runs.remove(&run);
+        if r.suspended.is_some() {
+            worker.res.resume(key);
+        }
+        worker.res.release(key);
+        if r.suspended.is_some() {
+            self.suspended.remove(&run);
+            self.charge_suspension(r.tenant, r.class, false);
+        }
+        self.charge_run(r.tenant, r.class, false);
     }
 
     fn job_started(&mut self, run: RunId) -> Result<(), Rejected> {
@@ -1081,12 +1115,7 @@ impl Scheduler {
     fn job_exited(&mut self, run: RunId, result: JobResult) -> Result<(), Rejected> {
         let r = self.runs.remove(&run).ok_or(Rejected::UnknownRun(run))?;
         let w = r.worker;
-        {
-            let worker = &mut self.workers[w as usize];
-            worker.runs.remove(&run);
-            worker.res.release(&self.classes[r.class as usize].key);
-        }
-        self.charge_run(r.tenant, r.class, false);
+        self.release_run(run, &r);
         self.update_hungry(w);
         self.dirty.insert(w);
         self.renew_lease(w);
@@ -1366,6 +1395,32 @@ impl Scheduler {
         self.refile(t);
     }
 
+    /// A run was suspended (`suspend`) or resumed: its queue and tenant
+    /// give back (or take again) its slots and CPU; its memory stays
+    /// counted.
+    fn charge_suspension(&mut self, t: TenantIdx, class: ClassIdx, suspend: bool) {
+        let key = &self.classes[class as usize].key;
+        let amounts = Amounts::new(key.slots, key.cpu, 0);
+        let tenant = &mut self.tenants[t as usize];
+        if suspend {
+            tenant.allocated.sub(amounts);
+            self.quotas.dirty = true;
+            if self.quotas.active() {
+                self.dirty.extend(self.hungry.iter().copied());
+            }
+        } else {
+            tenant.allocated.add(amounts);
+        }
+        self.quotas.charge(tenant.queue, |node| {
+            if suspend {
+                node.allocated.sub(amounts);
+            } else {
+                node.allocated.add(amounts);
+            }
+        });
+        self.refile(t);
+    }
+
     fn remove_place(&mut self, j: JobIdx, place: Place) {
         let job = self.jobs[j as usize].as_mut().expect("live job");
         let Some(pos) = job.places.iter().position(|p| *p == place) else { return };
@@ -1529,6 +1584,10 @@ impl Scheduler {
         }
         for run in runs {
             let r = self.runs.remove(&run).expect("worker's run is in flight");
+            if r.suspended.is_some() {
+                self.suspended.remove(&run);
+                self.charge_suspension(r.tenant, r.class, false);
+            }
             self.charge_run(r.tenant, r.class, false);
             self.requeue_lost_run(r, &name);
         }
@@ -1619,6 +1678,9 @@ impl Scheduler {
             for t in 0..self.tenants.len() as TenantIdx {
                 self.refile(t);
             }
+        }
+        if !self.suspended.is_empty() {
+            self.resume_suspended();
         }
         if self.quotas.dirty && self.quotas.active() {
             self.quotas.deserve(self.total);
@@ -1749,8 +1811,14 @@ impl Scheduler {
         for (_, q) in self.leaf_order() {
             let Some(j) = self.starving_job(q) else { continue };
             if let Some((w, victims)) = self.victims_for(j, q) {
+                let suspend = self.config.evict == Evict::Suspend && self.can_suspend(w, j, q, &victims);
+                let by = self.job(j).id;
                 for run in victims {
-                    self.evict(run);
+                    if suspend {
+                        self.suspend_run(run, by);
+                    } else {
+                        self.evict(run);
+                    }
                 }
                 if let Some(old) = self.workers[w as usize].reserved.replace(j) {
                     self.job_mut(old).reserved_on = None;
@@ -1810,7 +1878,8 @@ impl Scheduler {
             reclaim.clear();
             for &run in &worker.runs {
                 let r = &self.runs[&run];
-                let Some(v) = r.job else { continue };
+                // A suspended run holds no slot or CPU to give.
+                let Some(v) = r.job.filter(|_| r.suspended.is_none()) else { continue };
                 let victim = self.job(v);
                 // The gang guard: while `gang` is listed, never a member.
                 if self.policy.gang && victim.gang.is_some() {
@@ -1939,6 +2008,79 @@ impl Scheduler {
             }
         }
         victims
+    }
+
+    /// May the `victims` on worker `w` be suspended for job `j` of queue
+    /// `q` rather than killed? Only if each has started and holds no named
+    /// or exclusive tokens (a suspended run keeps its tokens, and a token
+    /// it holds exclusively would block the preemptor or outlive the
+    /// eviction indefinitely), and the job fits with the victims' slots and
+    /// CPU given back while their memory stays taken (and its queue admits
+    /// it with only that given back).
+    fn can_suspend(&self, w: WorkerIdx, j: JobIdx, q: QueueIdx, victims: &[RunId]) -> bool {
+        let mut res = self.workers[w as usize].res.clone();
+        let mut freed = Amounts::default();
+        for run in victims {
+            let r = &self.runs[run];
+            let key = &self.classes[r.class as usize].key;
+            if !r.started || !key.tokens.is_empty() {
+                return false;
+            }
+            res.suspend(key);
+            if self.tenants[r.tenant as usize].queue == q {
+                freed.add(Amounts::new(key.slots, key.cpu, 0));
+            }
+        }
+        let class = &self.classes[self.job(j).class as usize];
+        res.fits(&class.key, None)
+            && (!self.quotas.active() || self.quotas.admits_freeing(q, freed, class.amounts))
+    }
+
+    /// Evicts a run by suspension, for job `by`: the worker stops its
+    /// processes, its slots and CPU go back to the worker (and its queue
+    /// and tenant) at once, its memory and tokens stay taken, and its job
+    /// stays running (its attempts unchanged) until the run is resumed.
+    fn suspend_run(&mut self, run: RunId, by: JobId) {
+        let r = self.runs.get_mut(&run).expect("victim in flight");
+        r.suspended = Some(by);
+        let (w, tenant, class) = (r.worker, r.tenant, r.class);
+        self.workers[w as usize].res.suspend(&self.classes[class as usize].key);
+        self.charge_suspension(tenant, class, true);
+        self.suspended.insert(run);
+        self.update_hungry(w);
+        self.dirty.insert(w);
+        self.decisions.push(Decision::Suspend { worker: self.workers[w as usize].id, run, by });
+    }
+
+    /// Resumes suspended runs, oldest run first, on workers that have room
+    /// again for their slots and CPU (beside any job the worker is
+    /// reserved for) and whose queues admit them. Called before the draws
+    /// of a step, so a suspended run goes ahead of queued jobs: it cannot
+    /// starve behind new work, and it never takes the room of the job it
+    /// was evicted for, which holds it as long as it runs.
+    fn resume_suspended(&mut self) {
+        let waiting: Vec<RunId> = self.suspended.iter().copied().collect();
+        for run in waiting {
+            let r = &self.runs[&run];
+            let (w, tenant, class) = (r.worker, r.tenant, r.class);
+            let worker = &self.workers[w as usize];
+            let key = &self.classes[class as usize].key;
+            let reserved_key = worker.reserved.map(|j| &self.classes[self.job(j).class as usize].key);
+            if !worker.res.fits_resumed(key, reserved_key) {
+                continue;
+            }
+            let queue = self.tenants[tenant as usize].queue;
+            if self.quotas.active() && !self.quotas.admits(queue, Amounts::new(key.slots, key.cpu, 0), false)
+            {
+                continue;
+            }
+            self.workers[w as usize].res.resume(&self.classes[class as usize].key);
+            self.charge_suspension(tenant, class, false);
+            self.suspended.remove(&run);
+            self.runs.get_mut(&run).expect("suspended run in flight").suspended = None;
+            self.update_hungry(w);
+            self.decisions.push(Decision::Resume { worker: self.workers[w as usize].id, run });
+        }
     }
 
     /// Evicts a run: its job goes back to the queues with its attempts, and
@@ -2151,7 +2293,10 @@ impl Scheduler {
         worker.res.take(&self.classes[class as usize].key);
         worker.runs.insert(run);
         let worker_id = worker.id;
-        self.runs.insert(run, Run { worker: w, tenant, class, job_id: id, job: Some(j), started: false });
+        self.runs.insert(
+            run,
+            Run { worker: w, tenant, class, job_id: id, job: Some(j), started: false, suspended: None },
+        );
         self.update_hungry(w);
         self.decisions.push(Decision::Assign { worker: worker_id, job: id, run, attempt });
     }

@@ -393,7 +393,28 @@ pub enum Decision {
         /// Who.
         worker: WorkerId,
     },
-    /// A run was lost with its worker; the job is queued again.
+    /// Eviction by suspension ([`Evict::Suspend`]): the worker must stop
+    /// this running run's processes (SIGSTOP). The run keeps its memory,
+    /// tokens and files on the worker; its slot and CPU go to the job that
+    /// evicted it.
+    Suspend {
+        /// Where.
+        worker: WorkerId,
+        /// Which run.
+        run: RunId,
+        /// The job it was evicted for.
+        by: JobId,
+    },
+    /// The worker again has room for a run suspended by an eviction: it
+    /// must continue it (SIGCONT).
+    Resume {
+        /// Where.
+        worker: WorkerId,
+        /// Which run.
+        run: RunId,
+    },
+    /// A run was lost with its worker (or evicted); the job is queued
+    /// again.
     Requeued {
         /// The job.
         job: JobId,
@@ -477,6 +498,11 @@ pub struct Config {
     /// reclaimable queues above theirs (off by default).
     #[serde(default)]
     pub reclaim: bool,
+    /// How preemption and reclaim evict a victim: kill it and requeue its
+    /// job (the default), or suspend it on its worker where its memory
+    /// allows (see [`Evict`]).
+    #[serde(default)]
+    pub evict: Evict,
     /// Weight of binpack in the order idle workers draw in (fill the
     /// busiest workers first). 0 with `spread` 0: registration order. The
     /// older spelling of listing `binpack` with this weight in [`Self::tiers`]
@@ -496,6 +522,25 @@ pub struct Config {
     /// tiers", for each plugin.
     #[serde(default = "Config::default_tiers")]
     pub tiers: Vec<Tier>,
+}
+
+/// How an eviction (preemption or reclaim) treats its victims
+/// ([`Config::evict`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Evict {
+    /// Stop (or drop) the victim's run and requeue its job: its work is
+    /// lost.
+    #[default]
+    Kill,
+    /// Suspend the victim's run on its worker ([`Decision::Suspend`]): it
+    /// gives back its slot and CPU but keeps its memory, and is resumed
+    /// ([`Decision::Resume`]) once its worker has room for its slot and CPU
+    /// again. Only when every victim of the eviction has started, holds no
+    /// named or exclusive tokens, and the worker's memory holds the
+    /// suspended victims and the preemptor together; otherwise the victims
+    /// are killed as with [`Evict::Kill`].
+    Suspend,
 }
 
 /// One tier of [`Config::tiers`]: plugins in order.
@@ -537,7 +582,8 @@ impl PluginConfig {
 impl Config {
     /// Checks the queue settings (unique names, known parents, no cycles,
     /// weights of at least 1, guarantees within capabilities, tenants mapped
-    /// to leaf queues) and the tiers (known plugins, each listed once,
+    /// to leaf queues), that eviction by suspension has something to
+    /// evict for, and the tiers (known plugins, each listed once,
     /// arguments only where they mean something). Every problem is listed.
     pub fn validate(&self) -> Result<(), Vec<String>> {
         let mut errors = Vec::new();
@@ -586,6 +632,9 @@ impl Config {
                 errors
                     .push(format!("tenant {tenant}: queue {queue} has child queues; map tenants to leaves"));
             }
+        }
+        if self.evict == Evict::Suspend && !self.preempt && !self.reclaim {
+            errors.push("evict = \"suspend\" needs preempt or reclaim".to_owned());
         }
         errors.extend(crate::policy::check_tiers(self));
         if errors.is_empty() { Ok(()) } else { Err(errors) }
@@ -672,6 +721,7 @@ impl Default for Config {
             tenant_queues: BTreeMap::new(),
             preempt: false,
             reclaim: false,
+            evict: Evict::Kill,
             binpack: 0,
             spread: 0,
             tiers: Config::default_tiers(),

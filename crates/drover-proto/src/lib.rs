@@ -408,6 +408,10 @@ pub enum EventKind {
     JobSuspended {
         /// Job name.
         job: String,
+        /// Set when an eviction suspended it (`evict = "suspend"`): the
+        /// job it made room for, for people. Unset for `drover suspend`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        evicted_by: Option<String>,
     },
     /// A suspended job was resumed.
     JobResumed {

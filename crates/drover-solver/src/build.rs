@@ -53,8 +53,12 @@ struct JobRec {
     detail: String,
     /// Set while the core holds the job for this build.
     waiter: Option<WaiterId>,
-    /// Its run was suspended (and not resumed since).
+    /// Its run was suspended by `drover suspend` (and not resumed since).
     suspended: bool,
+    /// Its run is suspended by an eviction, for this job (for people); the
+    /// core resumes it. Kept apart from `suspended`: the run's processes
+    /// continue only once neither holds them.
+    evicted: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -232,6 +236,7 @@ impl Build {
                 detail: String::new(),
                 waiter: None,
                 suspended: false,
+                evicted: None,
             };
             spec.jobs.len()
         ];
@@ -479,6 +484,11 @@ impl Build {
                 if rec.state != JobState::Running || rec.run.is_none() {
                     return Err(format!("job {name} is {}, not running", rec.state));
                 }
+                if resume && !rec.suspended && rec.evicted.is_some() {
+                    return Err(format!(
+                        "job {name} was suspended by an eviction; it resumes once its worker has room"
+                    ));
+                }
                 if resume && !rec.suspended {
                     return Err(format!("job {name} is not suspended"));
                 }
@@ -502,16 +512,40 @@ impl Build {
         for i in targets {
             let rec = &mut self.jobs[i as usize];
             rec.suspended = !resume;
-            if let (Some(worker), Some(run)) = (rec.worker, rec.run) {
+            // A run an eviction also holds stays stopped until the core
+            // resumes it.
+            if let (Some(worker), Some(run), None) = (rec.worker, rec.run, &rec.evicted) {
                 runs.push((worker, run));
             }
             let job = self.name_of(i);
             self.event(
                 now,
-                if resume { EventKind::JobResumed { job } } else { EventKind::JobSuspended { job } },
+                if resume {
+                    EventKind::JobResumed { job }
+                } else {
+                    EventKind::JobSuspended { job, evicted_by: None }
+                },
             );
         }
         Ok(runs)
+    }
+
+    /// Job `i`'s run was suspended by an eviction for job `by`.
+    pub(crate) fn evicted(&mut self, i: u32, by: String, now: Millis) {
+        self.jobs[i as usize].evicted = Some(by.clone());
+        let job = self.name_of(i);
+        self.event(now, EventKind::JobSuspended { job, evicted_by: Some(by) });
+    }
+
+    /// The core resumed job `i`'s run after an eviction; whether its
+    /// processes may continue (not if `drover suspend` holds them too).
+    pub(crate) fn evict_resumed(&mut self, i: u32, now: Millis) -> bool {
+        let rec = &mut self.jobs[i as usize];
+        rec.evicted = None;
+        let held = rec.suspended;
+        let job = self.name_of(i);
+        self.event(now, EventKind::JobResumed { job });
+        !held
     }
 
     /// Takes job `i`'s core waiter, if the core holds it for this build.
@@ -542,6 +576,7 @@ impl Build {
         let rec = &mut self.jobs[i as usize];
         rec.state = JobState::Running;
         rec.suspended = false;
+        rec.evicted = None;
         rec.worker = Some(worker);
         rec.run = Some(run);
         rec.attempts = attempt;
@@ -554,6 +589,7 @@ impl Build {
 
     pub(crate) fn requeued(&mut self, i: u32, attempts: u32, now: Millis) {
         self.jobs[i as usize].state = JobState::Queued;
+        self.jobs[i as usize].evicted = None;
         let job = self.name_of(i);
         self.event(now, EventKind::JobRequeued { job, attempts });
     }
@@ -570,6 +606,7 @@ impl Build {
         let rec = &mut self.jobs[i as usize];
         rec.state = state;
         rec.suspended = false;
+        rec.evicted = None;
         rec.exit_code = exit_code;
         rec.detail = detail.clone();
         if self.state == BuildState::Queued {
@@ -786,6 +823,9 @@ impl Build {
                     detail: match (rec.state, rec.waiter) {
                         (JobState::Queued, None) if rec.detail.is_empty() => self.outside_core(i as u32),
                         (JobState::Running, _) if rec.suspended => "suspended".to_owned(),
+                        (JobState::Running, _) if let Some(by) = &rec.evicted => {
+                            format!("suspended (evicted by {by})")
+                        }
                         _ => rec.detail.clone(),
                     },
                     stages: BTreeMap::new(),

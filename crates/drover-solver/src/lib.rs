@@ -621,6 +621,15 @@ impl Solver {
             .unwrap_or_default()
     }
 
+    /// A job for people: "NAME (build B)" of its first waiting build, or
+    /// its ID.
+    fn job_label(&self, job: &JobId) -> String {
+        match self.job_waiters(job).first() {
+            Some(&(b, i)) => format!("{} (build {b})", self.builds[&b].def(i).name),
+            None => job.to_string(),
+        }
+    }
+
     fn apply(&mut self, d: Decision) {
         match d {
             Decision::Assign { worker, job, run, attempt } => {
@@ -643,6 +652,29 @@ impl Solver {
             }
             Decision::Stop { worker, run } => {
                 self.effects.push(Effect::Stop { worker: worker.0, run: run.0 })
+            }
+            Decision::Suspend { worker, run, by } => {
+                // Each build that waits for the job records the eviction;
+                // the worker stops the run's processes once.
+                let by = self.job_label(&by);
+                let Some((_, job, _)) = self.core.run_info(run) else { return };
+                for (b, i) in self.job_waiters(&job) {
+                    self.builds.get_mut(&b).expect("build exists").evicted(i, by.clone(), self.now);
+                    self.effects.push(Effect::BuildChanged { build: b });
+                }
+                self.effects.push(Effect::Suspend { worker: worker.0, run: run.0, resume: false });
+            }
+            Decision::Resume { worker, run } => {
+                let Some((_, job, _)) = self.core.run_info(run) else { return };
+                let mut go = true;
+                for (b, i) in self.job_waiters(&job) {
+                    go &= self.builds.get_mut(&b).expect("build exists").evict_resumed(i, self.now);
+                    self.effects.push(Effect::BuildChanged { build: b });
+                }
+                // A run `drover suspend` also holds stays stopped.
+                if go {
+                    self.effects.push(Effect::Suspend { worker: worker.0, run: run.0, resume: true });
+                }
             }
             Decision::WorkerLost { worker } => self.effects.push(Effect::WorkerLost { worker: worker.0 }),
             Decision::Requeued { job, attempts } => {

@@ -249,11 +249,15 @@ async fn execute(shared: &Arc<Shared>, a: &Assignment, control: &RunControl) -> 
         let deps = fetch(shared, a, control, &src, &mut waited).await?;
         stages.insert("fetch".to_owned(), ms(fetch_started));
         // Build stage: the commands and storing the output.
-        let (grant, wait) = enter(shared, a.run, control, Request::build(&a.tokens, &a.exclusive)).await?;
+        let request = Request::build(&a.tokens, &a.exclusive);
+        let (grant, wait) = enter(shared, a.run, control, request.clone()).await?;
+        control.building(request, grant);
         waited += wait;
         let build_started = Instant::now();
-        let mut result = run_commands(shared, a, &dir, &src, &deps, control).await?;
-        drop(grant);
+        let result = run_commands(shared, a, &dir, &src, &deps, control).await;
+        // Its tokens go back whether or not the commands succeeded.
+        control.built();
+        let mut result = result?;
         stages.insert("build".to_owned(), ms(build_started));
         if waited > 0 {
             stages.insert("wait".to_owned(), waited);

@@ -127,35 +127,104 @@ struct Shared {
 /// How the session reaches a run in progress: cancelling the token stops
 /// it; suspend and resume reach its processes once its supervisor runs (a
 /// suspend that comes earlier is applied as soon as it starts).
+///
+/// A suspended run gives its build stage's tokens back (its `process`
+/// token above all: a run the core suspended for a preemptor must not keep
+/// the preemptor from building) and takes them again before its processes
+/// continue.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct RunControl {
     pub(crate) cancel: CancellationToken,
-    /// The job's handle once started, and whether it should be suspended.
-    job: Arc<Mutex<(Option<drover_exec::JobHandle>, bool)>>,
+    job: Arc<Mutex<Held>>,
+}
+
+/// What a [`RunControl`] holds of its run.
+#[derive(Debug, Default)]
+struct Held {
+    /// The job's handle once started.
+    handle: Option<drover_exec::JobHandle>,
+    /// Whether it should be suspended.
+    suspended: bool,
+    /// During the build stage: its tokens' request, and their grant unless
+    /// given back while suspended.
+    build: Option<(tokens::Request, Option<tokens::Grant>)>,
 }
 
 impl RunControl {
-    /// Suspends (`true`) or resumes the run's processes.
-    pub(crate) fn suspend(&self, on: bool) {
-        let mut job = self.job.lock().expect("run control");
-        job.1 = on;
-        if let Some(handle) = &job.0 {
-            let done = if on { handle.suspend() } else { handle.resume() };
-            if let Err(e) = done {
-                tracing::warn!("cannot {} a run: {e}", if on { "suspend" } else { "resume" });
+    /// Suspends (`true`) or resumes the run's processes. A resumed run
+    /// that gave its build tokens back continues once it has them again.
+    pub(crate) fn suspend(&self, on: bool, tokens: &Arc<tokens::Arbiter>) {
+        let mut held = self.job.lock().expect("run control");
+        held.suspended = on;
+        if on {
+            if let Some(handle) = &held.handle {
+                if let Err(e) = handle.suspend() {
+                    tracing::warn!("cannot suspend a run: {e}");
+                }
+                // Stopped: its tokens go back (dropping the grant).
+                if let Some((_, grant)) = &mut held.build {
+                    grant.take();
+                }
+            }
+            return;
+        }
+        match &held.build {
+            Some((request, None)) => {
+                let (request, control, tokens) = (request.clone(), self.clone(), tokens.clone());
+                tokio::spawn(async move {
+                    let grant = tokio::select! {
+                        grant = tokens.acquire(request, || {}) => grant,
+                        () = control.cancel.cancelled() => return,
+                    };
+                    let Ok(grant) = grant else { return };
+                    let mut held = control.job.lock().expect("run control");
+                    // Suspended again meanwhile, or already continued by
+                    // an earlier resume: the grant goes back.
+                    if !held.suspended
+                        && let Some((_, slot @ None)) = &mut held.build
+                    {
+                        *slot = Some(grant);
+                        if let Some(handle) = &held.handle
+                            && let Err(e) = handle.resume()
+                        {
+                            tracing::warn!("cannot resume a run: {e}");
+                        }
+                    }
+                });
+            }
+            _ => {
+                if let Some(handle) = &held.handle
+                    && let Err(e) = handle.resume()
+                {
+                    tracing::warn!("cannot resume a run: {e}");
+                }
             }
         }
     }
 
+    /// The build stage got its tokens.
+    pub(crate) fn building(&self, request: tokens::Request, grant: tokens::Grant) {
+        self.job.lock().expect("run control").build = Some((request, Some(grant)));
+    }
+
+    /// The build stage ended: its tokens go back.
+    pub(crate) fn built(&self) {
+        let build = self.job.lock().expect("run control").build.take();
+        drop(build);
+    }
+
     /// The run's supervisor started.
     pub(crate) fn started(&self, handle: drover_exec::JobHandle) {
-        let mut job = self.job.lock().expect("run control");
-        if job.1
-            && let Err(e) = handle.suspend()
-        {
-            tracing::warn!("cannot suspend a run: {e}");
+        let mut held = self.job.lock().expect("run control");
+        if held.suspended {
+            if let Err(e) = handle.suspend() {
+                tracing::warn!("cannot suspend a run: {e}");
+            }
+            if let Some((_, grant)) = &mut held.build {
+                grant.take();
+            }
         }
-        job.0 = Some(handle);
+        held.handle = Some(handle);
     }
 }
 

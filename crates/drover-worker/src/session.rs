@@ -92,7 +92,7 @@ async fn poll(shared: &Arc<Shared>, worker: u64, lease: Duration) {
                 for (runs, on) in [(&reply.suspend, true), (&reply.resume, false)] {
                     for run in runs {
                         if let Some(control) = shared.runs.lock().expect("runs").get(run) {
-                            control.suspend(on);
+                            control.suspend(on, &shared.tokens);
                         }
                     }
                 }

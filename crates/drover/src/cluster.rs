@@ -167,6 +167,10 @@ struct SchedulerSection {
     /// A queue below its share may evict jobs of queues above theirs.
     #[serde(default)]
     reclaim: bool,
+    /// How evictions treat their victims: `"kill"` (default) or
+    /// `"suspend"` where the victim's memory allows.
+    #[serde(default)]
+    evict: drover_core::Evict,
     /// Placement: weight of filling the busiest workers first.
     #[serde(default)]
     binpack: u32,
@@ -204,6 +208,7 @@ fn coordinator_config(args: &ServeArgs) -> anyhow::Result<CoordinatorConfig> {
         core.seed = s.seed.unwrap_or(core.seed);
         core.preempt = s.preempt;
         core.reclaim = s.reclaim;
+        core.evict = s.evict;
         core.binpack = s.binpack;
         core.spread = s.spread;
         for q in &file.queues {
@@ -225,7 +230,11 @@ fn coordinator_config(args: &ServeArgs) -> anyhow::Result<CoordinatorConfig> {
             config.artifact_cache_bytes = units::size("[cache] size", size)?;
         }
         if let Err(errors) = core.validate() {
-            anyhow::bail!("{}: invalid queues or tiers:\n  {}", path.display(), errors.join("\n  "));
+            anyhow::bail!(
+                "{}: invalid scheduler, queues or tiers:\n  {}",
+                path.display(),
+                errors.join("\n  ")
+            );
         }
         config.durability = match file.store.durability.as_deref() {
             None | Some("process-crash") => drover_coordinator::Durability::ProcessCrash,
@@ -499,5 +508,20 @@ mod tests {
         assert_eq!(errors.len(), 4, "{errors:?}");
         let unknown_key = "[[tiers]]\nplugins = [{ name = \"drf\", preempt = true }]\n";
         assert!(toml::from_str::<ConfigFile>(unknown_key).is_err());
+    }
+
+    #[test]
+    fn evict_is_kill_or_suspend_and_suspend_needs_an_eviction() {
+        let parse = |text: &str| toml::from_str::<ConfigFile>(text).map(|f| f.scheduler.evict);
+        assert_eq!(parse("").expect("default"), drover_core::Evict::Kill);
+        assert_eq!(
+            parse("[scheduler]\nevict = \"suspend\"\n").expect("suspend"),
+            drover_core::Evict::Suspend
+        );
+        assert!(parse("[scheduler]\nevict = \"pause\"\n").is_err());
+        let lonely = drover_core::Config { evict: drover_core::Evict::Suspend, ..Default::default() };
+        assert_eq!(lonely.validate(), Err(vec!["evict = \"suspend\" needs preempt or reclaim".to_owned()]));
+        let preempting = drover_core::Config { preempt: true, ..lonely };
+        assert_eq!(preempting.validate(), Ok(()));
     }
 }

@@ -151,7 +151,8 @@ fn line(event: &BuildEvent) -> Option<String> {
         EventKind::JobRequeued { job, attempts } => {
             format!("requeued  {job} ({attempts} attempt(s) so far: worker lost, evicted or gang restarted)")
         }
-        EventKind::JobSuspended { job } => format!("suspended {job}"),
+        EventKind::JobSuspended { job, evicted_by: None } => format!("suspended {job}"),
+        EventKind::JobSuspended { job, evicted_by: Some(by) } => format!("suspended {job} (evicted by {by})"),
         EventKind::JobResumed { job } => format!("resumed   {job}"),
         EventKind::JobSkipped { job, reason } => format!("skipped   {job}: {reason}"),
         EventKind::JobCancelled { job } => format!("cancelled {job}"),

@@ -2,7 +2,9 @@
 //!
 //! They restate the invariants listed in ARCHITECTURE.md in executable form:
 //! nothing over-committed, one live run per job, queues and indexes in step
-//! with the jobs, reservations symmetric, timers matching job stages.
+//! with the jobs, reservations symmetric, timers matching job stages,
+//! suspended runs holding their memory and tokens but not their slots and
+//! CPU.
 
 use std::collections::BTreeMap;
 
@@ -23,7 +25,21 @@ impl Scheduler {
             if !worker.runs.contains(run_id) {
                 return Err(format!("run {run_id:?} missing from its worker's list"));
             }
-            used.entry(run.worker).or_default().take(&self.classes[run.class as usize].key);
+            let key = &self.classes[run.class as usize].key;
+            let used = used.entry(run.worker).or_default();
+            used.take(key);
+            if run.suspended.is_some() {
+                // Suspended: memory and tokens held, slots and CPU given back.
+                used.suspend(key);
+                if !run.started {
+                    return Err(format!("run {run_id:?} was suspended before it started"));
+                }
+                if run.job.is_some() != self.suspended.contains(run_id) {
+                    return Err(format!(
+                        "suspended run {run_id:?} is not listed to resume (or is cancelled)"
+                    ));
+                }
+            }
             if let Some(j) = run.job {
                 let job = self.jobs[j as usize].as_ref().ok_or("run points at a freed job")?;
                 match job.state {
@@ -33,6 +49,11 @@ impl Scheduler {
                 if (job.state == JobState::Running(*run_id)) != run.started {
                     return Err(format!("job {} start flag disagrees with its state", job.id));
                 }
+            }
+        }
+        for run in &self.suspended {
+            if self.runs.get(run).is_none_or(|r| r.suspended.is_none()) {
+                return Err(format!("run {run:?} waits to resume but is not suspended"));
             }
         }
         for (w, worker) in self.workers.iter().enumerate() {
@@ -226,9 +247,21 @@ impl Scheduler {
                 up(&mut pending, leaf, self.classes[job.class as usize].amounts);
             }
         }
+        let mut tenants = vec![Amounts::default(); self.tenants.len()];
         for run in self.runs.values() {
             let leaf = self.tenants[run.tenant as usize].queue;
-            up(&mut allocated, leaf, self.classes[run.class as usize].amounts);
+            let mut held = self.classes[run.class as usize].amounts;
+            if run.suspended.is_some() {
+                let key = &self.classes[run.class as usize].key;
+                held.sub(Amounts::new(key.slots, key.cpu, 0));
+            }
+            up(&mut allocated, leaf, held);
+            tenants[run.tenant as usize].add(held);
+        }
+        for (t, tenant) in self.tenants.iter().enumerate() {
+            if tenant.allocated != tenants[t] {
+                return Err(format!("tenant {} allocation does not match its runs", tenant.name));
+            }
         }
         for (q, node) in self.quotas.nodes.iter().enumerate() {
             if node.pending != pending[q] || node.allocated != allocated[q] {

@@ -39,7 +39,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 use drover_core::{
-    CancelStage, Capacity, Completion, Config, Decision, Event, FailReason, JobId, JobResult, JobSpec,
+    CancelStage, Capacity, Completion, Config, Decision, Event, Evict, FailReason, JobId, JobResult, JobSpec,
     JobStatus, Millis, PluginConfig, QueueConfig, QueueName, Rejected, Request, RunId, Scheduler, Tier,
     Timer, TimerKind, WaiterId, WorkerId,
 };
@@ -245,11 +245,11 @@ fn evicts(config: &Config) -> bool {
 /// Two or three registrations first, so that most jobs find a worker.
 fn case() -> impl Strategy<Value = Case> {
     let timing = (0..=30u64, 0..=60u64, 150..=400u64, prop_oneof![Just(0u64), Just(80)], any::<u64>());
-    let config = (timing, queues(), any::<(bool, bool)>(), 0..3u32, tiers()).prop_map(
+    let config = (timing, queues(), any::<(bool, bool, bool)>(), 0..3u32, tiers()).prop_map(
         |(
             (cache, deps, lease, grace, seed),
             (queues, tenant_queues),
-            (preempt, reclaim),
+            (preempt, reclaim, suspend),
             placement,
             tiers,
         )| {
@@ -265,6 +265,8 @@ fn case() -> impl Strategy<Value = Case> {
                 tenant_queues,
                 preempt,
                 reclaim,
+                // Eviction by suspension in half the cases that evict.
+                evict: if suspend && (preempt || reclaim) { Evict::Suspend } else { Evict::Kill },
                 binpack: u32::from(placement == 1),
                 spread: u32::from(placement == 2),
                 tiers: tiers.unwrap_or_else(Config::default_tiers),
@@ -278,6 +280,47 @@ fn case() -> impl Strategy<Value = Case> {
     (config, specs, program).prop_map(|(config, specs, (mut ops, rest))| {
         ops.extend(rest);
         Case { config, specs, ops }
+    })
+}
+
+/// [`case`] with preemption on and evictions by suspension, under the
+/// default tiers (so `priority` picks victims), workers of one or two
+/// slots, and one-slot jobs of at most 1 GiB, most without labels or
+/// tokens, with
+/// spread-out priorities, so that evictions are
+/// common and most victims may be suspended: the model then checks every
+/// `Suspend` and `Resume` besides everything else.
+fn suspend_case() -> impl Strategy<Value = Case> {
+    case().prop_map(|mut case| {
+        case.config.preempt = true;
+        case.config.evict = Evict::Suspend;
+        case.config.tiers = Config::default_tiers();
+        // Small workers: jobs compete for slots; runs start more often (a
+        // run that has not started is dropped, not suspended).
+        let mut cancels = 0;
+        for op in &mut case.ops {
+            match op {
+                Op::Send(Event::WorkerJoined { capacity, .. }) => capacity.slots = capacity.slots.min(2),
+                Op::Cancel(i) => {
+                    cancels += 1;
+                    if cancels % 3 != 0 {
+                        *op = Op::Start(*i);
+                    }
+                }
+                _ => {}
+            }
+        }
+        for (k, spec) in case.specs.iter_mut().enumerate() {
+            spec.priority = k as i32 % 4;
+            spec.request.slots = 1;
+            spec.request.memory = spec.request.memory.min(1 << 30);
+            spec.labels.clear();
+            if k % 4 != 0 {
+                spec.request.tokens.clear();
+                spec.exclusive.clear();
+            }
+        }
+        case
     })
 }
 
@@ -326,13 +369,16 @@ struct LiveWorker {
 }
 
 /// A run in flight; `live` is false once its job was cancelled (the run is
-/// being dropped or stopped, and keeps its resources until it exits).
+/// being dropped or stopped, and keeps its resources until it exits);
+/// `suspended` while an eviction holds it suspended (it keeps its memory
+/// and tokens, not its slots and CPU).
 #[derive(Debug)]
 struct OpenRun {
     worker: WorkerId,
     job: JobId,
     live: bool,
     started: bool,
+    suspended: bool,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -576,7 +622,9 @@ impl Harness {
                 if !self.specs[job].exclusive.is_empty() {
                     self.saw("assign with an exclusive token");
                 }
-                self.runs.insert(*run, OpenRun { worker: *worker, job: *job, live: true, started: false });
+                let open =
+                    OpenRun { worker: *worker, job: *job, live: true, started: false, suspended: false };
+                self.runs.insert(*run, open);
                 self.check_worker_use(*worker);
             }
             Decision::Drop { worker, run } | Decision::Stop { worker, run } => {
@@ -604,6 +652,31 @@ impl Harness {
                 let r = self.runs.get_mut(run).filter(|r| r.worker == *worker && r.started == stop);
                 let found = expected && r.map(|r| r.live = false).is_some();
                 check!(self, found, Cancellation, "unexpected {d:?} (cancelling {:?})", ex.cancel);
+            }
+            Decision::Suspend { worker, run, by } => {
+                // Only an eviction that suspends (evict = suspend), of a
+                // started, live run holding no tokens, for a pending job;
+                // the job keeps its run and attempts.
+                let eligible = self.config.evict == Evict::Suspend && evicts(&self.config);
+                let by_pending = self.pending.get(by).is_some_and(|p| p.run.is_none());
+                let victim = self
+                    .runs
+                    .get_mut(run)
+                    .filter(|r| r.worker == *worker && r.started && r.live && !r.suspended && r.job != *by);
+                let ok = victim.map(|r| {
+                    r.suspended = true;
+                    r.job
+                });
+                let tokenless = ok.is_some_and(|j| takes(&self.specs[&j])[3..] == [0, 0]);
+                check!(self, eligible && by_pending && tokenless, Invariants, "unexpected {d:?}");
+                self.saw("suspend");
+            }
+            Decision::Resume { worker, run } => {
+                let r = self.runs.get_mut(run).filter(|r| r.worker == *worker && r.suspended && r.live);
+                let found = r.map(|r| r.suspended = false).is_some();
+                check!(self, found, Invariants, "unexpected {d:?}");
+                self.saw("resume");
+                self.check_worker_use(*worker);
             }
             Decision::Cancelled { job, stage } => {
                 let expected = matches!(ex.cancel.take(), Some((j, s, _)) if j == *job && s == *stage);
@@ -656,9 +729,12 @@ impl Harness {
         let Some(cap) = self.workers.get(&worker).map(|w| &w.capacity) else { return };
         let token = |t: &str| cap.tokens.get(t).copied().unwrap_or(0);
         let offers = [cap.slots.into(), cap.cpu, cap.memory, token("net"), token("gpu")];
-        let runs: Vec<&JobSpec> =
-            self.runs.values().filter(|r| r.worker == worker).map(|r| &self.specs[&r.job]).collect();
-        let used: Vec<u64> = (0..5).map(|i| runs.iter().map(|s| takes(s)[i]).sum()).collect();
+        let open: Vec<&OpenRun> = self.runs.values().filter(|r| r.worker == worker).collect();
+        let runs: Vec<&JobSpec> = open.iter().map(|r| &self.specs[&r.job]).collect();
+        // A suspended run holds all but its slots and CPU.
+        let held =
+            |r: &OpenRun, i: usize| if r.suspended && i < 2 { 0 } else { takes(&self.specs[&r.job])[i] };
+        let used: Vec<u64> = (0..5).map(|i| open.iter().map(|r| held(r, i)).sum()).collect();
         let fits = used.iter().zip(offers).all(|(u, o)| *u <= o);
         let shared = TOKENS.iter().enumerate().find(|(i, t)| {
             let users = runs.iter().filter(|s| takes(s)[3 + i] > 0).count();
@@ -1119,6 +1195,44 @@ proptest! {
         let replayed = Scheduler::replay(config, log.into_iter().map(|e| (Millis(0), e)));
         prop_assert!(replayed == s, "replay differs");
     }
+}
+
+proptest! {
+    #![proptest_config(cases(64))]
+
+    /// Evictions by suspension (`evict = suspend`, random programs with
+    /// preemption on, and `case`'s random preempt/reclaim picks it half the
+    /// time too): only started, token-free, live runs are suspended, for a
+    /// queued job; a suspended run holds its memory and tokens but not its
+    /// slots and CPU (nothing over-committed either way); only suspended
+    /// live runs are resumed; every other rule and invariant holds; and
+    /// replaying the log rebuilds the same state and decisions.
+    #[test]
+    fn evicting_by_suspension_keeps_every_rule(case in suspend_case()) {
+        let h = Harness::run(&case);
+        for prop in [Prop::Invariants, Prop::Capacity, Prop::Exclusive, Prop::Dedup, Prop::Cancellation, Prop::WorkerLoss] {
+            h.verify(prop)?;
+        }
+        let log: Vec<(Millis, Event)> = h.log.iter().map(|s| (s.now, s.event.clone())).collect();
+        prop_assert!(Scheduler::replay(case.config.clone(), log) == h.sched, "replay differs");
+        prop_assert_eq!(&Harness::run(&case).log, &h.log, "same events, different decisions");
+    }
+}
+
+/// The suspension property is not vacuous: its programs suspend and resume
+/// runs.
+#[test]
+fn the_suspend_generator_reaches_suspensions() {
+    let mut runner = TestRunner::new_with_rng(cases(0), TestRng::deterministic_rng(RngAlgorithm::XorShift));
+    let mut seen: BTreeMap<&str, u32> = BTreeMap::new();
+    for _ in 0..600 {
+        let h = Harness::run(&suspend_case().new_tree(&mut runner).expect("case").current());
+        for (what, n) in h.seen {
+            *seen.entry(what).or_default() += n;
+        }
+    }
+    let (suspended, resumed) = (seen.get("suspend").copied(), seen.get("resume").copied());
+    assert!(suspended >= Some(10) && resumed >= Some(10), "suspend {suspended:?}, resume {resumed:?}");
 }
 
 /// The eviction property is not vacuous: over fixed-seed cases, custom

@@ -10,7 +10,7 @@
 //! Commands (times in milliseconds, sizes accept Ki/Mi/Gi suffixes):
 //!
 //! ```text
-//! config cache=10 deps=100 lease=10000 grace=0 seed=1 preempt=1 reclaim=1
+//! config cache=10 deps=100 lease=10000 grace=0 seed=1 preempt=1 reclaim=1 evict=suspend
 //! queue q1 weight=1 parent=p priority=0 tenants=a,b cap=slots:2,cpu:4000,mem:8Gi
 //!          guarantee=slots:1        (before any other command but config)
 //! tier priority,gang drf:preemptable binpack:2
@@ -35,9 +35,9 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use drover_core::{
-    Capacity, Completion, Config, Decision, Event, GangSpec, JobId, JobResult, JobSpec, JobStatus, Millis,
-    PluginConfig, QueueAmounts, QueueConfig, QueueLimits, QueueName, RunId, Scheduler, Tier, TimerKind,
-    WaiterId, WorkerId,
+    Capacity, Completion, Config, Decision, Event, Evict, GangSpec, JobId, JobResult, JobSpec, JobStatus,
+    Millis, PluginConfig, QueueAmounts, QueueConfig, QueueLimits, QueueName, RunId, Scheduler, Tier,
+    TimerKind, WaiterId, WorkerId,
 };
 
 /// Maps names in scripts to IDs and back.
@@ -229,10 +229,18 @@ impl Runner {
                 }
             }
             "job" => {
-                let view = self.core.job_view(&JobId::named(words[1]));
+                let id = JobId::named(words[1]);
+                let view = self.core.job_view(&id);
                 out.push(match view {
                     None => format!("{} is not pending", words[1]),
-                    Some(v) => format!("{} {}", words[1], self.status(&v.status)),
+                    Some(v) => {
+                        let mut line = format!("{} {}", words[1], self.status(&v.status));
+                        if let Some(by) = self.core.evicted_by(&id) {
+                            write!(line, ", suspended for {by} after {} attempt(s)", v.attempts)
+                                .expect("string");
+                        }
+                        line
+                    }
                 });
             }
             "locate" => {
@@ -309,6 +317,12 @@ impl Runner {
             Decision::Stop { worker, run } => {
                 format!("stop run {} on {}", run.0, self.names.worker_name(*worker))
             }
+            Decision::Suspend { worker, run, by } => {
+                format!("suspend run {} on {} for {by}", run.0, self.names.worker_name(*worker))
+            }
+            Decision::Resume { worker, run } => {
+                format!("resume run {} on {}", run.0, self.names.worker_name(*worker))
+            }
             Decision::Finished { job, waiters: ws, completion } => {
                 let how = match completion {
                     Completion::Ran(r) if r.success && r.cached => "cached".to_owned(),
@@ -383,6 +397,14 @@ fn parse_config(line: &str) -> Config {
     let mut config = Config::default();
     let words: Vec<&str> = line.split_whitespace().collect();
     for (k, v) in args(&words[1..]) {
+        if k == "evict" {
+            config.evict = match v.as_str() {
+                "kill" => Evict::Kill,
+                "suspend" => Evict::Suspend,
+                other => panic!("evict=kill|suspend, not {other}"),
+            };
+            continue;
+        }
         let n: u64 = v.parse().expect("number");
         match k.as_str() {
             "cache" => config.cache_timeout = Millis(n),
@@ -505,6 +527,9 @@ scenarios!(
     gangs_competing,
     preempt,
     preempt_capped,
+    preempt_suspend,
+    preempt_suspend_kill,
+    preempt_suspend_end,
     reclaim,
     placement,
     placement_spread,

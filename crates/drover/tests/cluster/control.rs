@@ -1,5 +1,6 @@
 //! Job control through the real processes: `drover suspend` and `drover
-//! resume` stop and continue a running job's processes.
+//! resume` stop and continue a running job's processes, and so does
+//! preemption with `evict = "suspend"`.
 
 use crate::harness::{Cluster, eventually, job};
 
@@ -118,4 +119,58 @@ fn a_bad_kill_grace_is_refused_before_the_worker_starts() {
         .expect("run drover worker");
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--kill-grace"), "{out:?}");
+}
+
+/// With `preempt = true` and `evict = "suspend"`, a high-priority job that
+/// finds the only slot taken suspends the low-priority job running there
+/// (its shell stops, state `T`) and runs; once it ends, the low-priority
+/// job continues and succeeds in its first attempt.
+#[test]
+fn preemption_suspends_the_victim_and_resumes_it_after_the_preemptor() {
+    let mut cluster = Cluster::configured(None, "preempt = true\nevict = \"suspend\"\n");
+    cluster.add_worker("w1", 1, &[]);
+    let job_file = |name: &str, priority: i32, pidfile: &str, gate: &str| {
+        format!(
+            "jobs:\n  - name: {name}\n    priority: {priority}\n    run: \"echo $$ > {pidfile}; while [ ! -e {gate} ]; do sleep 0.05; done\"\n"
+        )
+    };
+    let (low_pid, low_gate) = (cluster.scratch("low-pid"), cluster.scratch("low-gate"));
+    let (high_pid, high_gate) = (cluster.scratch("high-pid"), cluster.scratch("high-gate"));
+    let pid_in = |file: &str| {
+        let pid = std::fs::read_to_string(file).ok()?;
+        let pid = pid.trim().to_owned();
+        (!pid.is_empty()).then_some(pid)
+    };
+    let low_file = cluster.project("low", &job_file("low", 0, &low_pid, &low_gate), &[]);
+    let low = cluster.submit(&low_file);
+    let pid = eventually("the low-priority job to start", || pid_in(&low_pid));
+    assert!(!stopped(&pid));
+
+    let high_file = cluster.project("high", &job_file("high", 5, &high_pid, &high_gate), &[]);
+    let high = cluster.submit(&high_file);
+    // The preemptor runs on the worker's only slot (and its only builder)
+    // while the victim's processes are stopped, not killed.
+    eventually("the high-priority job to start", || pid_in(&high_pid));
+    eventually("the low-priority job's shell stopped", || stopped(&pid).then_some(()));
+    let status = cluster.status(low);
+    assert_eq!(job(&status, "low")["state"], "running", "{status}");
+    let detail = job(&status, "low")["detail"].as_str().unwrap_or_default().to_owned();
+    assert!(detail.starts_with("suspended (evicted by high"), "{status}");
+
+    std::fs::write(&high_gate, "").expect("open the high gate");
+    eventually("the high-priority build to finish", || {
+        (cluster.status(high)["state"] == "succeeded").then_some(())
+    });
+    eventually("the low-priority job's shell running again", || (!stopped(&pid)).then_some(()));
+    std::fs::write(&low_gate, "").expect("open the low gate");
+    let done = eventually("the low-priority build to finish", || {
+        let status = cluster.status(low);
+        (status["state"] == "succeeded").then_some(status)
+    });
+    assert_eq!(job(&done, "low")["state"], "succeeded", "{done}");
+    assert_eq!(job(&done, "low")["attempts"], 1, "{done}");
+    let events = cluster.run(&["status", &low.to_string(), "--events"]);
+    let events = String::from_utf8_lossy(&events.stdout);
+    assert!(events.contains("\"evicted_by\"") && events.contains("\"job_resumed\""), "{events}");
+    assert!(!events.contains("\"job_requeued\""), "{events}");
 }
