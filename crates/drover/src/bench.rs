@@ -16,10 +16,16 @@
 //!   default); a job pinned to the other worker needs it, so that worker
 //!   fetches the output (streamed, verified) before running `true`: the
 //!   rate is the size over that job's time, and the process's peak memory
-//!   growth shows the transfer is not buffered whole.
+//!   growth shows the transfer is not buffered whole. Its CPU time, and the
+//!   floors of this machine (a file written and fsynced, blake3 on one
+//!   thread, loopback TCP), say what bounds the rate.
 //! - `queues`: three queues weighted 1:2:3, each kept busy by a build of
 //!   200 ms jobs, on 2 workers with 3 slots each; the slot-seconds each
 //!   queue received over a window, against its weight (Jain's index).
+//! - `pull`: a worker process that pushes to the coordinator's shared cache
+//!   builds N small jobs; once every output is in the shared cache it is
+//!   killed, and a fresh worker with an empty cache gets the same build,
+//!   every job of which must end `cached`, pulled from the shared cache.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -27,7 +33,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use drover_proto::{BuildEvent, BuildState, EventKind};
+use drover_proto::{BuildEvent, BuildState, BuildStatus, EventKind, JobState};
 
 use crate::Failure;
 use crate::cli::{BenchArgs, Scenario};
@@ -65,6 +71,9 @@ pub(crate) async fn run(args: BenchArgs) -> Result<(), Failure> {
     if all || args.scenario == Scenario::Queues {
         rows.extend(queues(dir.path(), args.seconds).await?);
     }
+    if all || args.scenario == Scenario::Pull {
+        rows.extend(pull(dir.path(), args.pull).await?);
+    }
     if all || args.scenario == Scenario::Transfer {
         let size = crate::units::size("--size", &args.size).map_err(Failure::Usage)?;
         rows.extend(transfer(dir.path(), size).await?);
@@ -96,12 +105,21 @@ fn build_file(
     client::load(&file)
 }
 
-/// Submits and waits, returning the events, the final state and the time
-/// from submission to the end.
+/// Submits and waits, returning the events and the time from submission to
+/// the end.
 async fn measure(
     cluster: &Embedded,
     loaded: &client::Loaded,
 ) -> Result<(Vec<BuildEvent>, Duration), Failure> {
+    let (events, _, elapsed) = measure_status(cluster, loaded).await?;
+    Ok((events, elapsed))
+}
+
+/// [`measure`], with the build's final status.
+async fn measure_status(
+    cluster: &Embedded,
+    loaded: &client::Loaded,
+) -> Result<(Vec<BuildEvent>, BuildStatus, Duration), Failure> {
     let http = cluster.http();
     let start = Instant::now();
     let options = client::Options {
@@ -118,7 +136,7 @@ async fn measure(
     if status.state != BuildState::Succeeded {
         return Err(Failure::Runtime(anyhow::anyhow!("the benchmark build ended {}", status.state)));
     }
-    Ok((events, elapsed))
+    Ok((events, status, elapsed))
 }
 
 fn rate(n: usize, d: Duration) -> f64 {
@@ -232,7 +250,7 @@ async fn noop(dir: &Path, n: usize) -> Result<Vec<Row>, Failure> {
     let (events, warm) = measure(&cluster, &loaded).await?;
     let cached = events
         .iter()
-        .filter(|e| matches!(&e.kind, EventKind::JobFinished { state: drover_proto::JobState::Cached, .. }))
+        .filter(|e| matches!(&e.kind, EventKind::JobFinished { state: JobState::Cached, .. }))
         .count();
     if cached != n {
         return Err(Failure::Runtime(anyhow::anyhow!("the rebuild ran {} of {n} jobs again", n - cached)));
@@ -520,7 +538,9 @@ async fn transfer(dir: &Path, size: u64) -> Result<Vec<Row>, Failure> {
     let loaded = client::load(&file)?;
     let cluster = Embedded::start(&dir.join("transfer-state"), 2, 1).await?;
     let before = peak_rss();
+    let cpu_before = cpu_seconds();
     let (events, _) = measure(&cluster, &loaded).await?;
+    let cpu = cpu_seconds() - cpu_before;
     let at = |name: &str, started: bool| {
         events.iter().find_map(|e| match &e.kind {
             EventKind::JobStarted { job, .. } if started && job == name => Some(e.at),
@@ -531,7 +551,7 @@ async fn transfer(dir: &Path, size: u64) -> Result<Vec<Row>, Failure> {
     let (start, end) = (at("take", true).unwrap_or(0), at("take", false).unwrap_or(0));
     let secs = (end.saturating_sub(start)).max(1) as f64 / 1000.0;
     let peak = peak_rss().saturating_sub(before);
-    Ok(vec![
+    let mut rows = vec![
         Row {
             name: format!("transfer of a {} MiB output between two workers", size >> 20),
             value: format!(
@@ -544,6 +564,238 @@ async fn transfer(dir: &Path, size: u64) -> Result<Vec<Row>, Failure> {
             name: "peak memory growth of the process during the build".into(),
             value: format!("{} MiB", peak >> 20),
             target: "bounded (not the whole output)".into(),
+        },
+        Row {
+            name: "CPU time of the process during the build (both jobs)".into(),
+            value: format!("{cpu:.2} s"),
+            target: String::new(),
+        },
+    ];
+    eprintln!("transfer: the floors (disk, hashing, loopback TCP) ...");
+    let scratch = dir.join("transfer-floor");
+    let floors = tokio::task::spawn_blocking(move || transfer_floors(&scratch, size))
+        .await
+        .context("floors")
+        .map_err(Failure::Runtime)?
+        .map_err(Failure::Runtime)?;
+    let names = [
+        "floor: write then fsync of one file of that size (256 KiB writes, page cache)",
+        "floor: blake3 of that size in memory, one thread",
+        "floor: loopback TCP, one connection, 256 KiB writes",
+    ];
+    rows.extend(names.into_iter().zip(floors).map(|(name, secs)| Row {
+        name: name.into(),
+        value: format!("{:.0} MB/s", size as f64 / 1e6 / secs),
+        target: String::new(),
+    }));
+    Ok(rows)
+}
+
+/// CPU time (user and system) of this process so far, in seconds.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which may hold spaces): utime and
+    // stime are the 12th and 13th, in clock ticks (USER_HZ, 100 on Linux).
+    let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let ticks: u64 = rest.split_whitespace().skip(11).take(2).filter_map(|t| t.parse::<u64>().ok()).sum();
+    ticks as f64 / 100.0
+}
+
+/// Seconds to write `size` bytes to a file in `scratch` and fsync it, to
+/// hash them with blake3 on one thread, and to send them over loopback TCP.
+fn transfer_floors(scratch: &Path, size: u64) -> anyhow::Result<[f64; 3]> {
+    use std::io::{Read, Write};
+    const BUF: usize = 256 * 1024;
+    let buf = vec![0x5au8; BUF];
+    let chunks = size.div_ceil(BUF as u64);
+
+    let start = Instant::now();
+    let path = scratch.with_extension("bin");
+    let mut file = std::fs::File::create(&path)?;
+    for _ in 0..chunks {
+        file.write_all(&buf)?;
+    }
+    file.sync_all()?;
+    let disk = start.elapsed().as_secs_f64();
+    drop(file);
+    std::fs::remove_file(&path)?;
+
+    let block = vec![0xa5u8; 64 << 20];
+    let start = Instant::now();
+    let mut left = size;
+    while left > 0 {
+        let n = left.min(block.len() as u64) as usize;
+        std::hint::black_box(drover_cas::Key::digest(&block[..n]));
+        left -= n as u64;
+    }
+    let hash = start.elapsed().as_secs_f64();
+
+    let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
+    let addr = listener.local_addr()?;
+    let start = Instant::now();
+    let receiver = std::thread::spawn(move || -> std::io::Result<u64> {
+        let (mut socket, _) = listener.accept()?;
+        let mut sink = vec![0u8; BUF];
+        let mut total = 0u64;
+        loop {
+            match socket.read(&mut sink)? {
+                0 => return Ok(total),
+                n => total += n as u64,
+            }
+        }
+    });
+    let mut socket = std::net::TcpStream::connect(addr)?;
+    for _ in 0..chunks {
+        socket.write_all(&buf)?;
+    }
+    drop(socket);
+    let received = receiver.join().map_err(|_| anyhow::anyhow!("the TCP floor's reader panicked"))??;
+    anyhow::ensure!(received == chunks * BUF as u64, "the TCP floor lost bytes");
+    let tcp = start.elapsed().as_secs_f64();
+    Ok([disk, hash, tcp])
+}
+
+/// A worker process (this binary's `drover worker`), killed when dropped.
+fn worker_process(url: &str, dir: &Path, name: &str) -> Result<tokio::process::Child, Failure> {
+    let exe = std::env::current_exe().context("the drover executable").map_err(Failure::Runtime)?;
+    tokio::process::Command::new(exe)
+        .arg("worker")
+        .args(["--coordinator", url, "--name", name, "--slots", "2", "--listen", "127.0.0.1:0"])
+        .arg("--cache")
+        .arg(dir)
+        .env_remove("DROVER_TOKEN")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("start a worker process")
+        .map_err(Failure::Runtime)
+}
+
+/// Waits until the coordinator sees the worker `name` alive (or, with
+/// `alive` false, declared lost).
+async fn await_worker(http: &drover_http::Http, url: &str, name: &str, alive: bool) -> Result<(), Failure> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let workers: Vec<drover_proto::WorkerStatus> =
+            http.get_json(&client::api(url, "/v1/workers")).await.map_err(anyhow::Error::from)?;
+        if workers.iter().any(|w| w.name == name && w.alive == alive) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            let what = if alive { "register" } else { "be declared lost" };
+            return Err(Failure::Runtime(anyhow::anyhow!("worker {name} did not {what} within 60 s")));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until the shared cache serves every job of `status`: each output
+/// is downloaded whole once found, 32 requests at a time, and those still
+/// missing are asked for again after 50 ms. Returns how long that took.
+async fn await_pushed(
+    http: &drover_http::Http,
+    url: &str,
+    status: &BuildStatus,
+) -> Result<Duration, Failure> {
+    use futures::{StreamExt, TryStreamExt};
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs(300);
+    let mut missing: Vec<String> = status.jobs.iter().map(|j| j.id.to_string()).collect();
+    loop {
+        let found = futures::stream::iter(missing.clone())
+            .map(|id| async move {
+                match http.get_stream(&client::api(url, &format!("/v1/cache/{id}"))).await {
+                    Ok(body) => body
+                        .try_for_each(|_| async { Ok(()) })
+                        .await
+                        .map(|()| true)
+                        .map_err(anyhow::Error::from),
+                    Err(e) if e.status() == Some(404) => Ok(false),
+                    Err(e) => Err(e.into()),
+                }
+            })
+            .buffered(32)
+            .try_collect::<Vec<bool>>()
+            .await
+            .map_err(Failure::Runtime)?;
+        missing = missing.into_iter().zip(found).filter(|(_, found)| !found).map(|(id, _)| id).collect();
+        if missing.is_empty() {
+            return Ok(start.elapsed());
+        }
+        if Instant::now() > deadline {
+            return Err(Failure::Runtime(anyhow::anyhow!(
+                "{} outputs never reached the shared cache",
+                missing.len()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn pull(dir: &Path, n: usize) -> Result<Vec<Row>, Failure> {
+    eprintln!(
+        "pull: {n} jobs built by a pushing worker, then pulled from the shared cache by a fresh one ..."
+    );
+    let counter = dir.join("pull-executions");
+    let path = counter.display().to_string();
+    let jobs = layered(n, |i| format!("echo {i} > {{{{out}}}}/r; echo {i} >> {path}"));
+    let loaded = build_file(dir, "pull", &jobs)?;
+    // A short lease, so that the killed worker is soon declared lost (its
+    // outputs then count only in the shared cache).
+    let cluster = Embedded::start_with(&dir.join("pull-state"), 0, 2, |core| {
+        core.lease_timeout = drover_core::Millis(2_000);
+    })
+    .await?;
+    let http = cluster.http();
+    let builder = worker_process(&cluster.url, &dir.join("pull-worker-1"), "pull-1")?;
+    await_worker(&http, &cluster.url, "pull-1", true).await?;
+    let (_, first, built) = measure_status(&cluster, &loaded).await?;
+    let pushed = await_pushed(&http, &cluster.url, &first).await?;
+    drop(builder);
+    await_worker(&http, &cluster.url, "pull-1", false).await?;
+
+    let _fresh = worker_process(&cluster.url, &dir.join("pull-worker-2"), "pull-2")?;
+    await_worker(&http, &cluster.url, "pull-2", true).await?;
+    let (_, second, pulled) = measure_status(&cluster, &loaded).await?;
+    let executions = std::fs::read_to_string(&counter).map(|t| t.lines().count()).unwrap_or(0);
+    let cached = second
+        .jobs
+        .iter()
+        .filter(|j| {
+            j.state == JobState::Cached
+                && j.worker.as_deref() == Some("pull-2")
+                && j.stages.contains_key("pull")
+        })
+        .count();
+    if cached != n || executions != n {
+        return Err(Failure::Runtime(anyhow::anyhow!(
+            "the pull build should pull all {n} jobs and run none: {cached} pulled, {} executed",
+            executions.saturating_sub(n)
+        )));
+    }
+    Ok(vec![
+        Row {
+            name: format!("build of {n} small jobs on a worker that pushes (1 worker x 2 slots)"),
+            value: format!(
+                "{:.2} s ({:.0} jobs/s); every output in the shared cache {:.2} s later",
+                built.as_secs_f64(),
+                rate(n, built),
+                pushed.as_secs_f64()
+            ),
+            target: String::new(),
+        },
+        Row {
+            name: "the same build on a fresh worker, pulled from the shared cache".into(),
+            value: format!(
+                "{:.2} s ({:.0} jobs/s, {:.2}x the build's time): {cached} cached, {} executed",
+                pulled.as_secs_f64(),
+                rate(n, pulled),
+                pulled.as_secs_f64() / built.as_secs_f64(),
+                executions - n
+            ),
+            target: "report next to the build".into(),
         },
     ])
 }

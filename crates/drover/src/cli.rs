@@ -341,6 +341,9 @@ pub(crate) enum Scenario {
     /// One large output fetched by the other worker: transfer rate and
     /// memory.
     Transfer,
+    /// A build pulled from the shared cache by a fresh worker, against
+    /// building it.
+    Pull,
 }
 
 #[derive(Debug, Args)]
@@ -363,4 +366,7 @@ pub(crate) struct BenchArgs {
     /// Size of the output in the transfer benchmark.
     #[arg(long, default_value = "1Gi")]
     pub(crate) size: String,
+    /// Jobs in the pull benchmark.
+    #[arg(long, default_value_t = 1_000)]
+    pub(crate) pull: usize,
 }
