@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::{Stream, TryStreamExt};
+use futures::{Stream, StreamExt, TryStreamExt};
 use http_body_util::{BodyExt, BodyStream, Full, StreamBody, combinators::BoxBody};
 use hyper::body::Frame;
 use hyper::{Method, Request, StatusCode, header};
@@ -160,6 +160,50 @@ impl std::io::Write for ChunkWriter {
     }
 }
 
+/// Chunks of a body read ahead for blocking code ([`read_stream`]), at
+/// most: hyper hands over chunks of at most about 400 KiB, so a body holds
+/// at most some 6 MiB.
+const READ_AHEAD: usize = 16;
+
+/// A blocking reader of `stream` (for an artifact being unpacked, say). A
+/// task reads the stream ahead, up to [`READ_AHEAD`] chunks, while the
+/// reader's thread works on what came before, so the connection keeps
+/// receiving meanwhile. Dropping the reader stops the task and drops the
+/// stream. Call from within a Tokio runtime, and read from a blocking
+/// thread (`spawn_blocking`).
+pub fn read_stream(mut stream: ByteStream) -> impl std::io::Read + Send + use<> {
+    let (tx, rx) = tokio::sync::mpsc::channel(READ_AHEAD);
+    tokio::spawn(async move {
+        while let Some(item) = stream.next().await {
+            let failed = item.is_err();
+            if tx.send(item).await.is_err() || failed {
+                break;
+            }
+        }
+    });
+    ChunkReader { rx, current: Bytes::new() }
+}
+
+/// The reading end of [`read_stream`].
+struct ChunkReader {
+    rx: tokio::sync::mpsc::Receiver<Result<Bytes, std::io::Error>>,
+    current: Bytes,
+}
+
+impl std::io::Read for ChunkReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.current.is_empty() {
+            match self.rx.blocking_recv() {
+                Some(chunk) => self.current = chunk?,
+                None => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.current.len());
+        buf[..n].copy_from_slice(&self.current.split_to(n));
+        Ok(n)
+    }
+}
+
 /// The client. Cheap to clone; connections are pooled.
 #[derive(Clone, Debug)]
 pub struct Http {
@@ -297,10 +341,9 @@ impl Http {
         job: drover_cas::Key,
         tree: Option<drover_cas::Key>,
     ) -> Result<drover_cas::ArtifactInfo, HttpError> {
-        let reader = self.get_reader(url).await?;
-        let mut sync = tokio_util::io::SyncIoBridge::new(reader);
+        let mut reader = read_stream(self.get_stream(url).await?);
         let cas = cas.clone();
-        let stored = tokio::task::spawn_blocking(move || cas.unpack(&job, tree.as_ref(), &mut sync))
+        let stored = tokio::task::spawn_blocking(move || cas.unpack(&job, tree.as_ref(), &mut reader))
             .await
             .map_err(|e| HttpError::Decode { url: url.to_owned(), message: e.to_string() })?;
         stored.map_err(|source| HttpError::Artifact { url: url.to_owned(), source })
@@ -357,6 +400,38 @@ mod tests {
         assert!(chunks.iter().all(|c| !c.is_empty() && c.len() <= WRITE_CHUNK), "chunk sizes");
         assert_eq!(chunks.len(), 4, "three full chunks and the rest");
         assert_eq!(chunks.concat(), expected);
+    }
+
+    #[tokio::test]
+    async fn a_read_stream_yields_every_chunk_then_the_error() {
+        let chunks: Vec<Result<Bytes, std::io::Error>> = vec![
+            Ok(Bytes::from_static(b"hello, ")),
+            Ok(Bytes::new()),
+            Ok(Bytes::from(vec![7u8; 100_000])),
+            Err(std::io::Error::other("cut")),
+        ];
+        let mut reader = read_stream(Box::pin(futures::stream::iter(chunks)));
+        let (data, error) = tokio::task::spawn_blocking(move || {
+            let mut data = Vec::new();
+            let error = std::io::Read::read_to_end(&mut reader, &mut data).expect_err("the error");
+            (data, error.to_string())
+        })
+        .await
+        .expect("join");
+        assert_eq!(data.len(), 7 + 100_000);
+        assert!(data.starts_with(b"hello, ") && data[7..].iter().all(|&b| b == 7));
+        assert_eq!(error, "cut");
+
+        let stream = write_stream(|out| out.write_all(&[1; 3 << 20]).expect("write"));
+        let mut reader = read_stream(stream);
+        let all = tokio::task::spawn_blocking(move || {
+            let mut data = Vec::new();
+            std::io::Read::read_to_end(&mut reader, &mut data).map(|_| data)
+        })
+        .await
+        .expect("join")
+        .expect("read");
+        assert_eq!(all, vec![1; 3 << 20]);
     }
 
     #[tokio::test]
