@@ -1,7 +1,8 @@
 //! drover's HTTP/JSON client: a thin layer over hyper that adds the bearer
 //! token, JSON bodies, readable errors (the server's `{"error": ...}` body),
 //! time limits, and streaming downloads and uploads (artifacts straight
-//! into a content-addressed store, bodies written by blocking code).
+//! into a content-addressed store; bodies written or read by blocking code,
+//! in bounded chunks).
 
 use std::path::Path;
 use std::time::Duration;
