@@ -193,7 +193,7 @@ impl Write for WriteBehind<'_> {
             // newest (no wait) and drops the pages of the older one that
             // are written out by now (dirty ones are left alone).
             let (from, to) = (self.previous, self.written);
-            if let (Ok(offset), Ok(len)) = (i64::try_from(from), i64::try_from(to - from)) {
+            if let (Ok(offset), Ok(len)) = (from.try_into(), (to - from).try_into()) {
                 let _ = nix::fcntl::posix_fadvise(
                     self.file,
                     offset,
