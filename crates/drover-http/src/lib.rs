@@ -175,7 +175,13 @@ const READ_AHEAD: usize = 16;
 pub fn read_stream(mut stream: ByteStream) -> impl std::io::Read + Send + use<> {
     let (tx, rx) = tokio::sync::mpsc::channel(READ_AHEAD);
     tokio::spawn(async move {
-        while let Some(item) = stream.next().await {
+        loop {
+            let item = tokio::select! {
+                item = stream.next() => item,
+                // The reader is gone: stop waiting for the peer.
+                () = tx.closed() => break,
+            };
+            let Some(item) = item else { break };
             let failed = item.is_err();
             if tx.send(item).await.is_err() || failed {
                 break;
@@ -433,6 +439,18 @@ mod tests {
         .expect("join")
         .expect("read");
         assert_eq!(all, vec![1; 3 << 20]);
+    }
+
+    #[tokio::test]
+    async fn dropping_a_read_stream_drops_its_stream() {
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        // A body that never sends anything; it signals when dropped.
+        let stream = futures::stream::pending::<Result<Bytes, std::io::Error>>().map(move |item| {
+            let _keep = &tx;
+            item
+        });
+        drop(read_stream(Box::pin(stream)));
+        assert!(rx.await.is_err(), "the stream (and its sender) was dropped");
     }
 
     #[tokio::test]
