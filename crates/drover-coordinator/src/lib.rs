@@ -153,7 +153,7 @@ pub async fn start(config: CoordinatorConfig) -> Result<Coordinator, Coordinator
         listener.local_addr().map_err(|source| CoordinatorError::Listen { addr: config.listen, source })?;
     let router = api::router(app);
     let server = tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, router).await {
+        if let Err(e) = axum::serve(drover_http::no_delay(listener), router).await {
             tracing::error!("coordinator server stopped: {e}");
         }
     });

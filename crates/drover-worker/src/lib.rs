@@ -337,7 +337,7 @@ pub async fn start(mut config: WorkerConfig) -> Result<Worker, WorkerError> {
     let mut tasks = tokio::task::JoinSet::new();
     let router = server::router(shared.clone());
     tasks.spawn(async move {
-        if let Err(e) = axum::serve(listener, router).await {
+        if let Err(e) = axum::serve(drover_http::no_delay(listener), router).await {
             tracing::error!("worker server stopped: {e}");
         }
     });
