@@ -1371,6 +1371,21 @@ impl Scheduler {
     /// tenant's allocation follow.
     fn charge_run(&mut self, t: TenantIdx, class: ClassIdx, add: bool) {
         let amounts = self.classes[class as usize].amounts;
+        self.allocate(t, amounts, add, true);
+    }
+
+    /// A run was suspended (`suspend`) or resumed: its queue and tenant
+    /// give back (or take again) its slots and CPU; its memory stays
+    /// counted.
+    fn charge_suspension(&mut self, t: TenantIdx, class: ClassIdx, suspend: bool) {
+        let key = &self.classes[class as usize].key;
+        let amounts = Amounts::new(key.slots, key.cpu, 0);
+        self.allocate(t, amounts, !suspend, false);
+    }
+
+    /// Adds (`add`) or takes back `amounts` in the tenant's and its queues'
+    /// allocation, counting a run in or out with them if `run`.
+    fn allocate(&mut self, t: TenantIdx, amounts: Amounts, add: bool, run: bool) {
         let tenant = &mut self.tenants[t as usize];
         if add {
             tenant.allocated.add(amounts);
@@ -1386,36 +1401,10 @@ impl Scheduler {
         self.quotas.charge(tenant.queue, |node| {
             if add {
                 node.allocated.add(amounts);
-                node.running += 1;
+                node.running += u64::from(run);
             } else {
                 node.allocated.sub(amounts);
-                node.running -= 1;
-            }
-        });
-        self.refile(t);
-    }
-
-    /// A run was suspended (`suspend`) or resumed: its queue and tenant
-    /// give back (or take again) its slots and CPU; its memory stays
-    /// counted.
-    fn charge_suspension(&mut self, t: TenantIdx, class: ClassIdx, suspend: bool) {
-        let key = &self.classes[class as usize].key;
-        let amounts = Amounts::new(key.slots, key.cpu, 0);
-        let tenant = &mut self.tenants[t as usize];
-        if suspend {
-            tenant.allocated.sub(amounts);
-            self.quotas.dirty = true;
-            if self.quotas.active() {
-                self.dirty.extend(self.hungry.iter().copied());
-            }
-        } else {
-            tenant.allocated.add(amounts);
-        }
-        self.quotas.charge(tenant.queue, |node| {
-            if suspend {
-                node.allocated.sub(amounts);
-            } else {
-                node.allocated.add(amounts);
+                node.running -= u64::from(run);
             }
         });
         self.refile(t);
