@@ -16,6 +16,7 @@
 
 #![warn(missing_docs)]
 
+mod idmap;
 mod policy;
 mod queue;
 mod quota;

@@ -17,6 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use crate::idmap::{IdMap, IdSet};
 use crate::policy::{Policy, QueueKey, TenantKey, VictimTier};
 use crate::queue::{ClassIdx, JobIdx, JobKey, Queue, TenantIdx};
 use crate::quota::{Amounts, QueueIdx, Queues};
@@ -122,7 +123,7 @@ struct Worker {
     lease: Millis,
     first: Queue,
     second: Queue,
-    held: BTreeSet<JobId>,
+    held: IdSet,
     runs: BTreeSet<RunId>,
     /// A job this worker is draining resources for.
     reserved: Option<JobIdx>,
@@ -288,7 +289,7 @@ pub struct Scheduler {
 
     jobs: Vec<Option<Job>>,
     free_jobs: Vec<JobIdx>,
-    job_index: BTreeMap<JobId, JobIdx>,
+    job_index: IdMap<JobIdx>,
     runs: BTreeMap<RunId, Run>,
     /// Runs suspended by an eviction that wait to be resumed, oldest run
     /// first (a cancelled one leaves: it is only being stopped).
@@ -311,9 +312,9 @@ pub struct Scheduler {
     gang_index: BTreeMap<String, GangIdx>,
     next_gang: GangIdx,
     /// Artifact → live workers holding it.
-    holders: BTreeMap<JobId, BTreeSet<WorkerIdx>>,
+    holders: IdMap<BTreeSet<WorkerIdx>>,
     /// Artifact → queued jobs in their dependency stage (or later) that read it.
-    dependents: BTreeMap<JobId, BTreeSet<JobIdx>>,
+    dependents: IdMap<BTreeSet<JobIdx>>,
     /// Jobs waiting for a capable worker.
     unplaceable: BTreeSet<JobIdx>,
 
@@ -399,12 +400,12 @@ impl Scheduler {
             worker_index: BTreeMap::new(),
             jobs: Vec::new(),
             free_jobs: Vec::new(),
-            job_index: BTreeMap::new(),
+            job_index: IdMap::default(),
             runs: BTreeMap::new(),
             suspended: BTreeSet::new(),
             global: Queue::default(),
-            holders: BTreeMap::new(),
-            dependents: BTreeMap::new(),
+            holders: IdMap::default(),
+            dependents: IdMap::default(),
             unplaceable: BTreeSet::new(),
             timers: BTreeSet::new(),
             hungry: BTreeSet::new(),
@@ -872,7 +873,7 @@ impl Scheduler {
                     lease: Millis(0),
                     first: Queue::default(),
                     second: Queue::default(),
-                    held: BTreeSet::new(),
+                    held: IdSet::default(),
                     runs: BTreeSet::new(),
                     reserved: None,
                 });
@@ -1146,7 +1147,7 @@ impl Scheduler {
         if !self.workers[w as usize].held.insert(a) {
             return;
         }
-        self.holders.entry(a).or_default().insert(w);
+        self.holders.entry_or_default(a).insert(w);
         // Rule 1: a pending job is in the first queue of every holder of its
         // result, whatever its stage.
         if let Some(&j) = self.job_index.get(&a)
@@ -1251,7 +1252,7 @@ impl Scheduler {
         let deps = std::mem::take(&mut job.deps);
         let mut holders = BTreeSet::new();
         for d in deps.iter() {
-            self.dependents.entry(*d).or_default().insert(j);
+            self.dependents.entry_or_default(*d).insert(j);
             if let Some(ws) = self.holders.get(d) {
                 holders.extend(ws.iter().copied());
             }
@@ -1562,7 +1563,7 @@ impl Scheduler {
             self.job_mut(j).places.retain(|p| *p != Place::Second(w));
             self.placed(t, false);
         }
-        for a in held {
+        for a in held.sorted() {
             self.forget_holder(w, a);
         }
         let dropped = self.set_capabilities(w, false);

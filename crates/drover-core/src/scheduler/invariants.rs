@@ -89,7 +89,7 @@ impl Scheduler {
                     return Err(format!("worker {:?} reservation is not mirrored", worker.id));
                 }
             }
-            for a in &worker.held {
+            for a in &worker.held.sorted() {
                 if !self.holders.get(a).is_some_and(|ws| ws.contains(&w)) {
                     return Err(format!("artifact {a} on {:?} is not indexed", worker.id));
                 }
