@@ -71,6 +71,11 @@ impl Amounts {
         (0..3).all(|d| self.0[d] <= other.0[d])
     }
 
+    /// More than `other` in every dimension.
+    fn above(&self, other: &Amounts) -> bool {
+        (0..3).all(|d| self.0[d] > other.0[d])
+    }
+
     pub(crate) fn is_zero(&self) -> bool {
         self.0 == [0; 3]
     }
@@ -242,13 +247,27 @@ impl Queues {
         }
     }
 
-    /// Applies `f` to a leaf and each of its ancestors. (The caller sets
-    /// `dirty` when requests changed.)
+    /// Applies `f` to a leaf and each of its ancestors, and marks the
+    /// deserved amounts `dirty` if a request changed in a way that can move
+    /// them.
+    ///
+    /// A queue whose request exceeds its deserved amount in every dimension,
+    /// before and after the change, is never capped by its request in
+    /// [`Queues::deserve`]'s rounds (deserved amounts only grow from round to
+    /// round, up to the result), so the rounds, and their result, are the
+    /// same with either request. In a busy cluster every queue asks for more
+    /// than it deserves, and a job's end or arrival costs no recomputation.
     pub(crate) fn charge(&mut self, leaf: QueueIdx, mut f: impl FnMut(&mut QueueNode)) {
         let mut q = Some(leaf);
         while let Some(i) = q {
-            f(&mut self.nodes[i as usize]);
-            q = self.nodes[i as usize].parent;
+            let node = &mut self.nodes[i as usize];
+            let before = node.request();
+            f(node);
+            let after = node.request();
+            if before != after && !(before.above(&node.deserved) && after.above(&node.deserved)) {
+                self.dirty = true;
+            }
+            q = node.parent;
         }
     }
 

@@ -306,7 +306,9 @@ pub struct Scheduler {
     /// walks them (empty for parent queues).
     orders: Vec<BTreeSet<TenantKey>>,
     /// Leaf queues with a non-empty order.
-    active_queues: BTreeSet<QueueIdx>,
+    queue_order: BTreeSet<QueueKey>,
+    /// Each leaf queue's key in `queue_order` while it has queued jobs.
+    queue_filed: Vec<Option<QueueKey>>,
     /// Live gangs, oldest first.
     gangs: BTreeMap<GangIdx, Gang>,
     gang_index: BTreeMap<String, GangIdx>,
@@ -378,13 +380,14 @@ impl Scheduler {
             rng: SplitMix64::new(config.seed),
             policy: Policy::new(&config),
             orders: vec![BTreeSet::new(); quotas.nodes.len()],
-            quotas,
             total: Amounts::default(),
             total_changed: false,
             gangs: BTreeMap::new(),
             gang_index: BTreeMap::new(),
             next_gang: 0,
-            active_queues: BTreeSet::new(),
+            queue_order: BTreeSet::new(),
+            queue_filed: vec![None; quotas.nodes.len()],
+            quotas,
             config,
             now: Millis(0),
             serve_clock: 0,
@@ -1332,11 +1335,28 @@ impl Scheduler {
             self.orders[q].insert(key);
         }
         self.tenants[t as usize].filed = key;
-        if self.orders[q].is_empty() {
-            self.active_queues.remove(&(q as QueueIdx));
-        } else {
-            self.active_queues.insert(q as QueueIdx);
+        self.refile_queue(q as QueueIdx);
+    }
+
+    /// Files leaf queue `q` in the queue order under its current key (its
+    /// priority and share, as the tiers order them), or takes it out when
+    /// none of its tenants has queued jobs. Called whenever its allocation,
+    /// its deserved amount or its set of tenants changes, so a draw reads
+    /// the order instead of computing and sorting every queue's share.
+    fn refile_queue(&mut self, q: QueueIdx) {
+        let key = (!self.orders[q as usize].is_empty())
+            .then(|| self.policy.queue_key(self.quotas.nodes[q as usize].priority, self.quotas.share(q), q));
+        let filed = &mut self.queue_filed[q as usize];
+        if key == *filed {
+            return;
         }
+        if let Some(old) = filed.take() {
+            self.queue_order.remove(&old);
+        }
+        if let Some(key) = key {
+            self.queue_order.insert(key);
+        }
+        self.queue_filed[q as usize] = key;
     }
 
     /// A job became queued (`add`) or stopped being queued: its tenant's
@@ -1355,7 +1375,6 @@ impl Scheduler {
                 tenant.priorities.remove(&priority);
             }
         }
-        self.quotas.dirty = true;
         self.quotas.charge(q, |node| {
             if add {
                 node.pending.add(amounts);
@@ -1392,7 +1411,6 @@ impl Scheduler {
             tenant.allocated.add(amounts);
         } else {
             tenant.allocated.sub(amounts);
-            self.quotas.dirty = true;
             if self.quotas.active() {
                 // Room under a capability: an idle worker may now take a
                 // job its queue held back.
@@ -1408,6 +1426,7 @@ impl Scheduler {
                 node.running -= u64::from(run);
             }
         });
+        self.refile_queue(self.tenants[t as usize].queue);
         self.refile(t);
     }
 
@@ -1674,6 +1693,9 @@ impl Scheduler {
         }
         if self.quotas.dirty && self.quotas.active() {
             self.quotas.deserve(self.total);
+            for q in 0..self.queue_filed.len() as QueueIdx {
+                self.refile_queue(q);
+            }
         }
         if !self.gangs.is_empty() {
             self.place_gangs();
@@ -2112,6 +2134,8 @@ impl Scheduler {
             let need = if gang.started { 1 } else { gang.min };
             let members: Vec<JobIdx> = gang.queued.iter().map(|&(_, j)| j).collect();
             let mut statement: Vec<(WorkerIdx, JobIdx)> = Vec::new();
+            // The tentative charges cancel out: they move no deserved amount.
+            let requests_changed = self.quotas.dirty;
             for j in members {
                 if let Some(w) = self.tentative_slot(j) {
                     statement.push((w, j));
@@ -2120,6 +2144,7 @@ impl Scheduler {
             for &(w, j) in statement.iter().rev() {
                 self.undo_tentative(w, j);
             }
+            self.quotas.dirty = requests_changed;
             if statement.len() as u32 >= need {
                 self.gangs.get_mut(&g).expect("live gang").started = true;
                 for (w, j) in statement {
@@ -2161,13 +2186,7 @@ impl Scheduler {
     /// The active leaf queues in queue order (the tiers' queue rules, then
     /// the queue's index).
     fn leaf_order(&self) -> Vec<QueueKey> {
-        let mut leaves: Vec<QueueKey> = self
-            .active_queues
-            .iter()
-            .map(|&q| self.policy.queue_key(self.quotas.nodes[q as usize].priority, self.quotas.share(q), q))
-            .collect();
-        leaves.sort_unstable();
-        leaves
+        self.queue_order.iter().copied().collect()
     }
 
     /// Chooses the next job for worker `w`: the queue order picks the queue,

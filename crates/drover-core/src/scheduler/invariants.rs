@@ -227,8 +227,28 @@ impl Scheduler {
             return Err("a queue order lists tenants without queued jobs".to_owned());
         }
         for (q, order) in self.orders.iter().enumerate() {
-            if self.active_queues.contains(&(q as u32)) == order.is_empty() {
-                return Err(format!("queue {q} active flag is stale"));
+            let key = (!order.is_empty()).then(|| {
+                self.policy.queue_key(self.quotas.nodes[q].priority, self.quotas.share(q as u32), q as u32)
+            });
+            if self.queue_filed[q] != key || key.is_some_and(|k| !self.queue_order.contains(&k)) {
+                return Err(format!(
+                    "queue {q} is filed as {:?} in the queue order, not {key:?}",
+                    self.queue_filed[q]
+                ));
+            }
+        }
+        if self.queue_order.len() != self.queue_filed.iter().flatten().count() {
+            return Err("the queue order lists a queue twice or one without queued jobs".to_owned());
+        }
+        // Deserved amounts are recomputed whenever a request change could
+        // move them (see `Queues::charge`): recomputing now changes nothing.
+        if !self.quotas.dirty && self.quotas.active() {
+            let mut fresh = self.quotas.clone();
+            fresh.deserve(self.total);
+            if let Some(q) =
+                (0..fresh.nodes.len()).find(|&q| fresh.nodes[q].deserved != self.quotas.nodes[q].deserved)
+            {
+                return Err(format!("queue {q}'s deserved amount is stale"));
             }
         }
         // Queue totals match the jobs and runs.
