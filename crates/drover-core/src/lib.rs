@@ -5,7 +5,8 @@
 //! a run, deliver a job's completion to its waiters. The next timer deadline is
 //! [`Scheduler::poll_timeout`]. The core does no I/O, reads no clock, draws
 //! randomness only from a seed in its [`Config`], and keeps its state in
-//! ordered containers, so the same events at the same times always give the
+//! ordered containers (and in hash tables it only looks up in, never walks
+//! in hash order), so the same events at the same times always give the
 //! same decisions, and replaying a recorded event log ([`Scheduler::replay`])
 //! rebuilds an equal state.
 //!
