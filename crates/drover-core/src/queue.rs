@@ -12,7 +12,11 @@
 //!
 //! A queue is one ordered map keyed by (tenant, class, job order), so adding
 //! or removing a job is one descent, and a tenant's first job of each class
-//! is one descent per class.
+//! is one descent per class. The global queue, which holds most of the
+//! backlog, also keeps the first job of each (tenant, class) in a small map
+//! of its own ([`Queue::with_heads`]): a draw then reads a tenant's fronts
+//! there with one descent into a map that stays in cache, instead of one
+//! descent per class into the big one.
 
 use std::collections::BTreeMap;
 
@@ -43,16 +47,46 @@ const FIRST_KEY: JobKey = JobKey { order: [0; 2], seq: 0 };
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Queue {
     jobs: BTreeMap<Slot, JobIdx>,
+    /// With [`Queue::with_heads`]: the first job of each (tenant, class).
+    heads: Option<BTreeMap<(TenantIdx, ClassIdx), (JobKey, JobIdx)>>,
 }
 
 impl Queue {
+    /// A queue that also indexes the first job of each (tenant, class): for
+    /// a big queue, where that saves a descent per class on every draw.
+    pub(crate) fn with_heads() -> Queue {
+        Queue { jobs: BTreeMap::new(), heads: Some(BTreeMap::new()) }
+    }
+
     pub(crate) fn insert(&mut self, class: ClassIdx, tenant: TenantIdx, key: JobKey, job: JobIdx) {
         self.jobs.insert((tenant, class, key), job);
+        if let Some(heads) = &mut self.heads {
+            let head = heads.entry((tenant, class)).or_insert((key, job));
+            if key < head.0 {
+                *head = (key, job);
+            }
+        }
     }
 
     /// Removes one job; true if it was there.
     pub(crate) fn remove(&mut self, class: ClassIdx, tenant: TenantIdx, key: JobKey) -> bool {
-        self.jobs.remove(&(tenant, class, key)).is_some()
+        if self.jobs.remove(&(tenant, class, key)).is_none() {
+            return false;
+        }
+        if let Some(heads) = &mut self.heads
+            && heads.get(&(tenant, class)).is_some_and(|head| head.0 == key)
+        {
+            // The next job of the class, if any, heads it now.
+            match self.jobs.range((tenant, class, key)..).next() {
+                Some((&(t, c, next), &j)) if (t, c) == (tenant, class) => {
+                    heads.insert((tenant, class), (next, j));
+                }
+                _ => {
+                    heads.remove(&(tenant, class));
+                }
+            }
+        }
+        true
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -62,9 +96,13 @@ impl Queue {
     /// The first job of each class `tenant` has here, in class order: one
     /// descent per class.
     pub(crate) fn fronts(&self, tenant: TenantIdx) -> impl Iterator<Item = (ClassIdx, JobKey, JobIdx)> + '_ {
-        let mut from = Some(0);
+        let heads = self.heads.as_ref().map(|heads| {
+            heads.range((tenant, 0)..=(tenant, ClassIdx::MAX)).map(|(&(_, c), &(key, j))| (c, key, j))
+        });
+        let mut from = heads.is_none().then_some(0);
+        let mut heads = heads.into_iter().flatten();
         std::iter::from_fn(move || {
-            let class = from?;
+            let Some(class) = from else { return heads.next() };
             let (&(t, c, key), &j) = self.jobs.range((tenant, class, FIRST_KEY)..).next()?;
             if t != tenant {
                 from = None;
@@ -82,7 +120,21 @@ impl Queue {
 
     /// Empties the queue, returning its jobs with their tenants.
     pub(crate) fn take_all(&mut self) -> Vec<(TenantIdx, JobIdx)> {
+        if let Some(heads) = &mut self.heads {
+            heads.clear();
+        }
         std::mem::take(&mut self.jobs).into_iter().map(|((t, _, _), j)| (t, j)).collect()
+    }
+
+    /// Whether the heads index (if kept) names exactly each (tenant,
+    /// class)'s first job (for the invariant checks).
+    pub(crate) fn heads_agree(&self) -> bool {
+        let Some(heads) = &self.heads else { return true };
+        let mut firsts: BTreeMap<(TenantIdx, ClassIdx), (JobKey, JobIdx)> = BTreeMap::new();
+        for (&(t, c, key), &j) in &self.jobs {
+            firsts.entry((t, c)).or_insert((key, j));
+        }
+        firsts == *heads
     }
 }
 
@@ -109,6 +161,37 @@ mod tests {
         assert!(!q.remove(2, 1, key(0, 1)), "already gone");
         assert_eq!(q.fronts(1).map(|(c, _, j)| (c, j)).collect::<Vec<_>>(), vec![(0, 30)]);
         assert_eq!(q.len(), 3);
+    }
+
+    #[test]
+    fn a_queue_with_heads_gives_the_same_fronts() {
+        let (mut plain, mut headed) = (Queue::default(), Queue::with_heads());
+        let ops: [(bool, ClassIdx, TenantIdx, JobKey, JobIdx); 9] = [
+            (true, 2, 1, key(0, 1), 10),
+            (true, 0, 1, key(0, 2), 20),
+            (true, 0, 1, key(5, 3), 30),
+            (true, 0, 2, key(0, 4), 40),
+            (false, 0, 1, key(5, 3), 30),
+            (true, 0, 1, key(9, 5), 50),
+            (false, 2, 1, key(0, 1), 10),
+            (false, 0, 1, key(0, 2), 20),
+            (false, 0, 1, key(9, 5), 50),
+        ];
+        for (add, class, tenant, k, j) in ops {
+            for q in [&mut plain, &mut headed] {
+                if add {
+                    q.insert(class, tenant, k, j);
+                } else {
+                    assert!(q.remove(class, tenant, k));
+                }
+            }
+            assert!(headed.heads_agree(), "after {add} {class} {tenant} {j}");
+            for t in [1, 2, 3] {
+                assert_eq!(plain.fronts(t).collect::<Vec<_>>(), headed.fronts(t).collect::<Vec<_>>());
+            }
+        }
+        assert_eq!(headed.fronts(2).map(|(_, _, j)| j).collect::<Vec<_>>(), vec![40]);
+        assert_eq!(headed.fronts(1).count(), 0);
     }
 
     #[test]

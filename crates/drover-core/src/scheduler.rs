@@ -406,7 +406,7 @@ impl Scheduler {
             job_index: IdMap::default(),
             runs: BTreeMap::new(),
             suspended: BTreeSet::new(),
-            global: Queue::default(),
+            global: Queue::with_heads(),
             holders: IdMap::default(),
             dependents: IdMap::default(),
             unplaceable: BTreeSet::new(),

@@ -175,6 +175,9 @@ impl Scheduler {
                 return Err(format!("job {} has no waiter", job.id));
             }
         }
+        if !self.global.heads_agree() {
+            return Err("the global queue's first jobs are indexed wrong".to_owned());
+        }
         let in_queues: usize =
             self.global.len() + self.workers.iter().map(|w| w.first.len() + w.second.len()).sum::<usize>();
         if in_queues != queued_places {
