@@ -11,12 +11,27 @@
 //! tenant with one resource check, not at every job.
 //!
 //! A queue is one ordered map keyed by (tenant, class, job order), so adding
-//! or removing a job is one descent, and a tenant's first job of each class
-//! is one descent per class. The global queue, which holds most of the
-//! backlog, also keeps the first job of each (tenant, class) in a small map
-//! of its own ([`Queue::with_heads`]): a draw then reads a tenant's fronts
-//! there with one descent into a map that stays in cache, instead of one
-//! descent per class into the big one.
+//! a job is one descent, and a tenant's first job of each class is one
+//! descent per class. The global queue, which holds most of the backlog,
+//! also keeps the first job of each (tenant, class) in a small map of its
+//! own ([`Queue::with_heads`]): a draw then reads a tenant's fronts there
+//! with one descent into a map that stays in cache, instead of one descent
+//! per class into the big one.
+//!
+//! **Leaving the local queues lazily.** A queued job sits in several queues
+//! at once (the first queues of the holders of its result, the second
+//! queues of the holders of its dependencies, the global queue), and when a
+//! worker takes it, it leaves all of them. Taking each entry out of a
+//! worker's local queue at once costs a cold descent into a queue nobody is
+//! looking at. Instead those entries stay behind, *dead*: each entry
+//! carries its job's era (a counter bumped whenever the job leaves the
+//! queues), and an entry whose job has moved on no longer counts. The
+//! worker's own draw drops a dead entry when it meets it at a front (the
+//! path is then in cache), and a queue whose dead entries pass half its
+//! live ones is swept in one pass ([`Queue::compact`]), so they never take
+//! more than half again the room of the live ones. Nothing outside this
+//! module sees a dead entry: every reader passes a liveness test. The
+//! global queue leaves eagerly, so its heads index is always exact.
 
 use std::collections::BTreeMap;
 
@@ -26,6 +41,9 @@ pub(crate) type ClassIdx = u32;
 pub(crate) type TenantIdx = u32;
 /// Index of a live job in the scheduler's slab.
 pub(crate) type JobIdx = u32;
+/// A job's queue era: bumped each time it leaves the queues, so the entries
+/// it left behind are known to be dead.
+pub(crate) type Era = u32;
 
 /// Order of a tenant's jobs: the components of the configured job rules
 /// (by default higher priority first, then the longest remaining path:
@@ -42,24 +60,34 @@ type Slot = (TenantIdx, ClassIdx, JobKey);
 
 const FIRST_KEY: JobKey = JobKey { order: [0; 2], seq: 0 };
 
-/// One queue: the global queue, or one of a worker's two local queues. One
-/// ordered map, so adding or removing a job is a single descent.
+/// Dead entries a queue tolerates before it is swept, whatever its size.
+const SWEEP_AFTER: usize = 32;
+
+/// One queue: the global queue, or one of a worker's two local queues.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Queue {
-    jobs: BTreeMap<Slot, JobIdx>,
+    jobs: BTreeMap<Slot, (JobIdx, Era)>,
+    /// Dead entries (see the module doc).
+    stale: usize,
     /// With [`Queue::with_heads`]: the first job of each (tenant, class).
     heads: Option<BTreeMap<(TenantIdx, ClassIdx), (JobKey, JobIdx)>>,
 }
 
 impl Queue {
     /// A queue that also indexes the first job of each (tenant, class): for
-    /// a big queue, where that saves a descent per class on every draw.
+    /// a big queue, where that saves a descent per class on every draw. Its
+    /// jobs must leave it eagerly ([`Queue::remove`]), never by
+    /// [`Queue::left`].
     pub(crate) fn with_heads() -> Queue {
-        Queue { jobs: BTreeMap::new(), heads: Some(BTreeMap::new()) }
+        Queue { heads: Some(BTreeMap::new()), ..Queue::default() }
     }
 
-    pub(crate) fn insert(&mut self, class: ClassIdx, tenant: TenantIdx, key: JobKey, job: JobIdx) {
-        self.jobs.insert((tenant, class, key), job);
+    /// Files `job`, of era `era`. A dead entry the job left at the same slot
+    /// comes back to life.
+    pub(crate) fn insert(&mut self, class: ClassIdx, tenant: TenantIdx, key: JobKey, job: JobIdx, era: Era) {
+        if self.jobs.insert((tenant, class, key), (job, era)).is_some() {
+            self.stale -= 1;
+        }
         if let Some(heads) = &mut self.heads {
             let head = heads.entry((tenant, class)).or_insert((key, job));
             if key < head.0 {
@@ -68,7 +96,7 @@ impl Queue {
         }
     }
 
-    /// Removes one job; true if it was there.
+    /// Removes one live job's entry; true if it was there.
     pub(crate) fn remove(&mut self, class: ClassIdx, tenant: TenantIdx, key: JobKey) -> bool {
         if self.jobs.remove(&(tenant, class, key)).is_none() {
             return false;
@@ -78,7 +106,7 @@ impl Queue {
         {
             // The next job of the class, if any, heads it now.
             match self.jobs.range((tenant, class, key)..).next() {
-                Some((&(t, c, next), &j)) if (t, c) == (tenant, class) => {
+                Some((&(t, c, next), &(j, _))) if (t, c) == (tenant, class) => {
                     heads.insert((tenant, class), (next, j));
                 }
                 _ => {
@@ -89,21 +117,70 @@ impl Queue {
         true
     }
 
+    /// Live entries.
     pub(crate) fn len(&self) -> usize {
-        self.jobs.len()
+        self.jobs.len() - self.stale
     }
 
-    /// The first job of each class `tenant` has here, in class order: one
-    /// descent per class.
-    pub(crate) fn fronts(&self, tenant: TenantIdx) -> impl Iterator<Item = (ClassIdx, JobKey, JobIdx)> + '_ {
-        let heads = self.heads.as_ref().map(|heads| {
-            heads.range((tenant, 0)..=(tenant, ClassIdx::MAX)).map(|(&(_, c), &(key, j))| (c, key, j))
-        });
-        let mut from = heads.is_none().then_some(0);
-        let mut heads = heads.into_iter().flatten();
+    /// One of this queue's entries died: its job left the queues. True when
+    /// it is time to [`Queue::compact`].
+    pub(crate) fn left(&mut self) -> bool {
+        debug_assert!(self.heads.is_none(), "a queue with heads is left eagerly");
+        self.stale += 1;
+        self.stale >= SWEEP_AFTER && self.stale * 3 > self.jobs.len()
+    }
+
+    /// Drops every dead entry.
+    pub(crate) fn compact(&mut self, live: impl Fn(JobIdx, JobKey, Era) -> bool) {
+        self.jobs.retain(|&(_, _, key), &mut (j, era)| live(j, key, era));
+        self.stale = 0;
+    }
+
+    /// The first live job of each class `tenant` has here, in class order,
+    /// into `out`; dead entries met on the way are dropped. One descent per
+    /// class (and one more per dead entry); with heads, one descent in all.
+    pub(crate) fn fronts(
+        &mut self,
+        tenant: TenantIdx,
+        live: impl Fn(JobIdx, JobKey, Era) -> bool,
+        mut out: impl FnMut(ClassIdx, JobKey, JobIdx),
+    ) {
+        if let Some(heads) = &self.heads {
+            for (&(_, class), &(key, j)) in heads.range((tenant, 0)..=(tenant, ClassIdx::MAX)) {
+                out(class, key, j);
+            }
+            return;
+        }
+        let mut from = (tenant, 0, FIRST_KEY);
+        while let Some((&slot, &(j, era))) = self.jobs.range(from..).next() {
+            let (t, class, key) = slot;
+            if t != tenant {
+                return;
+            }
+            if !live(j, key, era) {
+                self.jobs.remove(&slot);
+                self.stale -= 1;
+                continue;
+            }
+            out(class, key, j);
+            let Some(next) = class.checked_add(1) else { return };
+            from = (tenant, next, FIRST_KEY);
+        }
+    }
+
+    /// Like [`Queue::fronts`], without dropping dead entries (they are
+    /// stepped over).
+    pub(crate) fn peek_fronts(
+        &self,
+        tenant: TenantIdx,
+        live: impl Fn(JobIdx, JobKey, Era) -> bool,
+    ) -> impl Iterator<Item = (ClassIdx, JobKey, JobIdx)> {
+        let mut from = Some(0);
         std::iter::from_fn(move || {
-            let Some(class) = from else { return heads.next() };
-            let (&(t, c, key), &j) = self.jobs.range((tenant, class, FIRST_KEY)..).next()?;
+            let class = from?;
+            let mut entries = self.jobs.range((tenant, class, FIRST_KEY)..);
+            let (&(t, c, key), &(j, _)) =
+                entries.find(|&(&(t, _, key), &(j, era))| t != tenant || live(j, key, era))?;
             if t != tenant {
                 from = None;
                 return None;
@@ -113,17 +190,30 @@ impl Queue {
         })
     }
 
-    /// Every job here, in tenant, class and job order.
-    pub(crate) fn jobs(&self) -> impl Iterator<Item = JobIdx> + '_ {
-        self.jobs.values().copied()
+    /// Every live job here, in tenant, class and job order.
+    pub(crate) fn jobs(&self, live: impl Fn(JobIdx, JobKey, Era) -> bool) -> impl Iterator<Item = JobIdx> {
+        self.jobs.iter().filter(move |&(&(_, _, key), &(j, era))| live(j, key, era)).map(|(_, &(j, _))| j)
     }
 
-    /// Empties the queue, returning its jobs with their tenants.
-    pub(crate) fn take_all(&mut self) -> Vec<(TenantIdx, JobIdx)> {
+    /// Empties the queue, returning its live jobs with their tenants.
+    pub(crate) fn take_all(
+        &mut self,
+        live: impl Fn(JobIdx, JobKey, Era) -> bool,
+    ) -> Vec<(TenantIdx, JobIdx)> {
+        self.stale = 0;
         if let Some(heads) = &mut self.heads {
             heads.clear();
         }
-        std::mem::take(&mut self.jobs).into_iter().map(|((t, _, _), j)| (t, j)).collect()
+        std::mem::take(&mut self.jobs)
+            .into_iter()
+            .filter(|&((_, _, key), (j, era))| live(j, key, era))
+            .map(|((t, _, _), (j, _))| (t, j))
+            .collect()
+    }
+
+    /// Entries, dead ones included (for the invariant checks).
+    pub(crate) fn entries(&self) -> usize {
+        self.jobs.len()
     }
 
     /// Whether the heads index (if kept) names exactly each (tenant,
@@ -131,7 +221,7 @@ impl Queue {
     pub(crate) fn heads_agree(&self) -> bool {
         let Some(heads) = &self.heads else { return true };
         let mut firsts: BTreeMap<(TenantIdx, ClassIdx), (JobKey, JobIdx)> = BTreeMap::new();
-        for (&(t, c, key), &j) in &self.jobs {
+        for (&(t, c, key), &(j, _)) in &self.jobs {
             firsts.entry((t, c)).or_insert((key, j));
         }
         firsts == *heads
@@ -140,31 +230,46 @@ impl Queue {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::*;
 
     fn key(priority: i32, seq: u64) -> JobKey {
         JobKey { order: [(i64::from(i32::MAX) - i64::from(priority)) as u64, 0], seq }
     }
 
+    /// Liveness as the scheduler sees it, for a test: the jobs in `dead`
+    /// have left the queues.
+    fn live(dead: &BTreeSet<JobIdx>) -> impl Fn(JobIdx, JobKey, Era) -> bool + '_ {
+        move |j, _, _| !dead.contains(&j)
+    }
+
+    fn fronts(q: &mut Queue, tenant: TenantIdx, dead: &BTreeSet<JobIdx>) -> Vec<(ClassIdx, JobIdx)> {
+        let mut out = Vec::new();
+        q.fronts(tenant, live(dead), |c, _, j| out.push((c, j)));
+        out
+    }
+
     #[test]
     fn fronts_give_each_class_its_first_job() {
+        let none = BTreeSet::new();
         let mut q = Queue::default();
-        q.insert(2, 1, key(0, 1), 10);
-        q.insert(0, 1, key(0, 2), 20);
-        q.insert(0, 1, key(5, 3), 30);
-        q.insert(0, 2, key(0, 4), 40);
+        q.insert(2, 1, key(0, 1), 10, 0);
+        q.insert(0, 1, key(0, 2), 20, 0);
+        q.insert(0, 1, key(5, 3), 30, 0);
+        q.insert(0, 2, key(0, 4), 40, 0);
         assert_eq!(q.len(), 4);
-        let fronts: Vec<_> = q.fronts(1).map(|(c, _, j)| (c, j)).collect();
-        assert_eq!(fronts, vec![(0, 30), (2, 10)]);
-        assert_eq!(q.fronts(3).count(), 0);
+        assert_eq!(fronts(&mut q, 1, &none), vec![(0, 30), (2, 10)]);
+        assert_eq!(fronts(&mut q, 3, &none), vec![]);
         assert!(q.remove(2, 1, key(0, 1)));
         assert!(!q.remove(2, 1, key(0, 1)), "already gone");
-        assert_eq!(q.fronts(1).map(|(c, _, j)| (c, j)).collect::<Vec<_>>(), vec![(0, 30)]);
+        assert_eq!(fronts(&mut q, 1, &none), vec![(0, 30)]);
         assert_eq!(q.len(), 3);
     }
 
     #[test]
     fn a_queue_with_heads_gives_the_same_fronts() {
+        let none = BTreeSet::new();
         let (mut plain, mut headed) = (Queue::default(), Queue::with_heads());
         let ops: [(bool, ClassIdx, TenantIdx, JobKey, JobIdx); 9] = [
             (true, 2, 1, key(0, 1), 10),
@@ -180,33 +285,84 @@ mod tests {
         for (add, class, tenant, k, j) in ops {
             for q in [&mut plain, &mut headed] {
                 if add {
-                    q.insert(class, tenant, k, j);
+                    q.insert(class, tenant, k, j, 0);
                 } else {
                     assert!(q.remove(class, tenant, k));
                 }
             }
             assert!(headed.heads_agree(), "after {add} {class} {tenant} {j}");
             for t in [1, 2, 3] {
-                assert_eq!(plain.fronts(t).collect::<Vec<_>>(), headed.fronts(t).collect::<Vec<_>>());
+                assert_eq!(fronts(&mut plain, t, &none), fronts(&mut headed, t, &none));
+                let peeked: Vec<_> = headed.peek_fronts(t, live(&none)).map(|(c, _, j)| (c, j)).collect();
+                assert_eq!(peeked, fronts(&mut headed, t, &none));
             }
         }
-        assert_eq!(headed.fronts(2).map(|(_, _, j)| j).collect::<Vec<_>>(), vec![40]);
-        assert_eq!(headed.fronts(1).count(), 0);
+        assert_eq!(fronts(&mut headed, 2, &none), vec![(0, 40)]);
+        assert_eq!(fronts(&mut headed, 1, &none), vec![]);
     }
 
     #[test]
     fn priority_then_arrival_within_a_tenant_and_empty_tenants_leave() {
+        let none = BTreeSet::new();
         let mut q = Queue::default();
-        q.insert(0, 1, key(0, 1), 1);
-        q.insert(0, 1, key(5, 2), 2);
-        q.insert(0, 1, key(5, 3), 3);
-        assert_eq!(q.jobs().collect::<Vec<_>>(), vec![2, 3, 1]);
-        for (k, _) in [(key(0, 1), 1), (key(5, 2), 2), (key(5, 3), 3)] {
+        q.insert(0, 1, key(0, 1), 1, 0);
+        q.insert(0, 1, key(5, 2), 2, 0);
+        q.insert(0, 1, key(5, 3), 3, 0);
+        assert_eq!(q.jobs(live(&none)).collect::<Vec<_>>(), vec![2, 3, 1]);
+        for k in [key(0, 1), key(5, 2), key(5, 3)] {
             assert!(q.remove(0, 1, k));
         }
         assert_eq!(q.len(), 0);
-        q.insert(0, 4, key(0, 9), 9);
-        assert_eq!(q.take_all(), vec![(4, 9)]);
+        q.insert(0, 4, key(0, 9), 9, 0);
+        assert_eq!(q.take_all(live(&none)), vec![(4, 9)]);
         assert_eq!(q, Queue::default());
+    }
+
+    #[test]
+    fn dead_entries_are_invisible_and_dropped_where_met() {
+        let mut q = Queue::default();
+        q.insert(0, 1, key(9, 1), 1, 0);
+        q.insert(0, 1, key(0, 2), 2, 0);
+        q.insert(1, 1, key(0, 3), 3, 0);
+        let dead = BTreeSet::from([1, 3]);
+        assert!(!q.left() && !q.left(), "two dead entries are no reason to sweep");
+        assert_eq!(q.len(), 1);
+        assert_eq!(q.jobs(live(&dead)).collect::<Vec<_>>(), vec![2]);
+        assert_eq!(q.peek_fronts(1, live(&dead)).map(|(c, _, j)| (c, j)).collect::<Vec<_>>(), vec![(0, 2)]);
+        assert_eq!(q.entries(), 3, "peeking drops nothing");
+        assert_eq!(
+            fronts(&mut q, 1, &dead),
+            vec![(0, 2)],
+            "job 1 stood before job 2; class 1 had only job 3"
+        );
+        assert_eq!((q.entries(), q.len()), (1, 1), "both dead entries met at the fronts were dropped");
+        // A job that comes back to a queue it left revives its entry.
+        q.insert(0, 1, key(0, 4), 4, 0);
+        assert!(!q.left());
+        q.insert(0, 1, key(0, 4), 4, 1);
+        assert_eq!((q.entries(), q.len()), (2, 2));
+        assert_eq!(q.take_all(live(&dead)), vec![(1, 2), (1, 4)]);
+    }
+
+    #[test]
+    fn a_queue_is_swept_once_dead_entries_pass_half_the_live_ones() {
+        let mut q = Queue::default();
+        for j in 0..300 {
+            q.insert(0, 1, key(0, u64::from(j)), j, 0);
+        }
+        let mut dead = BTreeSet::new();
+        let mut sweeps = 0;
+        for j in 0..200 {
+            dead.insert(j);
+            if q.left() {
+                q.compact(live(&dead));
+                sweeps += 1;
+                assert_eq!(q.entries(), q.len(), "a sweep leaves no dead entry");
+            }
+            assert!(q.entries() - q.len() <= (q.len() / 2).max(SWEEP_AFTER), "dead entries stay bounded");
+        }
+        assert!(sweeps >= 2, "swept {sweeps} times");
+        assert_eq!(q.len(), 100);
+        assert_eq!(q.jobs(live(&dead)).count(), 100);
     }
 }

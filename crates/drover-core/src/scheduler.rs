@@ -14,12 +14,13 @@ mod invariants;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Bound::{Excluded, Unbounded};
 
 use serde::{Deserialize, Serialize};
 
 use crate::idmap::{IdMap, IdSet};
 use crate::policy::{Policy, QueueKey, TenantKey, VictimTier};
-use crate::queue::{ClassIdx, JobIdx, JobKey, Queue, TenantIdx};
+use crate::queue::{ClassIdx, Era, JobIdx, JobKey, Queue, TenantIdx};
 use crate::quota::{Amounts, QueueIdx, Queues};
 use crate::resources::{ClassKey, TokenIdx, WorkerResources};
 use crate::rng::SplitMix64;
@@ -86,6 +87,9 @@ struct Job {
     max_attempts: u32,
     state: JobState,
     places: Vec<Place>,
+    /// Its entries in the local queues are live while they carry this era
+    /// (see `queue.rs`, "Leaving the local queues lazily").
+    era: Era,
     timer: Option<(Millis, TimerSlot)>,
     /// Registered in `dependents` under each dependency.
     indexed: bool,
@@ -336,6 +340,9 @@ pub struct Scheduler {
 
 /// A tenant's best fitting job in one of a worker's queues.
 type Offer = (Place, JobKey, JobIdx);
+
+/// A tenant's first job of one class in one of a worker's queues.
+type Front = (Place, ClassIdx, JobKey, JobIdx);
 
 /// Volcano's two eviction actions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -996,6 +1003,7 @@ impl Scheduler {
             max_attempts: spec.max_attempts,
             state: JobState::Queued(Stage::Cache),
             places: Vec::new(),
+            era: 0,
             timer: None,
             indexed: false,
             counted: false,
@@ -1280,8 +1288,8 @@ impl Scheduler {
             return;
         }
         job.places.push(place);
-        let (class, tenant, key) = (job.class, job.tenant, job.key);
-        self.queue_mut(place).insert(class, tenant, key, j);
+        let (class, tenant, key, era) = (job.class, job.tenant, job.key, job.era);
+        self.queue_mut(place).insert(class, tenant, key, j, era);
         self.placed(tenant, true);
         match place {
             Place::Global => self.global_dirty = true,
@@ -1457,13 +1465,28 @@ impl Scheduler {
             let key = self.job(j).key;
             self.gangs.get_mut(&g).expect("live gang").queued.remove(&(key, j));
         }
+        // The job's entries in local queues stay behind, dead (see
+        // `queue.rs`, "Leaving the local queues lazily"): a new era disowns
+        // them. The global queue lets go at once.
         let job = self.jobs[j as usize].as_mut().expect("live job");
         let places = std::mem::take(&mut job.places);
+        job.era = job.era.wrapping_add(1);
         let (class, tenant, key) = (job.class, job.tenant, job.key);
         for place in places {
-            if self.queue_mut(place).remove(class, tenant, key) {
-                self.placed(tenant, false);
+            let Scheduler { global, workers, jobs, .. } = self;
+            let queue = match place {
+                Place::Global => {
+                    global.remove(class, tenant, key);
+                    self.placed(tenant, false);
+                    continue;
+                }
+                Place::First(w) => &mut workers[w as usize].first,
+                Place::Second(w) => &mut workers[w as usize].second,
+            };
+            if queue.left() {
+                queue.compact(live_entry(jobs));
             }
+            self.placed(tenant, false);
         }
         self.clear_timer(j);
         let job = self.jobs[j as usize].as_mut().expect("live job");
@@ -1562,8 +1585,8 @@ impl Scheduler {
 
         let worker = &mut self.workers[w as usize];
         let runs = std::mem::take(&mut worker.runs);
-        let first = worker.first.take_all();
-        let second = worker.second.take_all();
+        let first = worker.first.take_all(live_entry(&self.jobs));
+        let second = worker.second.take_all(live_entry(&self.jobs));
         let held = std::mem::take(&mut worker.held);
         let reserved = worker.reserved.take();
         worker.res.used_slots = 0;
@@ -1848,7 +1871,7 @@ impl Scheduler {
     fn starving_job(&self, q: QueueIdx) -> Option<JobIdx> {
         let &(_, tenant) = self.orders[q as usize].first()?;
         self.global
-            .fronts(tenant)
+            .peek_fronts(tenant, live_entry(&self.jobs))
             .filter(|&(_, _, j)| self.job(j).reserved_on.is_none() && self.job(j).gang.is_none())
             .min_by_key(|&(_, key, _)| key)
             .map(|(_, _, j)| j)
@@ -2213,16 +2236,13 @@ impl Scheduler {
         }
         let quotas = self.quotas.active();
         let leaves = self.leaf_order();
-        let queues = [
-            (Place::First(w), &worker.first),
-            (Place::Second(w), &worker.second),
-            (Place::Global, &self.global),
-        ];
         // With quotas (and proportion), first only what keeps every queue
         // within its deserved share; then, so that no slot idles, what stays
         // within capabilities.
         let phases: &[bool] = if quotas && self.policy.proportion { &[true, false] } else { &[false] };
-        // The current tenant's best fitting job in each worker queue.
+        // The current tenant's first job of each class in each worker queue,
+        // and its best fitting job in each.
+        let mut fronts: Vec<Front> = Vec::new();
         let mut fitting: Vec<Offer> = Vec::new();
         for &within_deserved in phases {
             for &(_, q) in &leaves {
@@ -2231,29 +2251,39 @@ impl Scheduler {
                 if quotas && !self.quotas.admits(q, Amounts::new(1, 0, 0), within_deserved) {
                     continue;
                 }
-                for &(_, tenant) in &self.orders[q as usize] {
+                let mut after: Option<TenantKey> = None;
+                loop {
+                    let order = &self.orders[q as usize];
+                    let next = match after {
+                        None => order.first(),
+                        Some(key) => order.range((Excluded(key), Unbounded)).next(),
+                    };
+                    let Some(&key) = next else { break };
+                    after = Some(key);
+                    fronts.clear();
+                    self.live_fronts(w, key.1, &mut fronts);
+                    let worker = &self.workers[w as usize];
+                    let reserved_key = worker.reserved.map(|j| &self.classes[self.job(j).class as usize].key);
                     fitting.clear();
                     let mut reserve = None;
-                    for &(place, queue) in &queues {
-                        for (class, key, j) in queue.fronts(tenant) {
-                            if !worker.capable.get(class as usize).copied().unwrap_or(false) {
-                                continue;
+                    for &(place, class, key, j) in &fronts {
+                        if !worker.capable.get(class as usize).copied().unwrap_or(false) {
+                            continue;
+                        }
+                        let class = &self.classes[class as usize];
+                        if quotas && !self.quotas.admits(q, class.amounts, within_deserved) {
+                            continue;
+                        }
+                        if worker.res.fits(&class.key, reserved_key) {
+                            match fitting.last_mut() {
+                                Some(best) if best.0 == place => *best = (*best).min((place, key, j)),
+                                _ => fitting.push((place, key, j)),
                             }
-                            let class = &self.classes[class as usize];
-                            if quotas && !self.quotas.admits(q, class.amounts, within_deserved) {
-                                continue;
-                            }
-                            if worker.res.fits(&class.key, reserved_key) {
-                                match fitting.last_mut() {
-                                    Some(best) if best.0 == place => *best = (*best).min((place, key, j)),
-                                    _ => fitting.push((place, key, j)),
-                                }
-                            } else if worker.reserved.is_none()
-                                && reserve.is_none()
-                                && self.job(j).reserved_on.is_none()
-                            {
-                                reserve = Some(j);
-                            }
+                        } else if worker.reserved.is_none()
+                            && reserve.is_none()
+                            && self.job(j).reserved_on.is_none()
+                        {
+                            reserve = Some(j);
                         }
                     }
                     // Locality: a uniform draw among the worker queues
@@ -2280,6 +2310,21 @@ impl Scheduler {
             }
         }
         None
+    }
+
+    /// The first live job of each class `tenant` has in each of worker
+    /// `w`'s three queues, into `out`; dead entries met there are dropped.
+    fn live_fronts(&mut self, w: WorkerIdx, tenant: TenantIdx, out: &mut Vec<Front>) {
+        let Scheduler { global, workers, jobs, .. } = self;
+        let worker = &mut workers[w as usize];
+        let queues = [
+            (Place::First(w), &mut worker.first),
+            (Place::Second(w), &mut worker.second),
+            (Place::Global, global),
+        ];
+        for (place, queue) in queues {
+            queue.fronts(tenant, live_entry(jobs), |class, key, j| out.push((place, class, key, j)));
+        }
     }
 
     fn assign(&mut self, w: WorkerIdx, j: JobIdx) {
@@ -2391,4 +2436,11 @@ impl Scheduler {
     fn job_mut(&mut self, j: JobIdx) -> &mut Job {
         self.jobs[j as usize].as_mut().expect("live job")
     }
+}
+
+/// The liveness test of a queue entry (see `queue.rs`, "Leaving the local
+/// queues lazily"): the entry's job still occupies its slab slot (same key)
+/// and has not left the queues since the entry was filed (same era).
+fn live_entry(jobs: &[Option<Job>]) -> impl Fn(JobIdx, JobKey, Era) -> bool + '_ {
+    move |j, key, era| jobs[j as usize].as_ref().is_some_and(|job| job.key.seq == key.seq && job.era == era)
 }

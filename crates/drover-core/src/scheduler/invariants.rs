@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{JobState, Place, Scheduler, Stage, TimerSlot};
+use super::{JobState, Place, Scheduler, Stage, TimerSlot, live_entry};
 use crate::quota::Amounts;
 use crate::resources::WorkerResources;
 
@@ -95,7 +95,7 @@ impl Scheduler {
                 }
             }
             for (queue, first) in [(&worker.first, true), (&worker.second, false)] {
-                for j in queue.jobs() {
+                for j in queue.jobs(live_entry(&self.jobs)) {
                     let place = if first { Place::First(w) } else { Place::Second(w) };
                     let job = self.jobs[j as usize].as_ref().ok_or("queue holds a freed job")?;
                     if !job.places.contains(&place) {
@@ -174,6 +174,23 @@ impl Scheduler {
             if job.waiters.is_empty() {
                 return Err(format!("job {} has no waiter", job.id));
             }
+        }
+        // Dead entries (see `queue.rs`, "Leaving the local queues lazily")
+        // are counted as such, and only local queues have any.
+        let queues =
+            std::iter::once(&self.global).chain(self.workers.iter().flat_map(|w| [&w.first, &w.second]));
+        for queue in queues {
+            let live = queue.jobs(live_entry(&self.jobs)).count();
+            if live != queue.len() {
+                return Err(format!(
+                    "a queue counts {} live entries of {}, but {live} are",
+                    queue.len(),
+                    queue.entries()
+                ));
+            }
+        }
+        if self.global.entries() != self.global.len() {
+            return Err("the global queue holds dead entries".to_owned());
         }
         if !self.global.heads_agree() {
             return Err("the global queue's first jobs are indexed wrong".to_owned());
