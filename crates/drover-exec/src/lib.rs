@@ -56,8 +56,9 @@
 //! before the worker hears of it: a terminate, suspend or resume sent in
 //! that moment signals a PID that could in principle have been reused
 //! (only if the PID space wrapped around meanwhile; pidfds would close this
-//! gap). `unsafe` is confined to the private `sys` module (`fork`, and
-//! taking ownership of descriptors received over the socket).
+//! gap). `unsafe` is confined to the private `sys` module (`fork`, `_exit`
+//! of a forked supervisor, and taking ownership of descriptors received
+//! over the socket).
 //!
 //! ```ignore
 //! // In `main`, before any thread:

@@ -90,6 +90,8 @@ const KILL_INTERVAL: Duration = Duration::from_millis(10);
 const GIVE_UP_AFTER: Duration = Duration::from_secs(10);
 /// Bytes read from a log pipe at once.
 const LOG_CHUNK: usize = 64 * 1024;
+/// Bytes read from a log pipe at once until a read fills them.
+const SMALL_LOG_READ: usize = 4096;
 /// Most reads from one log pipe per wake-up, so a job that writes without
 /// pause cannot keep the supervisor from its other duties.
 const LOG_READS_PER_WAKE: usize = 16;
@@ -225,12 +227,23 @@ impl Log {
     }
 
     /// Copies up to `reads` chunks of what the pipe holds to the file.
+    /// Most jobs write little or nothing: reads go to a small buffer on the
+    /// stack until one fills it, and only then to a [`LOG_CHUNK`] one (so a
+    /// silent job's supervisor allocates and touches no fresh memory here).
     fn drain(&mut self, reads: usize) {
-        let mut buf = vec![0u8; LOG_CHUNK];
+        let mut small = [0u8; SMALL_LOG_READ];
+        let mut large = Vec::new();
         for _ in 0..reads {
-            match self.reader.read(&mut buf) {
+            let buf: &mut [u8] = if large.is_empty() { &mut small } else { &mut large };
+            match self.reader.read(buf) {
                 Ok(0) => return,
-                Ok(n) => self.write(&buf[..n]),
+                Ok(n) => {
+                    let filled = n == buf.len();
+                    self.write(&buf[..n]);
+                    if filled && large.is_empty() {
+                        large = vec![0u8; LOG_CHUNK];
+                    }
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(_) => return, // EAGAIN: empty for now
             }

@@ -28,7 +28,9 @@
 //! The forked child moves the three descriptors to its standard input,
 //! output and error, closes the zygote's own, and runs the per-job
 //! supervisor (the `supervisor` module) exactly as an exec'd one would,
-//! then exits with its code. The zygote closes its copies at once, so the
+//! then exits with its code (`_exit`: the exit handlers and library
+//! destructors are the zygote's, not to be run in every supervisor, where
+//! they only fault in copy-on-write memory). The zygote closes its copies at once, so the
 //! control pipe's only write end stays in the worker: if the worker dies,
 //! each supervisor sees end of file and stops its job. The zygote reaps its
 //! children (SIGCHLD through a `signalfd`) and reports each exit.
@@ -262,7 +264,8 @@ impl Zygote {
                 // Never returns to the loop: the child is a supervisor now.
                 drop(self.signals.take());
                 let code = run_child(&message[REQUEST_HEADER..], fds);
-                std::process::exit(code);
+                let _ = std::io::stdout().flush();
+                sys::exit_now(code);
             }
             Ok(ForkResult::Parent { child }) => {
                 drop(fds); // the worker's pipes are the child's alone now

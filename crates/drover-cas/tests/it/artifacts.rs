@@ -250,3 +250,131 @@ fn an_empty_artifact_commits_like_an_untouched_writer_and_travels() {
     assert_eq!(cas.artifact_info(&b), Some(empty));
     assert!(cas.verify_artifact(&b).unwrap());
 }
+
+/// Where an artifact lives on disk.
+fn entry_path(cas: &Cas, id: &drover_cas::Key) -> std::path::PathBuf {
+    let hex = id.to_hex();
+    cas.dir().join("artifacts").join(&hex[..2]).join(hex)
+}
+
+#[test]
+fn every_empty_artifact_is_one_hard_link_to_a_shared_file() {
+    use std::os::unix::fs::MetadataExt;
+    let (root, cas) = cas(1 << 20);
+    let (a, b, c) = (key(1), key(2), key(3));
+    build(&cas, &a, |_| {});
+    cas.commit_empty_artifact(&b).unwrap();
+    // Unpacked from a peer: the same compact form.
+    let mut pack = Vec::new();
+    cas.pack(&a, &mut pack).unwrap();
+    let (_peer_root, peer) = crate::util::cas(1 << 20);
+    peer.unpack(&c, None, &mut pack.as_slice()).unwrap();
+    let mut pack = Vec::new();
+    peer.pack(&c, &mut pack).unwrap();
+    cas.unpack(&c, None, &mut pack.as_slice()).unwrap();
+
+    let inode = |path: &std::path::Path| fs::symlink_metadata(path).unwrap();
+    let first = inode(&entry_path(&cas, &a));
+    assert!(first.is_file(), "a file, not a directory of its own");
+    for id in [b, c] {
+        let m = inode(&entry_path(&cas, &id));
+        assert_eq!((m.dev(), m.ino()), (first.dev(), first.ino()), "no inode of its own");
+    }
+    assert!(first.nlink() >= 4, "the shared file and three artifacts");
+    // The guards share one empty tree, which nothing can be written into.
+    let (ga, gb) = (cas.artifact(&a).unwrap(), cas.artifact(&b).unwrap());
+    assert_eq!(ga.path(), gb.path());
+    assert!(listing(&ga).is_empty());
+    assert_eq!(fs::metadata(ga.path()).unwrap().permissions().mode() & 0o777, 0o555);
+    drop((ga, gb));
+    assert!(tmp_is_empty(&cas));
+
+    // Removing one leaves the others.
+    assert!(cas.remove_artifact(&b).unwrap());
+    assert!(!entry_path(&cas, &b).exists());
+    assert!(cas.verify_artifact(&a).unwrap());
+    let mut out = Vec::new();
+    cas.export(&c, &root.path().join("out")).unwrap();
+    assert!(fs::read_dir(root.path().join("out")).unwrap().next().is_none());
+    cas.pack(&c, &mut out).unwrap();
+
+    // Reopened: both still there, as empty artifacts.
+    drop(cas);
+    let cas = Cas::open(&root.path().join("cas"), 1 << 20).unwrap();
+    let mut held = cas.artifacts();
+    held.sort();
+    assert_eq!(held, vec![a, c]);
+    assert!(cas.verify_artifact(&a).unwrap() && cas.verify_artifact(&c).unwrap());
+}
+
+#[test]
+fn empty_artifacts_are_evicted_after_the_entries_that_hold_bytes_on_reopen() {
+    let (root, cas) = cas(1000);
+    cas.commit_empty_artifact(&key(2)).unwrap();
+    build(&cas, &key(1), |d| write(&d.join("f"), &[7; 600], false));
+    drop(cas);
+    let cas = Cas::open(&root.path().join("cas"), 1000).unwrap();
+    build(&cas, &key(3), |d| write(&d.join("f"), &[8; 600], false));
+    assert_eq!(cas.take_evicted(), vec![key(1)], "evicting the empty one would free nothing");
+    assert!(cas.artifact_info(&key(2)).is_some());
+}
+
+#[test]
+fn an_empty_artifact_in_the_old_directory_form_is_moved_to_the_compact_form_on_open() {
+    let (root, cas) = cas(1 << 20);
+    let id = key(4);
+    cas.commit_empty_artifact(&id).unwrap();
+    let path = entry_path(&cas, &id);
+    drop(cas);
+    // The layout older versions wrote: a directory with the manifest, the
+    // info and an empty tree.
+    let info = fs::read(&path).unwrap();
+    fs::remove_file(&path).unwrap();
+    fs::create_dir_all(path.join("tree")).unwrap();
+    fs::write(path.join("manifest.json"), br#"{"entries":[]}"#).unwrap();
+    fs::write(path.join("info.json"), &info).unwrap();
+
+    let cas = Cas::open(&root.path().join("cas"), 1 << 20).unwrap();
+    assert!(fs::symlink_metadata(&path).unwrap().is_file());
+    assert_eq!(cas.artifacts(), vec![id]);
+    assert!(cas.verify_artifact(&id).unwrap());
+}
+
+#[test]
+fn a_file_in_place_of_an_artifact_that_is_not_the_empty_one_is_dropped_on_open() {
+    let (root, cas) = cas(1 << 20);
+    cas.commit_empty_artifact(&key(5)).unwrap();
+    let torn = entry_path(&cas, &key(6));
+    drop(cas);
+    // What a torn or foreign write could leave: a file with other content.
+    fs::create_dir_all(torn.parent().unwrap()).unwrap();
+    fs::write(&torn, b"").unwrap();
+    let cas = Cas::open(&root.path().join("cas"), 1 << 20).unwrap();
+    assert_eq!(cas.artifacts(), vec![key(5)]);
+    assert!(!torn.exists());
+}
+
+#[test]
+fn damage_to_the_shared_empty_parts_is_repaired_on_open() {
+    let (root, cas) = cas(1 << 20);
+    cas.commit_empty_artifact(&key(7)).unwrap();
+    let shared = cas.dir().join("empty");
+    drop(cas);
+    // The shared info file rewritten: every link to it holds the damage, so
+    // the artifacts are dropped (never served wrong); the shared tree given
+    // a file: emptied again.
+    for entry in fs::read_dir(&shared).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            fs::write(&path, b"{}").unwrap();
+        }
+    }
+    fs::set_permissions(shared.join("tree"), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::write(shared.join("tree/intruder"), b"x").unwrap();
+    let cas = Cas::open(&root.path().join("cas"), 1 << 20).unwrap();
+    assert!(cas.artifacts().is_empty());
+    cas.commit_empty_artifact(&key(8)).unwrap();
+    let guard = cas.artifact(&key(8)).unwrap();
+    assert!(listing(&guard).is_empty());
+    assert!(cas.verify_artifact(&key(8)).unwrap());
+}

@@ -188,6 +188,21 @@ async fn much_output_is_copied_whole() {
 }
 
 #[tokio::test]
+async fn output_around_the_first_read_size_is_copied_whole() {
+    // The supervisor reads 4 KiB at first, 64 KiB once a read fills that:
+    // sizes on and around the switch, written at once and in pieces.
+    for size in [4095, 4096, 4097, 8192, 70_000] {
+        let fx = Fixture::new();
+        let command = format!("head -c {size} /dev/zero | tr '\\0' y; printf z; printf z");
+        let mut job = supervisor().start(&fx.spec(&[&command])).await.expect("start");
+        assert_eq!(finish(&mut job).await, Outcome::Succeeded);
+        let out = fx.stdout();
+        assert_eq!(out.len(), size + 2, "{size}");
+        assert!(out[..size].bytes().all(|b| b == b'y') && out.ends_with("zz"), "{size}");
+    }
+}
+
+#[tokio::test]
 async fn extreme_timeout_and_grace_are_accepted() {
     let fx = Fixture::new();
     let mut spec = fx.spec(&["true"]);
