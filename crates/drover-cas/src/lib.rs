@@ -784,12 +784,14 @@ impl Inner {
             }
             match read_info(&path) {
                 // An empty artifact stored as a directory (by an older
-                // version): moved to the compact form.
+                // version): moved to the compact form (dropped, like any
+                // entry the cache cannot use, if that fails).
                 Some((info, _)) if info == self.empty.info() => {
                     remove_path(&path).ctx(|| format!("remove {}", path.display()))?;
-                    self.empty.link(&path)?;
-                    manifest::sync_dir(path.parent().unwrap_or(&self.artifacts))?;
-                    empty.push(key);
+                    if self.empty.link(&path).is_ok() {
+                        manifest::sync_dir(path.parent().unwrap_or(&self.artifacts))?;
+                        empty.push(key);
+                    }
                 }
                 Some((info, mtime)) => found.push((mtime, Slot::Artifact(key), info.size, Some(info))),
                 // Not a complete artifact (tampered with, or torn by a crash
