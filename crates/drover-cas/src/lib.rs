@@ -693,6 +693,28 @@ impl Inner {
         write_json(&wrapper.join(MANIFEST_FILE), manifest)?;
         write_json(&wrapper.join(INFO_FILE), &info)?;
         manifest::sync_dir(wrapper)?;
+        self.install(id, info, |dest| {
+            fs::rename(wrapper, dest).ctx(|| format!("rename an artifact into {}", dest.display()))
+        })
+    }
+
+    /// Adds `id` as an empty artifact: one hard link to the shared info
+    /// file. Returns the committed info (the present artifact's, if it was
+    /// there).
+    fn install_empty(&self, id: &Key) -> Result<ArtifactInfo, CasError> {
+        self.install(id, self.empty.info(), |dest| self.empty.link(dest)).map(|(info, _)| info)
+    }
+
+    /// Puts artifact `id` in place with `place` (given its path), under the
+    /// index lock, and records it as `info`; then fsyncs its directory.
+    /// Returns the committed info and whether `place` ran: an artifact
+    /// already present is only marked used (`Pinned` if it is doomed).
+    fn install(
+        &self,
+        id: &Key,
+        info: ArtifactInfo,
+        place: impl FnOnce(&Path) -> Result<(), CasError>,
+    ) -> Result<(ArtifactInfo, bool), CasError> {
         let dest = self.artifact_dir(id);
         let parent = dest.parent().unwrap_or(&self.artifacts).to_path_buf();
         let trash = {
@@ -706,7 +728,7 @@ impl Inner {
                 return Ok((present, false));
             }
             fs::create_dir_all(&parent).ctx(|| format!("create {}", parent.display()))?;
-            fs::rename(wrapper, &dest).ctx(|| format!("rename an artifact into {}", dest.display()))?;
+            place(&dest)?;
             st.index.insert_artifact(*id, info, None);
             let evicted = self.evict_locked(&mut st, Some(Slot::Artifact(*id)));
             st.evicted.extend(evicted);
@@ -715,35 +737,6 @@ impl Inner {
         self.drain(trash);
         manifest::sync_dir(&parent)?;
         Ok((info, true))
-    }
-
-    /// Adds `id` as an empty artifact: one hard link to the shared info
-    /// file, made under the index lock, then its directory fsynced. Returns
-    /// the committed info (the present artifact's, if it was there).
-    fn install_empty(&self, id: &Key) -> Result<ArtifactInfo, CasError> {
-        let info = self.empty.info();
-        let dest = self.artifact_dir(id);
-        let parent = dest.parent().unwrap_or(&self.artifacts).to_path_buf();
-        let trash = {
-            let mut st = self.lock();
-            if let Some(e) = st.index.artifact_entry(id) {
-                if e.doomed {
-                    return Err(CasError::Pinned(*id));
-                }
-                let present = e.info;
-                st.index.touch_artifact(id);
-                return Ok(present);
-            }
-            fs::create_dir_all(&parent).ctx(|| format!("create {}", parent.display()))?;
-            self.empty.link(&dest)?;
-            st.index.insert_artifact(*id, info, None);
-            let evicted = self.evict_locked(&mut st, Some(Slot::Artifact(*id)));
-            st.evicted.extend(evicted);
-            std::mem::take(&mut st.trash)
-        };
-        self.drain(trash);
-        manifest::sync_dir(&parent)?;
-        Ok(info)
     }
 
     /// The info of a present artifact (marking it used), `Pinned` if it is
