@@ -900,6 +900,19 @@ impl Scheduler {
         self.renew_lease(w);
         self.update_hungry(w);
         self.dirty.insert(w);
+        // The list is the worker's whole cache: what it held before and no
+        // longer lists is gone (lost to a crash, or evicted while the
+        // coordinator was not listening), exactly as if it had reported the
+        // eviction. A first registration holds nothing yet.
+        let mut listed = IdSet::default();
+        for a in &artifacts {
+            listed.insert(*a);
+        }
+        for a in self.workers[w as usize].held.sorted() {
+            if !listed.contains(&a) {
+                self.artifact_evicted(w, a);
+            }
+        }
         for a in artifacts {
             self.artifact_added(w, a);
         }

@@ -531,8 +531,13 @@ impl Harness {
     fn apply(&mut self, event: &Event, before: Millis, ex: &mut Expect) {
         match event {
             Event::WorkerJoined { worker, capacity, artifacts, .. } => {
-                let mut held = self.workers.remove(worker).map(|w| w.held).unwrap_or_default();
-                held.extend(artifacts);
+                // The list is the worker's whole cache: what it held before
+                // and does not list is gone.
+                let before = self.workers.remove(worker).map(|w| w.held).unwrap_or_default();
+                let held: BTreeSet<JobId> = artifacts.iter().copied().collect();
+                if before.iter().any(|a| !held.contains(a)) {
+                    self.saw("re-registration drops an artifact it no longer lists");
+                }
                 let lease = self.now.after(self.config.lease_timeout);
                 self.workers.insert(*worker, LiveWorker { capacity: capacity.clone(), lease, held });
             }
@@ -981,7 +986,7 @@ fn the_generator_reaches_what_the_properties_are_about() {
         Unplaceable(, Requeued, RunLost, Resumed, WorkerLeft, WorkerLost, CapacityBelowUsage";
     let by_harness = "schedule joins a pending job, cancel by one of several waiters, exit of a cancelled run, \
         assign next to another run, assign with an exclusive token, reservation, waiting for a worker, \
-        in a first queue, in a second queue, in the global queue";
+        in a first queue, in a second queue, in the global queue, re-registration drops an artifact it no longer lists";
     let mut seen: BTreeMap<&str, u32> = by_harness.split(", ").map(|k| (k, 0)).collect();
     for _ in 0..200 {
         let mut h = Harness::run(&case().new_tree(&mut runner).expect("case").current());
