@@ -71,6 +71,9 @@ pub(crate) struct Queue {
     stale: usize,
     /// With [`Queue::with_heads`]: the first job of each (tenant, class).
     heads: Option<BTreeMap<(TenantIdx, ClassIdx), (JobKey, JobIdx)>>,
+    /// Entries (dead ones included) per class: a draw skips the walk when
+    /// no class it could take has any.
+    classes: Vec<u32>,
 }
 
 impl Queue {
@@ -87,6 +90,12 @@ impl Queue {
     pub(crate) fn insert(&mut self, class: ClassIdx, tenant: TenantIdx, key: JobKey, job: JobIdx, era: Era) {
         if self.jobs.insert((tenant, class, key), (job, era)).is_some() {
             self.stale -= 1;
+        } else {
+            let c = class as usize;
+            if self.classes.len() <= c {
+                self.classes.resize(c + 1, 0);
+            }
+            self.classes[c] += 1;
         }
         if let Some(heads) = &mut self.heads {
             let head = heads.entry((tenant, class)).or_insert((key, job));
@@ -101,6 +110,7 @@ impl Queue {
         if self.jobs.remove(&(tenant, class, key)).is_none() {
             return false;
         }
+        self.classes[class as usize] -= 1;
         if let Some(heads) = &mut self.heads
             && heads.get(&(tenant, class)).is_some_and(|head| head.0 == key)
         {
@@ -132,8 +142,20 @@ impl Queue {
 
     /// Drops every dead entry.
     pub(crate) fn compact(&mut self, live: impl Fn(JobIdx, JobKey, Era) -> bool) {
-        self.jobs.retain(|&(_, _, key), &mut (j, era)| live(j, key, era));
+        let classes = &mut self.classes;
+        self.jobs.retain(|&(_, class, key), &mut (j, era)| {
+            let keep = live(j, key, era);
+            if !keep {
+                classes[class as usize] -= 1;
+            }
+            keep
+        });
         self.stale = 0;
+    }
+
+    /// Whether any entry (live or dead) is of this class.
+    pub(crate) fn has_class(&self, class: ClassIdx) -> bool {
+        self.classes.get(class as usize).is_some_and(|&n| n > 0)
     }
 
     /// The first live job of each class `tenant` has here, in class order,
@@ -160,6 +182,7 @@ impl Queue {
             if !live(j, key, era) {
                 self.jobs.remove(&slot);
                 self.stale -= 1;
+                self.classes[class as usize] -= 1;
                 continue;
             }
             out(class, key, j);
@@ -201,6 +224,7 @@ impl Queue {
         live: impl Fn(JobIdx, JobKey, Era) -> bool,
     ) -> Vec<(TenantIdx, JobIdx)> {
         self.stale = 0;
+        self.classes.clear();
         if let Some(heads) = &mut self.heads {
             heads.clear();
         }
@@ -214,6 +238,19 @@ impl Queue {
     /// Entries, dead ones included (for the invariant checks).
     pub(crate) fn entries(&self) -> usize {
         self.jobs.len()
+    }
+
+    /// Whether the per-class counts match the entries (for the invariant
+    /// checks).
+    pub(crate) fn classes_agree(&self) -> bool {
+        let mut counts = vec![0u32; self.classes.len()];
+        for &(_, class, _) in self.jobs.keys() {
+            match counts.get_mut(class as usize) {
+                Some(n) => *n += 1,
+                None => return false,
+            }
+        }
+        counts == self.classes
     }
 
     /// Whether the heads index (if kept) names exactly each (tenant,

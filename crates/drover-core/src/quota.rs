@@ -234,6 +234,20 @@ impl Queues {
         self.nodes.len() > 1 || self.nodes[0].capability != Amounts([u64::MAX; 3])
     }
 
+    /// Whether a capability limits `leaf` or one of its parents: only then
+    /// can what a run of `leaf` gives back let another queue's job start.
+    pub(crate) fn capped(&self, leaf: QueueIdx) -> bool {
+        let mut q = Some(leaf);
+        while let Some(i) = q {
+            let node = &self.nodes[i as usize];
+            if node.capability != Amounts([u64::MAX; 3]) {
+                return true;
+            }
+            q = node.parent;
+        }
+        false
+    }
+
     /// The leaf queue a job goes to: the one it names, else its tenant's,
     /// else the default. `Err` for a name that is not a leaf queue.
     pub(crate) fn resolve(&self, named: Option<&str>, tenant: &str) -> Result<QueueIdx, String> {

@@ -324,6 +324,14 @@ pub struct Scheduler {
     /// Jobs waiting for a capable worker.
     unplaceable: BTreeSet<JobIdx>,
 
+    /// Armed timers, soonest first. Clearing or moving a job's timer leaves
+    /// its old entry behind, dead: an entry is live while its owner's current
+    /// timer (a job's `timer`, a live worker's `lease`) is that entry. Dead
+    /// entries are dropped when they reach the front, which every step leaves
+    /// live, so a job leaving the queues costs no search here. (A lease's old
+    /// entry goes at once: leases are renewed by every report.) A job sets
+    /// at most three timers in its life, so the dead entries are at most a
+    /// few times the jobs that entered a stage within the longest timeout.
     timers: BTreeSet<(Millis, TimerSlot)>,
     /// Live workers with a free slot.
     hungry: BTreeSet<WorkerIdx>,
@@ -461,6 +469,7 @@ impl Scheduler {
         let result = self.apply(event);
         self.advance(now);
         self.dispatch();
+        self.first_live_timer();
         result
     }
 
@@ -480,6 +489,7 @@ impl Scheduler {
     pub fn timers(&self) -> Vec<Timer> {
         self.timers
             .iter()
+            .filter(|&&(at, slot)| self.timer_live(at, slot))
             .map(|&(at, slot)| {
                 let kind = match slot {
                     TimerSlot::Cache(j) => TimerKind::Cache(self.job(j).id),
@@ -683,7 +693,7 @@ impl Scheduler {
 
     fn advance(&mut self, now: Millis) {
         let target = self.now.max(now);
-        while let Some(&(at, slot)) = self.timers.first() {
+        while let Some((at, slot)) = self.first_live_timer() {
             if at > target {
                 break;
             }
@@ -709,11 +719,36 @@ impl Scheduler {
             }
             // Timers due at the same instant all fire before workers draw,
             // so that what they release is picked in queue order.
-            if self.timers.first().is_none_or(|&(next, _)| next != at) {
+            if self.first_live_timer().is_none_or(|(next, _)| next != at) {
                 self.dispatch();
             }
         }
         self.now = target;
+    }
+
+    /// Whether the timer entry is its owner's current timer.
+    fn timer_live(&self, at: Millis, slot: TimerSlot) -> bool {
+        match slot {
+            TimerSlot::Lease(w) => {
+                let worker = &self.workers[w as usize];
+                worker.alive && worker.lease == at
+            }
+            TimerSlot::Cache(j) | TimerSlot::Deps(j) | TimerSlot::Unplaceable(j) => {
+                self.jobs[j as usize].as_ref().is_some_and(|job| job.timer == Some((at, slot)))
+            }
+        }
+    }
+
+    /// Drops the dead entries at the front of the timers and returns the
+    /// first live one.
+    fn first_live_timer(&mut self) -> Option<(Millis, TimerSlot)> {
+        while let Some(&(at, slot)) = self.timers.first() {
+            if self.timer_live(at, slot) {
+                return Some((at, slot));
+            }
+            self.timers.pop_first();
+        }
+        None
     }
 
     /// Moves every deadline later by the time between the last event and
@@ -725,6 +760,9 @@ impl Scheduler {
         }
         let timers = std::mem::take(&mut self.timers);
         for (at, slot) in timers {
+            if !self.timer_live(at, slot) {
+                continue;
+            }
             let at = Millis(at.0.saturating_add(delta));
             self.timers.insert((at, slot));
             match slot {
@@ -737,16 +775,15 @@ impl Scheduler {
         self.now = now;
     }
 
+    /// Arms the job's timer (its previous one, if any, is left dead).
     fn set_timer(&mut self, j: JobIdx, at: Millis, slot: TimerSlot) {
-        self.clear_timer(j);
         self.timers.insert((at, slot));
         self.job_mut(j).timer = Some((at, slot));
     }
 
+    /// Disarms the job's timer: its entry is left dead (see `timers`).
     fn clear_timer(&mut self, j: JobIdx) {
-        if let Some(t) = self.job_mut(j).timer.take() {
-            self.timers.remove(&t);
-        }
+        self.job_mut(j).timer = None;
     }
 
     // ------------------------------------------------------------------
@@ -810,6 +847,8 @@ impl Scheduler {
     }
 
     fn renew_lease(&mut self, w: WorkerIdx) {
+        // Leases are renewed often (every report): their old entries go at
+        // once rather than pile up dead for a whole lease.
         let worker = &mut self.workers[w as usize];
         self.timers.remove(&(worker.lease, TimerSlot::Lease(w)));
         worker.lease = self.now.after(self.config.lease_timeout);
@@ -1432,9 +1471,12 @@ impl Scheduler {
             tenant.allocated.add(amounts);
         } else {
             tenant.allocated.sub(amounts);
-            if self.quotas.active() {
+            if self.quotas.active() && self.quotas.capped(tenant.queue) {
                 // Room under a capability: an idle worker may now take a
-                // job its queue held back.
+                // job its queue held back. (Only a capability on this
+                // queue's way up can have held anything back that this
+                // frees: what else an idle worker found no room for is as
+                // it was.)
                 self.dirty.extend(self.hungry.iter().copied());
             }
         }
@@ -2237,14 +2279,18 @@ impl Scheduler {
     fn draw(&mut self, w: WorkerIdx) -> Option<Pick> {
         let worker = &self.workers[w as usize];
         let reserved_key = worker.reserved.map(|j| &self.classes[self.job(j).class as usize].key);
-        // A worker holding a reservation takes only what fits beside it; if
-        // no class does, no tenant can have anything for it, and the walk
-        // below would visit every tenant to find that out.
-        if reserved_key.is_some()
-            && !self.classes.iter().enumerate().any(|(c, class)| {
-                worker.capable.get(c).copied().unwrap_or(false) && worker.res.fits(&class.key, reserved_key)
-            })
-        {
+        // If no class this worker could take now (capable, fitting, beside
+        // its reservation if it holds one) has a job in any of its three
+        // queues, no tenant has anything for it, and the walk below would
+        // visit every tenant to find that out. (A worker holding a
+        // reservation, or with little room left, draws often for nothing.)
+        let queues = [&worker.first, &worker.second, &self.global];
+        if !self.classes.iter().enumerate().any(|(c, class)| {
+            let c = c as ClassIdx;
+            queues.iter().any(|q| q.has_class(c))
+                && worker.capable.get(c as usize).copied().unwrap_or(false)
+                && (reserved_key.is_none() || worker.res.fits(&class.key, reserved_key))
+        }) {
             return None;
         }
         let quotas = self.quotas.active();

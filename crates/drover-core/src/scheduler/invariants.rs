@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{JobState, Place, Scheduler, Stage, TimerSlot, live_entry};
+use super::{JobState, Place, Scheduler, Stage, TimerSlot, WorkerIdx, live_entry};
 use crate::quota::Amounts;
 use crate::resources::WorkerResources;
 
@@ -188,6 +188,9 @@ impl Scheduler {
                     queue.entries()
                 ));
             }
+            if !queue.classes_agree() {
+                return Err("a queue's entries per class are counted wrong".to_owned());
+            }
         }
         if self.global.entries() != self.global.len() {
             return Err("the global queue holds dead entries".to_owned());
@@ -311,18 +314,41 @@ impl Scheduler {
                 return Err(format!("queue {} holds more than its capability", node.name));
             }
         }
-        for (at, slot) in &self.timers {
-            let ok = match *slot {
-                TimerSlot::Lease(w) => {
-                    let worker = &self.workers[w as usize];
-                    worker.alive && worker.lease == *at
-                }
-                TimerSlot::Cache(j) | TimerSlot::Deps(j) | TimerSlot::Unplaceable(j) => {
-                    self.jobs[j as usize].as_ref().is_some_and(|job| job.timer == Some((*at, *slot)))
-                }
-            };
-            if !ok {
-                return Err(format!("stale timer {slot:?} at {at}"));
+        // Dead job timer entries may sit behind live ones, never in front (so
+        // `poll_timeout` is exact); a lease entry is always its worker's
+        // current one, and every live worker's lease is armed.
+        if let Some(&(at, slot)) = self.timers.first()
+            && !self.timer_live(at, slot)
+        {
+            return Err(format!("dead timer {slot:?} at {at} in front"));
+        }
+        for &(at, slot) in &self.timers {
+            if matches!(slot, TimerSlot::Lease(_)) && !self.timer_live(at, slot) {
+                return Err(format!("stale lease timer {slot:?} at {at}"));
+            }
+        }
+        for (w, worker) in self.workers.iter().enumerate() {
+            if worker.alive && !self.timers.contains(&(worker.lease, TimerSlot::Lease(w as WorkerIdx))) {
+                return Err(format!("worker {:?} has no lease timer", worker.id));
+            }
+        }
+        self.check_no_idle_worker_could_work()
+    }
+
+    /// Work conservation: once a step is done, no worker with a free slot
+    /// could take a queued job (a draw on a copy of the state assigns
+    /// nothing), so no event that frees room forgot to wake a worker.
+    fn check_no_idle_worker_could_work(&self) -> Result<(), String> {
+        for &w in &self.hungry {
+            let mut copy = self.clone();
+            copy.decisions.clear();
+            copy.dirty.insert(w);
+            copy.draw_all();
+            if let Some(d) = copy.decisions.iter().find(|d| matches!(d, super::Decision::Assign { .. })) {
+                return Err(format!(
+                    "worker {:?} idles while it could run a job: {d:?}",
+                    self.workers[w as usize].id
+                ));
             }
         }
         Ok(())
