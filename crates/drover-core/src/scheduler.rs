@@ -2303,6 +2303,11 @@ impl Scheduler {
         // and its best fitting job in each.
         let mut fronts: Vec<Front> = Vec::new();
         let mut fitting: Vec<Offer> = Vec::new();
+        // Tenants the first phase found nothing for this worker at all
+        // (every front of a class it cannot run, or too big and not
+        // reservable): the second phase, which only admits more, skips
+        // them instead of reading their fronts again.
+        let mut barren: Vec<TenantIdx> = Vec::new();
         for &within_deserved in phases {
             for &(_, q) in &leaves {
                 // Every job takes a slot: a queue without room for one more
@@ -2319,21 +2324,27 @@ impl Scheduler {
                     };
                     let Some(&key) = next else { break };
                     after = Some(key);
+                    if !within_deserved && barren.contains(&key.1) {
+                        continue;
+                    }
                     fronts.clear();
                     self.live_fronts(w, key.1, &mut fronts);
                     let worker = &self.workers[w as usize];
                     let reserved_key = worker.reserved.map(|j| &self.classes[self.job(j).class as usize].key);
                     fitting.clear();
                     let mut reserve = None;
+                    let mut promising = false;
                     for &(place, class, key, j) in &fronts {
                         if !worker.capable.get(class as usize).copied().unwrap_or(false) {
                             continue;
                         }
                         let class = &self.classes[class as usize];
+                        let fits = worker.res.fits(&class.key, reserved_key);
+                        promising |= fits || (worker.reserved.is_none() && self.job(j).reserved_on.is_none());
                         if quotas && !self.quotas.admits(q, class.amounts, within_deserved) {
                             continue;
                         }
-                        if worker.res.fits(&class.key, reserved_key) {
+                        if fits {
                             match fitting.last_mut() {
                                 Some(best) if best.0 == place => *best = (*best).min((place, key, j)),
                                 _ => fitting.push((place, key, j)),
@@ -2364,6 +2375,9 @@ impl Scheduler {
                     // another worker already does.
                     if let Some(j) = reserve {
                         return Some(Pick::Reserve(j));
+                    }
+                    if within_deserved && !promising {
+                        barren.push(key.1);
                     }
                 }
             }
