@@ -147,6 +147,9 @@ struct Tenant {
     placed: u32,
     /// Queued jobs by priority (for the tenant's top priority).
     priorities: BTreeMap<i32, u32>,
+    /// Queued jobs by class: a draw passes over a tenant with none of a
+    /// class the worker could take without looking into any queue.
+    classes: Vec<u32>,
     /// Held by this tenant's runs (for its dominant share).
     allocated: Amounts,
     /// The key it is filed under in `Scheduler::orders[queue]`.
@@ -1424,15 +1427,23 @@ impl Scheduler {
     fn queued_changed(&mut self, j: JobIdx, add: bool) {
         let job = self.jobs[j as usize].as_mut().expect("live job");
         job.counted = add;
-        let (t, priority, amounts) = (job.tenant, job.priority, self.classes[job.class as usize].amounts);
+        let (t, priority, class) = (job.tenant, job.priority, job.class as usize);
+        let amounts = self.classes[class].amounts;
         let tenant = &mut self.tenants[t as usize];
         let q = tenant.queue;
+        if tenant.classes.len() <= class {
+            tenant.classes.resize(class + 1, 0);
+        }
         if add {
+            tenant.classes[class] += 1;
             *tenant.priorities.entry(priority).or_insert(0) += 1;
-        } else if let Some(n) = tenant.priorities.get_mut(&priority) {
-            *n -= 1;
-            if *n == 0 {
-                tenant.priorities.remove(&priority);
+        } else {
+            tenant.classes[class] -= 1;
+            if let Some(n) = tenant.priorities.get_mut(&priority) {
+                *n -= 1;
+                if *n == 0 {
+                    tenant.priorities.remove(&priority);
+                }
             }
         }
         self.quotas.charge(q, |node| {
@@ -2279,18 +2290,24 @@ impl Scheduler {
     fn draw(&mut self, w: WorkerIdx) -> Option<Pick> {
         let worker = &self.workers[w as usize];
         let reserved_key = worker.reserved.map(|j| &self.classes[self.job(j).class as usize].key);
-        // If no class this worker could take now (capable, fitting, beside
-        // its reservation if it holds one) has a job in any of its three
-        // queues, no tenant has anything for it, and the walk below would
-        // visit every tenant to find that out. (A worker holding a
-        // reservation, or with little room left, draws often for nothing.)
+        // The classes this worker could take, or reserve room for, now: those
+        // it can run, and with a reservation only those that fit beside it.
+        let usable: Vec<bool> = self
+            .classes
+            .iter()
+            .enumerate()
+            .map(|(c, class)| {
+                worker.capable.get(c).copied().unwrap_or(false)
+                    && (reserved_key.is_none() || worker.res.fits(&class.key, reserved_key))
+            })
+            .collect();
+        // If no usable class has a job in any of the worker's three queues,
+        // no tenant has anything for it, and the walk below would visit
+        // every tenant to find that out. (A worker holding a reservation, or
+        // with little room left, draws often for nothing.)
         let queues = [&worker.first, &worker.second, &self.global];
-        if !self.classes.iter().enumerate().any(|(c, class)| {
-            let c = c as ClassIdx;
-            queues.iter().any(|q| q.has_class(c))
-                && worker.capable.get(c as usize).copied().unwrap_or(false)
-                && (reserved_key.is_none() || worker.res.fits(&class.key, reserved_key))
-        }) {
+        if !usable.iter().enumerate().any(|(c, &ok)| ok && queues.iter().any(|q| q.has_class(c as ClassIdx)))
+        {
             return None;
         }
         let quotas = self.quotas.active();
@@ -2325,6 +2342,12 @@ impl Scheduler {
                     let Some(&key) = next else { break };
                     after = Some(key);
                     if !within_deserved && barren.contains(&key.1) {
+                        continue;
+                    }
+                    // A tenant with no queued job of a usable class has no
+                    // front worth reading.
+                    let queued = &self.tenants[key.1 as usize].classes;
+                    if !queued.iter().zip(&usable).any(|(&n, &ok)| n > 0 && ok) {
                         continue;
                     }
                     fronts.clear();
@@ -2443,6 +2466,7 @@ impl Scheduler {
             queue,
             placed: 0,
             priorities: BTreeMap::new(),
+            classes: Vec::new(),
             allocated: Amounts::default(),
             filed: None,
         });

@@ -284,10 +284,25 @@ impl Scheduler {
                 q = self.quotas.nodes[i as usize].parent;
             }
         };
+        let mut by_class = vec![Vec::<u32>::new(); self.tenants.len()];
         for job in self.jobs.iter().flatten() {
             if matches!(job.state, JobState::Queued(_)) {
                 let leaf = self.tenants[job.tenant as usize].queue;
                 up(&mut pending, leaf, self.classes[job.class as usize].amounts);
+                let counts = &mut by_class[job.tenant as usize];
+                if counts.len() <= job.class as usize {
+                    counts.resize(job.class as usize + 1, 0);
+                }
+                counts[job.class as usize] += 1;
+            }
+        }
+        for (t, tenant) in self.tenants.iter().enumerate() {
+            let counted = &tenant.classes;
+            let expected = &by_class[t];
+            if (0..counted.len().max(expected.len()))
+                .any(|c| counted.get(c).copied().unwrap_or(0) != expected.get(c).copied().unwrap_or(0))
+            {
+                return Err(format!("tenant {} counts its queued jobs by class wrong", tenant.name));
             }
         }
         let mut tenants = vec![Amounts::default(); self.tenants.len()];
