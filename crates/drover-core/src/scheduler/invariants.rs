@@ -354,18 +354,16 @@ impl Scheduler {
     /// could take a queued job (a draw on a copy of the state assigns
     /// nothing), so no event that frees room forgot to wake a worker.
     fn check_no_idle_worker_could_work(&self) -> Result<(), String> {
-        for &w in &self.hungry {
-            let mut copy = self.clone();
-            copy.decisions.clear();
-            copy.dirty.insert(w);
-            copy.draw_all();
-            if let Some(d) = copy.decisions.iter().find(|d| matches!(d, super::Decision::Assign { .. })) {
-                return Err(format!(
-                    "worker {:?} idles while it could run a job: {d:?}",
-                    self.workers[w as usize].id
-                ));
-            }
+        if self.hungry.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        let mut copy = self.clone();
+        copy.decisions.clear();
+        copy.dirty.extend(self.hungry.iter().copied());
+        copy.draw_all();
+        match copy.decisions.iter().find(|d| matches!(d, super::Decision::Assign { .. })) {
+            Some(d) => Err(format!("a worker idles while it could run a job: {d:?}")),
+            None => Ok(()),
+        }
     }
 }
