@@ -24,8 +24,9 @@
 //! worker takes it, it leaves all of them. Taking each entry out of a
 //! worker's local queue at once costs a cold descent into a queue nobody is
 //! looking at. Instead those entries stay behind, *dead*: each entry
-//! carries its job's era (a counter bumped whenever the job leaves the
-//! queues), and an entry whose job has moved on no longer counts. The
+//! carries its job slot's era (a counter bumped whenever the slot's job
+//! leaves the queues, and when the slot is freed for another job), and an
+//! entry whose era is behind its slot's no longer counts. The
 //! worker's own draw drops a dead entry when it meets it at a front (the
 //! path is then in cache), and a queue whose dead entries pass half its
 //! live ones is swept in one pass ([`Queue::compact`]), so they never take
@@ -41,8 +42,8 @@ pub(crate) type ClassIdx = u32;
 pub(crate) type TenantIdx = u32;
 /// Index of a live job in the scheduler's slab.
 pub(crate) type JobIdx = u32;
-/// A job's queue era: bumped each time it leaves the queues, so the entries
-/// it left behind are known to be dead.
+/// A job slot's queue era: bumped each time its job leaves the queues (and
+/// when the slot is freed), so the entries left behind are known to be dead.
 pub(crate) type Era = u32;
 
 /// Order of a tenant's jobs: the components of the configured job rules
@@ -141,10 +142,10 @@ impl Queue {
     }
 
     /// Drops every dead entry.
-    pub(crate) fn compact(&mut self, live: impl Fn(JobIdx, JobKey, Era) -> bool) {
+    pub(crate) fn compact(&mut self, live: impl Fn(JobIdx, Era) -> bool) {
         let classes = &mut self.classes;
-        self.jobs.retain(|&(_, class, key), &mut (j, era)| {
-            let keep = live(j, key, era);
+        self.jobs.retain(|&(_, class, _), &mut (j, era)| {
+            let keep = live(j, era);
             if !keep {
                 classes[class as usize] -= 1;
             }
@@ -164,7 +165,7 @@ impl Queue {
     pub(crate) fn fronts(
         &mut self,
         tenant: TenantIdx,
-        live: impl Fn(JobIdx, JobKey, Era) -> bool,
+        live: impl Fn(JobIdx, Era) -> bool,
         mut out: impl FnMut(ClassIdx, JobKey, JobIdx),
     ) {
         if let Some(heads) = &self.heads {
@@ -179,7 +180,7 @@ impl Queue {
             if t != tenant {
                 return;
             }
-            if !live(j, key, era) {
+            if !live(j, era) {
                 self.jobs.remove(&slot);
                 self.stale -= 1;
                 self.classes[class as usize] -= 1;
@@ -196,14 +197,14 @@ impl Queue {
     pub(crate) fn peek_fronts(
         &self,
         tenant: TenantIdx,
-        live: impl Fn(JobIdx, JobKey, Era) -> bool,
+        live: impl Fn(JobIdx, Era) -> bool,
     ) -> impl Iterator<Item = (ClassIdx, JobKey, JobIdx)> {
         let mut from = Some(0);
         std::iter::from_fn(move || {
             let class = from?;
             let mut entries = self.jobs.range((tenant, class, FIRST_KEY)..);
             let (&(t, c, key), &(j, _)) =
-                entries.find(|&(&(t, _, key), &(j, era))| t != tenant || live(j, key, era))?;
+                entries.find(|&(&(t, _, _), &(j, era))| t != tenant || live(j, era))?;
             if t != tenant {
                 from = None;
                 return None;
@@ -214,15 +215,12 @@ impl Queue {
     }
 
     /// Every live job here, in tenant, class and job order.
-    pub(crate) fn jobs(&self, live: impl Fn(JobIdx, JobKey, Era) -> bool) -> impl Iterator<Item = JobIdx> {
-        self.jobs.iter().filter(move |&(&(_, _, key), &(j, era))| live(j, key, era)).map(|(_, &(j, _))| j)
+    pub(crate) fn jobs(&self, live: impl Fn(JobIdx, Era) -> bool) -> impl Iterator<Item = JobIdx> {
+        self.jobs.iter().filter(move |&(_, &(j, era))| live(j, era)).map(|(_, &(j, _))| j)
     }
 
     /// Empties the queue, returning its live jobs with their tenants.
-    pub(crate) fn take_all(
-        &mut self,
-        live: impl Fn(JobIdx, JobKey, Era) -> bool,
-    ) -> Vec<(TenantIdx, JobIdx)> {
+    pub(crate) fn take_all(&mut self, live: impl Fn(JobIdx, Era) -> bool) -> Vec<(TenantIdx, JobIdx)> {
         self.stale = 0;
         self.classes.clear();
         if let Some(heads) = &mut self.heads {
@@ -230,7 +228,7 @@ impl Queue {
         }
         std::mem::take(&mut self.jobs)
             .into_iter()
-            .filter(|&((_, _, key), (j, era))| live(j, key, era))
+            .filter(|&(_, (j, era))| live(j, era))
             .map(|((t, _, _), (j, _))| (t, j))
             .collect()
     }
@@ -277,8 +275,8 @@ mod tests {
 
     /// Liveness as the scheduler sees it, for a test: the jobs in `dead`
     /// have left the queues.
-    fn live(dead: &BTreeSet<JobIdx>) -> impl Fn(JobIdx, JobKey, Era) -> bool + '_ {
-        move |j, _, _| !dead.contains(&j)
+    fn live(dead: &BTreeSet<JobIdx>) -> impl Fn(JobIdx, Era) -> bool + '_ {
+        move |j, _| !dead.contains(&j)
     }
 
     fn fronts(q: &mut Queue, tenant: TenantIdx, dead: &BTreeSet<JobIdx>) -> Vec<(ClassIdx, JobIdx)> {

@@ -95,7 +95,7 @@ impl Scheduler {
                 }
             }
             for (queue, first) in [(&worker.first, true), (&worker.second, false)] {
-                for j in queue.jobs(live_entry(&self.jobs)) {
+                for j in queue.jobs(live_entry(&self.eras)) {
                     let place = if first { Place::First(w) } else { Place::Second(w) };
                     let job = self.jobs[j as usize].as_ref().ok_or("queue holds a freed job")?;
                     if !job.places.contains(&place) {
@@ -180,7 +180,7 @@ impl Scheduler {
         let queues =
             std::iter::once(&self.global).chain(self.workers.iter().flat_map(|w| [&w.first, &w.second]));
         for queue in queues {
-            let live = queue.jobs(live_entry(&self.jobs)).count();
+            let live = queue.jobs(live_entry(&self.eras)).count();
             if live != queue.len() {
                 return Err(format!(
                     "a queue counts {} live entries of {}, but {live} are",
