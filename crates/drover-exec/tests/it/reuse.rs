@@ -3,8 +3,8 @@
 //! before the next job starts), no descriptor, working directory or
 //! environment, and no request meant for an earlier job. Jobs running at
 //! once have supervisors of their own. A supervisor whose attributes a job
-//! changed, or that was killed, is not reused; and one that lives long does
-//! not grow.
+//! changed, or that was killed, is not reused; one that lives long does not
+//! grow; and one left idle exits after a while.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -246,4 +246,19 @@ async fn a_long_lived_supervisor_does_not_grow() {
     assert!(after.1 <= before.1 + 64, "the heap grew from {} kB to {} kB", before.1, after.1);
     assert!(after.2 <= before.2 + 64, "anonymous memory grew from {} kB to {} kB", before.2, after.2);
     assert_no_survivors(&fx);
+}
+
+#[tokio::test]
+async fn an_idle_supervisor_is_let_go_after_a_while() {
+    let supervisor = supervisor();
+    let fx = Fixture::new();
+    let idle = run(&supervisor, &fx, &["true"]).await;
+    assert!(!gone(idle), "idle, it waits for the next job");
+    // The zygote lets it go after its idle timeout (10 s): it exits, and
+    // the zygote reaps it.
+    wait_until("the idle supervisor to exit", || stat(idle as i32).is_none());
+    let zygote = supervisor.zygote_pid().expect("the zygote stays");
+    let next = run(&supervisor, &fx, &["true"]).await;
+    assert_ne!(next, idle, "a new supervisor");
+    assert_eq!(supervisor.zygote_pid(), Some(zygote));
 }
