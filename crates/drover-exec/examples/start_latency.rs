@@ -1,4 +1,4 @@
-//! Times the start of per-job supervisors: runs `true` jobs one after the
+//! Times the start of jobs' supervisors: runs `true` jobs one after the
 //! other through one [`Supervisor`] and prints the mean time of
 //! [`Supervisor::start`] and of a whole job (start and wait).
 //!

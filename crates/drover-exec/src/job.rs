@@ -1,7 +1,7 @@
-//! The worker side: starting a job's supervisor through the zygote
+//! The worker side: having the zygote hand a job to a supervisor
 //! ([`Supervisor::start`]), waiting for it with the job's timeout
 //! ([`RunningJob::wait`]), and cancelling, suspending and resuming it
-//! ([`RunningJob`], [`JobHandle`]).
+//! ([`RunningJob`], [`JobHandle`]) through the job's control pipe.
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -31,8 +31,8 @@ const ORPHAN_SWEEP_LIMIT: u32 = 500;
 const ORPHAN_SWEEP_INTERVAL: Duration = Duration::from_millis(10);
 /// How much of the supervisor's own standard error is kept for messages.
 const STDERR_LIMIT: u64 = 16 * 1024;
-/// How much of the supervisor's standard output after `ready` (its report)
-/// is read.
+/// How much of the job's output pipe after `ready` (the supervisor's
+/// report) is read.
 const REPORT_LIMIT: u64 = 1024 * 1024;
 
 /// How a job ended.
@@ -76,18 +76,16 @@ pub enum ExecError {
     /// The supervisor process could not be started, or did not get ready.
     #[error("supervisor did not start: {0}")]
     Supervisor(String),
-    /// The job's supervisor has already exited.
+    /// The job has already ended (or its supervisor is gone).
     #[error("the job is no longer running")]
     NotRunning,
-    /// Signalling the job's processes failed.
-    #[error("cannot signal the job's processes: {0}")]
-    Signal(#[from] nix::errno::Errno),
 }
 
-/// How to start jobs' supervisor processes: through a **zygote**, one
+/// How to run jobs under supervisor processes: through a **zygote**, one
 /// helper process started as `program args…` when the first job needs it
-/// (and again if it dies), which forks a supervisor per job. The program
-/// must call [`zygote_main`](crate::zygote_main) first thing.
+/// (and again if it dies), which keeps a pool of supervisors and hands each
+/// job to an idle one (forking one when none is idle). The program must
+/// call [`zygote_main`](crate::zygote_main) first thing.
 ///
 /// Clones share the zygote. It exits when this value, its clones and every
 /// job started through them have been dropped (or when the worker dies).
@@ -106,7 +104,7 @@ impl PartialEq for Supervisor {
 impl Eq for Supervisor {}
 
 impl Supervisor {
-    /// Jobs whose supervisors are forked by a zygote started as `program
+    /// Jobs whose supervisors are kept by a zygote started as `program
     /// args…`: e.g. the `drover` binary with a hidden argument,
     /// `Supervisor::new(std::env::current_exe()?, vec!["__zygote".into()])`,
     /// or this crate's `drover-exec-supervisor` binary with no argument.
@@ -131,9 +129,10 @@ impl Supervisor {
         self.launcher.zygote_pid()
     }
 
-    /// Starts a job: has the zygote (started if none is running) fork its
-    /// supervisor, and waits until that handles signals (so that
-    /// [`RunningJob::terminate`] can never kill it before it can clean up).
+    /// Starts a job: has the zygote (started if none is running) hand it to
+    /// a supervisor, and waits until that is ready to handle stop requests
+    /// (so that [`RunningJob::terminate`] can never kill it before it can
+    /// clean up).
     /// Must be called within a tokio runtime.
     ///
     /// Problems with the job itself (a missing `cwd`, say) are not errors
@@ -182,7 +181,8 @@ impl Supervisor {
         let mut exit = launched.exit;
         if !ready {
             // Kill it unless it has exited already (its pid may be reused
-            // once it has been reaped).
+            // once it has been reaped). A supervisor that did not write
+            // `ready` is never given another job, so the pid is still its.
             if matches!(exit.try_recv(), Err(oneshot::error::TryRecvError::Empty)) {
                 let _ = procfs::signal_pid(launched.pid as i32, Signal::SIGKILL);
             }
@@ -248,8 +248,9 @@ async fn read_limited(stream: pipe::Receiver) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
-/// Reads the rest of the supervisor's standard output, up to end of file
-/// (it exited): the report line, if it sent one.
+/// Reads the rest of the job's output pipe, up to end of file (the
+/// supervisor closes it at the job's end, or died): the report line, if it
+/// sent one.
 async fn read_report(stdout: BufReader<pipe::Receiver>) -> Option<JobReport> {
     let mut bytes = Vec::new();
     let mut limited = stdout.take(REPORT_LIMIT);
@@ -290,12 +291,18 @@ impl Clock {
 }
 
 /// State shared by a [`RunningJob`] and its [`JobHandle`]s.
+///
+/// Requests reach the job through its control pipe, never as signals to
+/// the supervisor's pid: the supervisor runs later jobs under the same
+/// pid, and a request that comes after the job's end finds the pipe
+/// closed (the supervisor closes its end with the job) instead of reaching
+/// the next job.
 #[derive(Debug)]
 struct Shared {
     pid: u32,
-    /// Set once the supervisor has been reaped: its pid may be reused.
+    /// Set once the job has ended: the supervisor may run another job.
     exited: AtomicBool,
-    /// Write end of the supervisor's control pipe (see the supervisor module).
+    /// Write end of the job's control pipe (see the supervisor module).
     /// Dropping it (with the last handle) makes the supervisor stop the job.
     control: Mutex<Option<std::io::PipeWriter>>,
     clock: watch::Sender<Clock>,
@@ -310,13 +317,17 @@ impl Shared {
         if self.exited.load(Ordering::Acquire) { Err(ExecError::NotRunning) } else { Ok(()) }
     }
 
-    fn send_control(&self, byte: u8) {
+    /// Writes one request byte on the control pipe; fails once the
+    /// supervisor has closed its end (the job is over) or the pipe was
+    /// dropped.
+    fn send_control(&self, byte: u8) -> Result<(), ExecError> {
         let mut control = self.control.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(pipe) = control.as_mut()
-            && pipe.write_all(&[byte]).is_err()
-        {
+        let Some(pipe) = control.as_mut() else { return Err(ExecError::NotRunning) };
+        if pipe.write_all(&[byte]).is_err() {
             *control = None;
+            return Err(ExecError::NotRunning);
         }
+        Ok(())
     }
 
     fn stop(&self, reason: StopReason) {
@@ -329,17 +340,17 @@ impl Shared {
                 clock.paused += Instant::now().saturating_duration_since(since);
             }
         });
-        // The supervisor forwards SIGTERM, then SIGCONT, to every process of
+        // The supervisor sends SIGTERM, then SIGCONT, to every process of
         // the job, waits for the grace period, and SIGKILLs what is left.
-        let _ = procfs::signal_pid(self.pid(), Signal::SIGTERM);
+        // Failing, the job is over already.
+        let _ = self.send_control(b'T');
     }
 
     fn suspend(&self) -> Result<(), ExecError> {
         self.running()?;
-        // Tell the supervisor first: it starts no new command while
-        // suspended, and stops any command it started meanwhile.
-        self.send_control(b'S');
-        procfs::stop_descendants(self.pid())?;
+        // The supervisor stops every process of the job, and starts no new
+        // command until resumed.
+        self.send_control(b'S')?;
         self.clock.send_modify(|clock| {
             clock.suspended_since.get_or_insert_with(Instant::now);
         });
@@ -348,8 +359,7 @@ impl Shared {
 
     fn resume(&self) -> Result<(), ExecError> {
         self.running()?;
-        self.send_control(b'R');
-        procfs::continue_descendants(self.pid())?;
+        self.send_control(b'R')?;
         self.clock.send_modify(|clock| {
             if let Some(since) = clock.suspended_since.take() {
                 clock.paused += Instant::now().saturating_duration_since(since);
@@ -364,15 +374,14 @@ impl Shared {
 /// other tasks through a [`JobHandle`].
 ///
 /// Dropping it (and every [`JobHandle`]) before the job has ended closes the
-/// supervisor's control pipe, which makes the supervisor terminate the job
-/// (SIGTERM, grace, SIGKILL); the zygote reaps the supervisor. The same
-/// happens if the worker process dies.
+/// job's control pipe, which makes the supervisor terminate the job
+/// (SIGTERM, grace, SIGKILL). The same happens if the worker process dies.
 #[derive(Debug)]
 pub struct RunningJob {
     shared: Arc<Shared>,
-    /// The zygote that forked the supervisor (and reaps it).
+    /// The zygote that handed the job to the supervisor (and reports its end).
     zygote: Arc<Zygote>,
-    /// The supervisor's exit, from the zygote.
+    /// The job's end, from the zygote.
     exit: oneshot::Receiver<SupervisorExit>,
     /// The exit, once received.
     status: Option<SupervisorExit>,
@@ -386,6 +395,8 @@ pub struct RunningJob {
 
 impl RunningJob {
     /// The supervisor's process id (also its session and process group id).
+    /// Supervisors are reused: other jobs, before and after this one, may
+    /// have run under the same one.
     pub fn pid(&self) -> u32 {
         self.shared.pid
     }
@@ -445,24 +456,26 @@ impl RunningJob {
         self.result.as_ref().and_then(|(_, report)| report.as_ref())
     }
 
-    /// Asks the supervisor to stop the job (SIGTERM): it forwards SIGTERM to
-    /// every process of the job, waits [`JobSpec::kill_grace`], then SIGKILLs
-    /// what is left. [`wait`](Self::wait) then returns [`Outcome::Cancelled`],
+    /// Asks the supervisor to stop the job (a request on the job's control
+    /// pipe): it sends SIGTERM to every process of the job, waits
+    /// [`JobSpec::kill_grace`], then SIGKILLs what is left. [`wait`](Self::wait) then returns [`Outcome::Cancelled`],
     /// unless the job had already finished. Does nothing once the job has
     /// ended.
     pub fn terminate(&self) {
         self.shared.stop(StopReason::Cancelled);
     }
 
-    /// Suspends the job: SIGSTOP to every process under the supervisor (not
-    /// the supervisor itself, which stays responsive), and no new command
-    /// starts until [`resume`](Self::resume). The timeout clock stops.
+    /// Suspends the job: the supervisor sends SIGSTOP to every process under
+    /// it (not to itself: it stays responsive), and starts no new command
+    /// until [`resume`](Self::resume). The timeout clock stops at once; the
+    /// processes stop as soon as the supervisor reads the request (it waits
+    /// on the control pipe, so at once unless it is busy killing processes).
     pub fn suspend(&self) -> Result<(), ExecError> {
         self.shared.suspend()
     }
 
-    /// Resumes a suspended job: SIGCONT to every process under the
-    /// supervisor. The timeout clock runs again.
+    /// Resumes a suspended job: the supervisor sends SIGCONT to every process
+    /// under it. The timeout clock runs again.
     pub fn resume(&self) -> Result<(), ExecError> {
         self.shared.resume()
     }
@@ -481,7 +494,8 @@ impl RunningJob {
             }
             sent
         } else {
-            // The supervisor has exited: its output has ended.
+            // The job is over: the supervisor has closed its output (it
+            // closes the job's pipes before it reports the end).
             let report = match self.report.take() {
                 Some(task) => task.await.ok().flatten(),
                 None => None,
@@ -489,7 +503,10 @@ impl RunningJob {
             if report.is_none() {
                 // The supervisor died without cleaning up (SIGKILLed, say):
                 // kill what it left in its session (processes that left the
-                // session with `setsid` are out of reach).
+                // session with `setsid` are out of reach). If it is alive
+                // (it ended the job, but its report could not be read), it
+                // left nothing, and nothing of its session is touched while
+                // it lives.
                 self.kill_orphans().await;
             }
             report
@@ -544,9 +561,9 @@ impl RunningJob {
 }
 
 impl Drop for RunningJob {
-    /// A job dropped before it ended is terminated: SIGTERM to the
-    /// supervisor, and its control pipe is closed. Handles stop working, as
-    /// the zygote reaps the supervisor and its pid may then be reused.
+    /// A job dropped before it ended is terminated: a stop request, then its
+    /// control pipe is closed. Handles stop working, as the supervisor may
+    /// then run another job.
     fn drop(&mut self) {
         if self.result.is_none() {
             self.shared.stop(StopReason::Cancelled);

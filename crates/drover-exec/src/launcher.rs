@@ -1,8 +1,9 @@
 //! The worker's end of the zygote (see the `zygote` module): starts it when
 //! the first job needs it (and again after it died), sends it one start
 //! request per job with the job's pipes, and hands the replies it sends
-//! back (supervisor forked, supervisor exited) to the job they are about
-//! through one-shot channels, from a dispatcher task that reads the socket.
+//! back (a supervisor took the job, the job ended) to the job they are
+//! about through one-shot channels, from a dispatcher task that reads the
+//! socket.
 //!
 //! When the zygote dies, every job still waiting for a reply gets a closed
 //! channel, which it treats as its supervisor being lost; the next start
@@ -37,37 +38,38 @@ pub(crate) struct Launcher {
     current: Mutex<Option<Arc<Zygote>>>,
 }
 
-/// How a job's supervisor ended, as the zygote saw it.
+/// How a job ended, as the zygote saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum SupervisorExit {
-    /// It exited with this code.
+    /// The supervisor ended it with this exit code (and may be reused), or
+    /// exited with it.
     Exited(i32),
-    /// It was killed by this signal.
+    /// The supervisor was killed by this signal during the job.
     Signaled(i32),
     /// The zygote died first (the message says how): the supervisor's fate
     /// is unknown, and it may still be running.
     Lost(String),
 }
 
-/// A job's supervisor, just forked.
+/// A job handed to a supervisor.
 #[derive(Debug)]
 pub(crate) struct Launched {
-    /// The zygote that forked it (kept open while the job runs).
+    /// The zygote that handed the job over (kept open while the job runs).
     pub(crate) zygote: Arc<Zygote>,
     /// The supervisor's pid.
     pub(crate) pid: u32,
-    /// Its exit, once the zygote has reaped it.
+    /// The job's end, once the zygote has heard of it.
     pub(crate) exit: oneshot::Receiver<SupervisorExit>,
 }
 
 /// The job's ends of its pipes, sent to the zygote for the supervisor.
 #[derive(Debug)]
 pub(crate) struct SupervisorFds {
-    /// Read end of the control pipe (the supervisor's standard input).
+    /// Read end of the job's control pipe.
     pub(crate) control: OwnedFd,
-    /// Write end of the supervisor's standard output.
+    /// Write end of the job's output pipe (`ready`, then the report).
     pub(crate) stdout: OwnedFd,
-    /// Write end of the supervisor's standard error.
+    /// Write end of the job's error pipe (the supervisor's messages about it).
     pub(crate) stderr: OwnedFd,
 }
 
@@ -90,8 +92,8 @@ impl Launcher {
         current.as_ref().filter(|z| z.lost().is_none()).map(|z| z.pid)
     }
 
-    /// Asks the zygote (started if none is alive) to fork a supervisor for
-    /// the job `spec_json` with the given pipes. Must be called within a
+    /// Asks the zygote (started if none is alive) to hand the job
+    /// `spec_json` with the given pipes to a supervisor. Must be called within a
     /// tokio runtime.
     pub(crate) async fn launch(&self, spec_json: &[u8], fds: SupervisorFds) -> Result<Launched, ExecError> {
         let spec_file = if spec_json.len() > INLINE_LIMIT { Some(spec_file(spec_json)?) } else { None };
@@ -152,7 +154,7 @@ pub(crate) struct Zygote {
 #[derive(Debug, Default)]
 struct State {
     next_token: u64,
-    /// Start requests whose supervisor has not been reported exited.
+    /// Start requests whose job has not been reported ended.
     pending: BTreeMap<u64, Pending>,
     /// Set once the zygote is gone (or unusable): why.
     lost: Option<String>,
@@ -264,7 +266,7 @@ impl Zygote {
         }
     }
 
-    /// Waits for the zygote to say it forked the supervisor.
+    /// Waits for the zygote to say which supervisor took the job.
     async fn started(
         self: Arc<Self>,
         requested: Requested,

@@ -44,6 +44,18 @@ pub(crate) fn parse_stat(text: &str) -> Option<ProcInfo> {
     Some(ProcInfo { pid, ppid, state, session })
 }
 
+/// The fields of a `/proc/<pid>/stat` line that the process's children
+/// inherit, or that decide what they inherit, and that do not change as it
+/// runs: the signal mask, the ignored and the caught signals (fields 32 to
+/// 34), the nice value (19), the real-time priority and the scheduling
+/// policy (40 and 41).
+pub(crate) fn inherited_fields(text: &str) -> Option<Vec<String>> {
+    let close = text.rfind(')')?;
+    // Field 3 (the state) is the first after the name.
+    let fields: Vec<&str> = text.get(close + 1..)?.split_whitespace().collect();
+    [32, 33, 34, 19, 40, 41].iter().map(|n| fields.get(n - 3).map(|f| (*f).to_owned())).collect()
+}
+
 /// Reads one process's stat line; `None` if it is gone (or unreadable).
 pub(crate) fn stat(pid: i32) -> Option<ProcInfo> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -200,6 +212,17 @@ mod tests {
     fn parses_names_with_spaces_and_parentheses() {
         let info = parse_stat("4242 (a (weird) name) T 17 4241 4240 0 -1 4194560").unwrap();
         assert_eq!(info, ProcInfo { pid: 4242, ppid: 17, state: 'T', session: 4240 });
+    }
+
+    #[test]
+    fn picks_the_inherited_fields() {
+        // A real line (a shell), with a name holding a space and a parenthesis.
+        let line = "1234 (a b) c) S 1 1234 1234 34816 1234 4194304 1189 0 0 0 1 0 0 0 25 5 1 0 \
+                    2345 9494528 1234 18446744073709551615 1 1 0 0 0 0 65536 3686404 1266761467 \
+                    0 0 0 17 1 7 3 0 0 0 0 0 0 0 0 0 0 0";
+        let fields = inherited_fields(line).unwrap();
+        assert_eq!(fields, ["65536", "3686404", "1266761467", "5", "7", "3"]);
+        assert_eq!(inherited_fields("1 (x) S 1"), None);
     }
 
     #[test]

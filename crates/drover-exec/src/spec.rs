@@ -1,6 +1,6 @@
 //! What a job is ([`JobSpec`], handed from the worker to the supervisor as
 //! JSON, through the zygote) and what became of it ([`JobReport`], which the
-//! supervisor sends back on its standard output), plus the environment
+//! supervisor sends back on the job's output pipe), plus the environment
 //! defaults a job's commands get.
 
 use std::collections::BTreeMap;
@@ -82,8 +82,9 @@ pub struct JobReport {
     pub exit_code: Option<i32>,
     /// The signal that killed the last command that ran, if one did.
     pub signal: Option<i32>,
-    /// Whether the job was stopped (SIGTERM, SIGINT or SIGHUP to the
-    /// supervisor, or the worker went away) before its commands were done.
+    /// Whether the job was stopped (a stop request on its control pipe,
+    /// SIGTERM, SIGINT or SIGHUP to the supervisor, or the worker went away)
+    /// before its commands were done.
     pub terminated: bool,
     /// Wall-clock duration of every command that was started, in order, in
     /// milliseconds (suspended time included).

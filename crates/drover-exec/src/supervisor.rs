@@ -1,63 +1,94 @@
-//! The supervisor process: the small synchronous program that runs one job's
+//! The supervisor process: the small synchronous program that runs a job's
 //! commands and makes sure nothing the job started outlives it.
 //!
-//! It is forked by the zygote (the `zygote` module) for each
-//! [`Supervisor::start`](crate::Supervisor::start), runs [`supervise`] with
-//! the job's spec, and:
+//! Supervisors are forked by the zygote (the `zygote` module) and **reused**:
+//! each runs [`serve`], which takes jobs from the zygote one at a time (a
+//! start request on its socket: the job's spec and its three pipes) and,
+//! after each, tells the zygote the job's exit code and waits for the next.
 //!
-//! 1. blocks SIGTERM, SIGINT, SIGHUP and SIGCHLD and reads them from a
-//!    `signalfd` (no signal handler, so no `unsafe`); starts a new session
-//!    (`setsid`); becomes a child subreaper (`PR_SET_CHILD_SUBREAPER`), so
-//!    every orphaned descendant — including one that called `setsid` or
-//!    `setpgid` to leave the job's process group — is reparented to it;
-//! 2. decodes the [`JobSpec`] (JSON, sent by the worker), writes `ready`
-//!    on standard output, and runs the commands one by one (`posix_spawn`, so
-//!    that they start with an empty signal mask), each in its own process
-//!    group, stopping at the first that fails; the commands' standard output
-//!    and error are pipes the supervisor copies to the log files as the
-//!    bytes arrive, creating each file (and its directory) on its first
-//!    byte, so a job that prints nothing costs no file;
-//! 3. on a stop request (SIGTERM/SIGINT/SIGHUP, or end of file on the control
-//!    pipe, i.e. the worker is gone) sends SIGTERM then SIGCONT to the running
-//!    command's process group and to every descendant of the supervisor found
-//!    in `/proc` (by parent links from every process's `/proc/<pid>/stat`),
-//!    waits up to [`JobSpec::kill_grace`] for them to exit, then SIGKILLs
-//!    every descendant, sweep after sweep, until it has no child left (a
-//!    process whose parent is killed is reparented to the supervisor, and
-//!    found by the next sweep);
-//! 4. when the commands are done, treats every process still alive the same
-//!    way (a job leaves no daemon behind), reaps every child (`waitpid(-1)`),
-//!    copies what is left in the log pipes, writes the [`JobReport`] on
-//!    standard output as one line (`report ` and JSON) after `ready`, and
-//!    exits with one of the `EXIT_*` codes.
+//! Once, when forked, a supervisor blocks SIGTERM, SIGINT, SIGHUP and
+//! SIGCHLD and reads them from a `signalfd` (no signal handler, so no
+//! `unsafe`); starts a new session (`setsid`); becomes a child subreaper
+//! (`PR_SET_CHILD_SUBREAPER`), so every orphaned descendant — including one
+//! that called `setsid` or `setpgid` to leave the job's process group — is
+//! reparented to it; and notes its working directory and what its commands
+//! would inherit from it that someone else could change (`Inherited`).
+//! Then, for each job:
 //!
-//! The control pipe (the supervisor's standard input, when it is a pipe)
-//! carries one byte per request from the worker: `S` (job suspended: start no
-//! new command, stop every descendant) and `R` (job resumed: continue every
-//! descendant). Bytes are read in order, so a quick suspend/resume/suspend
-//! ends suspended.
+//! 1. drops any signal left pending since the last job (between jobs there is
+//!    no job to stop); decodes the [`JobSpec`] (JSON, sent by the worker),
+//!    writes `ready` on the job's output pipe, and runs the commands one by
+//!    one (`posix_spawn`, so that they start with an empty signal mask and
+//!    default dispositions, and with the job's pipes and `/dev/null` as their
+//!    only descriptors), each in its own process group, stopping at the first
+//!    that fails; the commands' standard output and error are pipes the
+//!    supervisor copies to the log files as the bytes arrive, creating each
+//!    file (and its directory) on its first byte, so a job that prints nothing
+//!    costs no file;
+//! 2. on a stop request (`T` on the control pipe, SIGTERM/SIGINT/SIGHUP, or
+//!    end of file on the control pipe, i.e. the worker dropped the job or is
+//!    gone) sends SIGTERM then SIGCONT to the running command's process group
+//!    and to every descendant of the supervisor found in `/proc` (by parent
+//!    links from every process's `/proc/<pid>/stat`), waits up to
+//!    [`JobSpec::kill_grace`] for them to exit, then SIGKILLs every
+//!    descendant, sweep after sweep, until it has no child left (a process
+//!    whose parent is killed is reparented to the supervisor, and found by the
+//!    next sweep);
+//! 3. when the commands are done, treats every process still alive the same
+//!    way (a job leaves no daemon behind, and nothing of it is left for the
+//!    next job), reaps every child (`waitpid(-1)`) until it has none,
+//!    copies what is left in the log pipes, writes the [`JobReport`] on the
+//!    output pipe as one line (`report ` and JSON) after `ready`, closes the
+//!    job's pipes (the worker sees end of file) and returns to the working
+//!    directory it was forked in;
+//! 4. tells the zygote the job's exit code (one of the `EXIT_*` codes) and
+//!    waits for the next job.
+//!
+//! A supervisor that cannot vouch for a clean slate is not reused: it exits
+//! with the job's exit code instead (which the zygote reports as it reaps
+//! it), when it failed ([`EXIT_SUPERVISOR_ERROR`]: a bad request or spec, the
+//! report not sent, so also whenever it did not write `ready`), when a
+//! process of the job refused to die, when it cannot return to its working
+//! directory, or when something changed what its commands inherit from it
+//! (resource limits, nice value, scheduling policy, CPU affinity, signal mask
+//! and dispositions: say a job's `prlimit --pid $PPID`). Nothing else of a
+//! job stays in the process: it changes no environment variable, umask or
+//! signal disposition of its own, opens every descriptor close-on-exec and
+//! closes it with the job, and keeps no state between jobs.
+//!
+//! The control pipe carries one byte per request from the worker: `S` (job
+//! suspended: start no new command, stop every descendant), `R` (job resumed:
+//! continue every descendant) and `T` (stop the job, as above). Bytes are
+//! read in order, so a quick suspend/resume/suspend ends suspended. Requests
+//! go through the job's own pipe rather than as signals to the supervisor's
+//! pid because the pid serves one job after another: a request that comes
+//! late finds the pipe closed instead of reaching the next job.
 
 use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Write};
-use std::os::fd::AsFd;
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::FileTypeExt;
+use std::io::{Read, Seek, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sched::{CpuSet, sched_getaffinity};
 use nix::spawn::{PosixSpawnAttr, PosixSpawnFileActions, PosixSpawnFlags, posix_spawn};
+use nix::sys::resource::{Resource, getrlimit};
 use nix::sys::signal::{SigSet, Signal, killpg};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::socket::{MsgFlags, send};
+use nix::sys::stat::Mode;
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
 use crate::procfs;
 use crate::spec::{JobReport, JobSpec};
+use crate::sys;
+use crate::zygote::{INLINE_LIMIT, REQUEST_HEADER, Reply, START_INLINE, START_SPEC_FILE};
 
 /// Supervisor exit code: every command exited 0.
 pub const EXIT_SUCCEEDED: i32 = 0;
@@ -74,12 +105,12 @@ pub const EXIT_SPAWN_FAILED: i32 = 4;
 /// exits with it when it cannot serve.
 pub const EXIT_SUPERVISOR_ERROR: i32 = 125;
 
-/// The line the supervisor writes on standard output once it handles
+/// The line the supervisor writes on the job's output pipe once it handles
 /// signals and control requests.
 pub(crate) const READY_LINE: &str = "ready";
 
 /// What starts the line that carries the [`JobReport`] (JSON follows), the
-/// supervisor's last words on standard output.
+/// supervisor's last words on the job's output pipe.
 pub(crate) const REPORT_PREFIX: &str = "report ";
 
 /// Longest wait between two looks at the children when nothing is signalled.
@@ -99,78 +130,224 @@ const LOG_READS_PER_WAKE: usize = 16;
 /// refused to die could still be writing).
 const LOG_READS_AT_END: usize = 4096;
 
-/// Runs one job from its [`JobSpec`] (JSON) as the per-job supervisor
-/// process, and returns the process's exit code (one of the `EXIT_*`
-/// codes). Called by the zygote in the child it forked for the job, whose
-/// standard input is the control pipe, standard output the pipe the worker
-/// reads `ready` from, and standard error the pipe of its own messages.
+/// Runs a supervisor forked by the zygote, until the zygote closes `socket`
+/// (it has no more use for this supervisor, or is gone) or a job leaves the
+/// process unfit for another (see the module documentation); returns the
+/// process's exit code: 0, or the last job's `EXIT_*` code.
 ///
-/// The process must have a single thread, since signals are blocked for
-/// the calling thread only.
-pub(crate) fn supervise(spec_json: &[u8]) -> i32 {
-    match run(spec_json) {
-        Ok(code) => code,
+/// Standard input and output must be `/dev/null`, and standard error where
+/// the supervisor's own messages go between jobs; `socket` and those must
+/// be the only open descriptors. The process must have a single thread,
+/// since signals are blocked for the calling thread only.
+pub(crate) fn serve(socket: &OwnedFd) -> i32 {
+    let mut process = match Process::new() {
+        Ok(process) => process,
         Err(message) => {
             let _ = writeln!(std::io::stderr(), "drover-exec supervisor: {message}");
-            EXIT_SUPERVISOR_ERROR
+            return EXIT_SUPERVISOR_ERROR;
+        }
+    };
+    let mut buf = vec![0u8; REQUEST_HEADER + INLINE_LIMIT + 1];
+    loop {
+        let received = match sys::recv_with_fds(socket.as_fd(), &mut buf) {
+            Ok(received) => received,
+            Err(Errno::EINTR) => continue,
+            Err(e) => {
+                let _ =
+                    writeln!(std::io::stderr(), "drover-exec supervisor: cannot read from the zygote: {e}");
+                return EXIT_SUPERVISOR_ERROR;
+            }
+        };
+        if received.len == 0 && received.fds.is_empty() {
+            return 0;
+        }
+        let ended = process.job(&buf[..received.len], received.truncated, received.fds);
+        if !ended.reusable {
+            return ended.code;
+        }
+        let done = Reply::Exited(ended.code).encode(0);
+        if send(socket.as_raw_fd(), &done, MsgFlags::MSG_NOSIGNAL).is_err() {
+            // The zygote is gone: nobody will send another job.
+            return ended.code;
         }
     }
 }
 
-fn run(spec_json: &[u8]) -> Result<i32, String> {
-    // Signals first: until they are blocked, a SIGTERM would kill us outright
-    // (harmless only because nothing is started yet).
-    let mut mask = SigSet::empty();
-    for signal in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP, Signal::SIGCHLD] {
-        mask.add(signal);
-    }
-    mask.thread_block().map_err(|e| format!("cannot block signals: {e}"))?;
-    let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
-        .map_err(|e| format!("cannot create a signalfd: {e}"))?;
-    // A new session also detaches the job from the worker's terminal. This
-    // fails only if we already lead a process group; we then keep it.
-    let _ = nix::unistd::setsid();
-    nix::sys::prctl::set_child_subreaper(true)
-        .map_err(|e| format!("cannot become a child subreaper: {e}"))?;
-
-    let mut spec: JobSpec = serde_json::from_slice(spec_json).map_err(|e| format!("bad job spec: {e}"))?;
-    // The supervisor changes directory to run commands: pin relative paths
-    // to the directory it started in (the worker sends absolute ones).
-    for path in [&mut spec.cwd, &mut spec.stdout, &mut spec.stderr] {
-        *path = std::path::absolute(&*path).map_err(|e| format!("bad path {}: {e}", path.display()))?;
-    }
-
-    let control = control_pipe();
-    let logs = Logs::new(&spec)?;
-    let mut out = std::io::stdout();
-    writeln!(out, "{READY_LINE}")
-        .and_then(|()| out.flush())
-        .map_err(|e| format!("cannot report ready: {e}"))?;
-
-    let mut sup = Supervisor {
-        me: std::process::id() as i32,
-        signals,
-        control,
-        stop_requests: 0,
-        held: false,
-        current: None,
-        current_status: None,
-        no_children: false,
-        grace: spec.kill_grace,
-        logs,
-    };
-    let report = sup.run_job(&spec);
-    send_report(&report)?;
-    Ok(exit_code(&report))
+/// How a job ended for the supervisor.
+#[derive(Debug, Clone, Copy)]
+struct Ended {
+    /// Its `EXIT_*` code.
+    code: i32,
+    /// Whether the supervisor may run another job.
+    reusable: bool,
 }
 
-/// The worker's control pipe: our standard input if it is a pipe (it always
-/// is when the zygote forked us).
-fn control_pipe() -> Option<File> {
-    let fd = std::io::stdin().as_fd().try_clone_to_owned().ok()?;
-    let file = File::from(fd);
-    let is_pipe = file.metadata().map(|m| m.file_type().is_fifo()).unwrap_or(false);
-    is_pipe.then_some(file)
+/// What a supervisor keeps from one job to the next.
+#[derive(Debug)]
+struct Process {
+    me: i32,
+    /// SIGTERM, SIGINT, SIGHUP and SIGCHLD (blocked).
+    signals: SignalFd,
+    /// The directory the supervisor was forked in, returned to after each job.
+    home: OwnedFd,
+    /// What the commands inherit, as it was when the supervisor started.
+    inherited: Inherited,
+}
+
+/// The job's pipes, from the worker: closed when the job ends.
+#[derive(Debug)]
+struct JobIo {
+    /// The read end of the control pipe (taken by the running job).
+    control: Option<File>,
+    /// Where `ready` and the report go.
+    out: File,
+    /// Where the supervisor's own messages about the job go.
+    err: File,
+}
+
+impl Process {
+    fn new() -> Result<Process, String> {
+        // Signals first: until they are blocked, a SIGTERM would kill us outright
+        // (harmless only because no job is started yet).
+        let mut mask = SigSet::empty();
+        for signal in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP, Signal::SIGCHLD] {
+            mask.add(signal);
+        }
+        mask.thread_block().map_err(|e| format!("cannot block signals: {e}"))?;
+        let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
+            .map_err(|e| format!("cannot create a signalfd: {e}"))?;
+        // A new session also detaches the jobs from the worker's terminal.
+        // This fails only if we already lead a process group; we then keep it.
+        let _ = nix::unistd::setsid();
+        nix::sys::prctl::set_child_subreaper(true)
+            .map_err(|e| format!("cannot become a child subreaper: {e}"))?;
+        let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+        let home = nix::fcntl::open(".", flags, Mode::empty())
+            .map_err(|e| format!("cannot open the working directory: {e}"))?;
+        let inherited = Inherited::now().ok_or("cannot read the process's attributes")?;
+        Ok(Process { me: std::process::id() as i32, signals, home, inherited })
+    }
+
+    /// Runs the job of one start request (see the `zygote` module), and
+    /// leaves the process as it found it if it can.
+    fn job(&mut self, message: &[u8], truncated: bool, mut fds: Vec<OwnedFd>) -> Ended {
+        let failed = Ended { code: EXIT_SUPERVISOR_ERROR, reusable: false };
+        let kind = message.first().copied();
+        let spec_file = if kind == Some(START_SPEC_FILE) { fds.pop() } else { None };
+        let Ok([control, out, err]) = <[OwnedFd; 3]>::try_from(fds) else {
+            let _ =
+                writeln!(std::io::stderr(), "drover-exec supervisor: a malformed request from the zygote");
+            return failed;
+        };
+        let mut io = JobIo { control: Some(File::from(control)), out: File::from(out), err: File::from(err) };
+        let spec_json = match (kind, spec_file) {
+            _ if truncated || message.len() < REQUEST_HEADER => Err("a malformed request".to_owned()),
+            (Some(START_INLINE), None) => Ok(message[REQUEST_HEADER..].to_vec()),
+            (Some(START_SPEC_FILE), Some(fd)) => read_spec_file(fd),
+            _ => Err("a malformed request".to_owned()),
+        };
+        // Whatever was signalled since the last job was about no job.
+        while let Ok(Some(_)) = self.signals.read_signal() {}
+        let mut clean = false;
+        let code = match spec_json.and_then(|json| self.run(&json, &mut io, &mut clean)) {
+            Ok(code) => code,
+            Err(message) => {
+                let _ = writeln!(io.err, "drover-exec supervisor: {message}");
+                EXIT_SUPERVISOR_ERROR
+            }
+        };
+        // End of file for the worker, and no descriptor of the job left.
+        drop(io);
+        let home = nix::unistd::fchdir(&self.home).is_ok();
+        let same = Inherited::now().is_some_and(|now| now == self.inherited);
+        Ended { code, reusable: code != EXIT_SUPERVISOR_ERROR && clean && home && same }
+    }
+
+    /// Runs the job; sets `clean` if it left no process behind.
+    fn run(&mut self, spec_json: &[u8], io: &mut JobIo, clean: &mut bool) -> Result<i32, String> {
+        let mut spec: JobSpec =
+            serde_json::from_slice(spec_json).map_err(|e| format!("bad job spec: {e}"))?;
+        // The supervisor changes directory to run commands: pin relative paths
+        // to the directory it was forked in (the worker sends absolute ones).
+        for path in [&mut spec.cwd, &mut spec.stdout, &mut spec.stderr] {
+            *path = std::path::absolute(&*path).map_err(|e| format!("bad path {}: {e}", path.display()))?;
+        }
+        let logs = Logs::new(&spec)?;
+        io.out
+            .write_all(format!("{READY_LINE}\n").as_bytes())
+            .map_err(|e| format!("cannot report ready: {e}"))?;
+
+        let mut sup = Supervisor {
+            me: self.me,
+            signals: &self.signals,
+            control: io.control.take(),
+            stop_requests: 0,
+            held: false,
+            current: None,
+            current_status: None,
+            no_children: false,
+            grace: spec.kill_grace,
+            logs,
+        };
+        let report = sup.run_job(&spec);
+        *clean = sup.no_children;
+        drop(sup);
+        send_report(&mut io.out, &report)?;
+        Ok(exit_code(&report))
+    }
+}
+
+/// Reads a spec sent in a file (too long for a message).
+fn read_spec_file(fd: OwnedFd) -> Result<Vec<u8>, String> {
+    let mut file = File::from(fd);
+    let mut json = Vec::new();
+    file.rewind()
+        .and_then(|()| file.read_to_end(&mut json))
+        .map_err(|e| format!("cannot read the job spec: {e}"))?;
+    Ok(json)
+}
+
+/// What a supervisor's commands inherit from it that another process of the
+/// same user can change from outside (the supervisor itself changes none of
+/// it): resource limits (`prlimit`), CPU affinity (`taskset -p`), and, from
+/// `/proc/self/stat`, the signal mask and dispositions and the scheduling
+/// (nice value, real-time priority, policy; `renice`, `chrt -p`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Inherited {
+    limits: Vec<(u64, u64)>,
+    affinity: CpuSet,
+    stat: Vec<String>,
+}
+
+/// Every resource limit of Linux.
+const RESOURCES: [Resource; 16] = [
+    Resource::RLIMIT_AS,
+    Resource::RLIMIT_CORE,
+    Resource::RLIMIT_CPU,
+    Resource::RLIMIT_DATA,
+    Resource::RLIMIT_FSIZE,
+    Resource::RLIMIT_LOCKS,
+    Resource::RLIMIT_MEMLOCK,
+    Resource::RLIMIT_MSGQUEUE,
+    Resource::RLIMIT_NICE,
+    Resource::RLIMIT_NOFILE,
+    Resource::RLIMIT_NPROC,
+    Resource::RLIMIT_RSS,
+    Resource::RLIMIT_RTPRIO,
+    Resource::RLIMIT_RTTIME,
+    Resource::RLIMIT_SIGPENDING,
+    Resource::RLIMIT_STACK,
+];
+
+impl Inherited {
+    /// The calling process's; `None` if something cannot be read.
+    fn now() -> Option<Inherited> {
+        let limits = RESOURCES.iter().map(|r| getrlimit(*r).ok()).collect::<Option<Vec<_>>>()?;
+        let affinity = sched_getaffinity(Pid::from_raw(0)).ok()?;
+        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+        let stat = procfs::inherited_fields(&stat)?;
+        Some(Inherited { limits, affinity, stat })
+    }
 }
 
 fn exit_code(report: &JobReport) -> i32 {
@@ -187,16 +364,13 @@ fn exit_code(report: &JobReport) -> i32 {
     }
 }
 
-/// Sends the report to the worker: one line on standard output, in one
-/// write (the worker reads everything up to end of file, which comes when
-/// we exit).
-fn send_report(report: &JobReport) -> Result<(), String> {
+/// Sends the report to the worker: one line on the job's output pipe, in
+/// one write (the worker reads everything up to end of file, which comes
+/// when the supervisor closes the pipe at the job's end).
+fn send_report(out: &mut File, report: &JobReport) -> Result<(), String> {
     let json = serde_json::to_string(report).map_err(|e| format!("cannot encode the report: {e}"))?;
     let line = format!("{REPORT_PREFIX}{json}\n");
-    let mut out = std::io::stdout().lock();
-    out.write_all(line.as_bytes())
-        .and_then(|()| out.flush())
-        .map_err(|e| format!("cannot send the report: {e}"))
+    out.write_all(line.as_bytes()).map_err(|e| format!("cannot send the report: {e}"))
 }
 
 /// One log of the job: the pipe its commands write to, and the file the
@@ -312,12 +486,15 @@ enum Status {
     Signaled(i32),
 }
 
+/// One job's run.
 #[derive(Debug)]
-struct Supervisor {
+struct Supervisor<'p> {
     me: i32,
-    signals: SignalFd,
+    signals: &'p SignalFd,
+    /// The job's control pipe, until end of file.
     control: Option<File>,
-    /// Stop requests received so far (signals, or the worker going away).
+    /// Stop requests received so far (signals, `T` on the control pipe, or
+    /// the worker going away).
     stop_requests: u32,
     /// Suspended by the worker: start no new command.
     held: bool,
@@ -331,7 +508,7 @@ struct Supervisor {
     logs: Logs,
 }
 
-impl Supervisor {
+impl Supervisor<'_> {
     fn run_job(&mut self, spec: &JobSpec) -> JobReport {
         let mut report = self.run_commands(spec);
         // Whatever happened, no process of the job is left to write: copy
@@ -586,6 +763,7 @@ impl Supervisor {
                             self.held = false;
                             let _ = procfs::continue_descendants(self.me);
                         }
+                        b'T' => self.stop_requests += 1,
                         _ => {}
                     }
                 }
@@ -634,7 +812,8 @@ const RESET_SIGNALS: [Signal; 13] = [
 /// signalfd), which the commands must not inherit; resetting the mask in a
 /// `pre_exec` hook would need `unsafe`. `posix_spawn` has no working
 /// directory attribute (short of a glibc extension nix does not wrap), so
-/// the supervisor, which is single-threaded, moves into `cwd` itself.
+/// the supervisor, which is single-threaded, moves into `cwd` itself (and
+/// back to its own directory once the job is over).
 fn spawn_command(
     command: &str,
     cwd: &Path,

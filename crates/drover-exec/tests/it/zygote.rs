@@ -1,7 +1,8 @@
-//! The zygote: one helper process per `Supervisor` forks every job's
-//! supervisor; jobs started concurrently share it; a spec too long for one
-//! message still gets through; and when the zygote dies (SIGKILL), the jobs
-//! it forked end without survivors and the next job gets a new zygote.
+//! The zygote: one helper process per `Supervisor` hands every job to a
+//! supervisor it forked, reusing them; jobs started concurrently share it;
+//! a spec too long for one message still gets through; and when the zygote
+//! dies (SIGKILL), the jobs it handed out end without survivors, its idle
+//! supervisors exit, and the next job gets a new zygote.
 
 use std::sync::Arc;
 
@@ -19,7 +20,7 @@ fn ppid(pid: u32) -> Option<u32> {
 }
 
 #[tokio::test]
-async fn one_zygote_forks_every_supervisor() {
+async fn one_zygote_serves_every_job_through_one_reused_supervisor() {
     let supervisor = supervisor();
     assert_eq!(supervisor.zygote_pid(), None, "started lazily");
     let fx = Fixture::new();
@@ -30,27 +31,27 @@ async fn one_zygote_forks_every_supervisor() {
     let zygote = supervisor.zygote_pid().expect("a zygote runs");
     assert_eq!(ppid(job.pid()), Some(zygote), "the supervisor was forked by the zygote");
     assert_ne!(job.pid(), zygote);
+    let first = job.pid();
     fx.wait_for_file("ready");
     std::fs::write(fx.work().join("go"), "").unwrap();
     assert_eq!(finish(&mut job).await, Outcome::Succeeded);
 
-    // Many short jobs, with their own exit codes, through the same zygote.
-    let mut pids = Vec::new();
+    // Many short jobs, with their own exit codes, through the same zygote:
+    // one after the other, they all run under the first job's supervisor
+    // (every job forking a supervisor of its own would fail this).
     for i in 0..40 {
         let code = i % 4;
         let mut job = supervisor.start(&fx.spec(&[&format!("echo {i}; exit {code}")])).await.expect("start");
-        pids.push(job.pid());
+        assert_eq!(job.pid(), first, "job {i} reused the supervisor");
         let expected = if code == 0 { Outcome::Succeeded } else { Outcome::Failed { exit_code: code } };
         assert_eq!(finish(&mut job).await, expected, "job {i}");
         assert_eq!(job.report().expect("report").exit_code, Some(code));
         assert_eq!(supervisor.zygote_pid(), Some(zygote), "job {i} used the same zygote");
     }
-    pids.sort_unstable();
-    pids.dedup();
-    assert_eq!(pids.len(), 40, "one supervisor per job");
     let expected: String = (0..40).map(|i| format!("{i}\n")).collect();
     assert_eq!(fx.stdout(), expected);
     assert_no_survivors(&fx);
+    assert_eq!(ppid(first), Some(zygote), "the supervisor waits for the next job");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -103,6 +104,12 @@ async fn a_killed_zygote_loses_its_jobs_without_survivors_and_is_replaced() {
     wait_until("the job's sleeps to start", || {
         fx.processes().iter().filter(|p| p.cmdline == "sleep 1000").count() >= 3
     });
+    // A second supervisor, idle once its job is over.
+    let mut short = supervisor.start(&Fixture::new().spec(&["true"])).await.expect("start");
+    assert_eq!(finish(&mut short).await, Outcome::Succeeded);
+    let idle = short.pid() as i32;
+    assert_ne!(idle, job.pid() as i32);
+    assert!(stat(idle).is_some_and(|s| s.alive()), "an idle supervisor waits for jobs");
     let zygote = supervisor.zygote_pid().expect("a zygote runs");
     kill(Pid::from_raw(zygote as i32), Signal::SIGKILL).expect("kill the zygote");
 
@@ -115,6 +122,7 @@ async fn a_killed_zygote_loses_its_jobs_without_survivors_and_is_replaced() {
     // ones that left its session, are gone.
     assert_no_survivors(&fx);
     assert!(stat(job.pid() as i32).is_none_or(|s| !s.alive()), "the supervisor is dead");
+    wait_until("the idle supervisor to exit", || stat(idle).is_none_or(|s| !s.alive()));
     assert_eq!(supervisor.zygote_pid(), None, "the dead zygote is forgotten");
 
     // The next job gets a new zygote.
@@ -141,6 +149,8 @@ async fn the_zygote_exits_once_its_supervisor_and_jobs_are_dropped() {
     assert!(stat(zygote).is_some_and(|s| s.alive()), "the zygote serves its running job");
     std::fs::write(fx.work().join("go"), "").unwrap();
     assert_eq!(finish(&mut job).await, Outcome::Succeeded);
+    let idle = job.pid() as i32;
     drop(job);
     wait_until("the zygote to exit", || stat(zygote).is_none_or(|s| !s.alive()));
+    wait_until("its idle supervisor to exit", || stat(idle).is_none_or(|s| !s.alive()));
 }
