@@ -304,9 +304,9 @@ fn run(mut store: Store, mut solver: Solver, rx: Receiver<Command>, shared: Arc<
             tracing::error!("cannot record state, stopping the coordinator: {e}");
             return;
         }
-        let touched = perform(&shared, solver.take_effects());
-        {
+        let changed = {
             let mut boxes = shared.mailboxes.lock().expect("mailboxes");
+            let (touched, changed) = perform(&mut boxes, solver.take_effects());
             // Reports that asked for it take their worker's mail now, before
             // any poll is woken for it.
             for answer in &mut answers {
@@ -321,6 +321,10 @@ fn run(mut store: Store, mut solver: Solver, rx: Receiver<Command>, shared: Arc<
                     mb.notify.notify_one();
                 }
             }
+            changed
+        };
+        if changed {
+            shared.version.send_modify(|v| *v += 1);
         }
         for answer in answers {
             match answer {
@@ -352,11 +356,11 @@ enum Answer {
 
 /// Carries out the effects: mail goes into the workers' mailboxes (their
 /// polls are woken by the caller, once reports have taken theirs). Returns
-/// the workers whose mailboxes changed.
-fn perform(shared: &Shared, effects: Vec<Effect>) -> BTreeSet<u64> {
+/// the workers whose mailboxes changed, and whether any build's event
+/// stream grew.
+fn perform(mailboxes: &mut BTreeMap<u64, Mailbox>, effects: Vec<Effect>) -> (BTreeSet<u64>, bool) {
     let mut changed = false;
     let mut touched = BTreeSet::new();
-    let mut mailboxes = shared.mailboxes.lock().expect("mailboxes");
     for effect in effects {
         let worker = match &effect {
             Effect::Assign { worker, .. }
@@ -414,9 +418,5 @@ fn perform(shared: &Shared, effects: Vec<Effect>) -> BTreeSet<u64> {
             Effect::BuildChanged { .. } => {}
         }
     }
-    drop(mailboxes);
-    if changed {
-        shared.version.send_modify(|v| *v += 1);
-    }
-    touched
+    (touched, changed)
 }
