@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use drover_core::Millis;
-use drover_proto::{Assignment, PollReply, Report, RunResult, RunStage};
+use drover_proto::{PollReply, Report, RunResult, RunStage};
 use drover_solver::{Effect, Input, Reply, Solver, SolverError};
 use drover_store::Store;
 use tokio::sync::{Notify, oneshot, watch};
@@ -43,11 +43,8 @@ pub(crate) enum Command {
 /// item reaches the worker in exactly one answer.
 #[derive(Debug, Default)]
 pub(crate) struct Mailbox {
-    assign: Vec<Assignment>,
-    drop: Vec<u64>,
-    stop: Vec<u64>,
-    suspend: Vec<u64>,
-    resume: Vec<u64>,
+    /// The mail (its `reregister` and `mail` fields unused here).
+    mail: PollReply,
     /// Bumped whenever mail is added (see `PollRequest::seen`).
     version: u64,
     /// The worker registered with this process and was not lost since.
@@ -61,11 +58,7 @@ pub(crate) struct Mailbox {
 impl Mailbox {
     /// Is there mail?
     pub(crate) fn has_mail(&self) -> bool {
-        !self.assign.is_empty()
-            || !self.drop.is_empty()
-            || !self.stop.is_empty()
-            || !self.suspend.is_empty()
-            || !self.resume.is_empty()
+        self.mail.has_mail()
     }
 
     /// Takes the mail, as the answer to a poll or a report (`reregister`
@@ -74,15 +67,7 @@ impl Mailbox {
         if !self.open {
             return PollReply { reregister: true, ..PollReply::default() };
         }
-        PollReply {
-            assign: std::mem::take(&mut self.assign),
-            drop: std::mem::take(&mut self.drop),
-            stop: std::mem::take(&mut self.stop),
-            suspend: std::mem::take(&mut self.suspend),
-            resume: std::mem::take(&mut self.resume),
-            reregister: false,
-            mail: self.version,
-        }
+        PollReply { mail: self.version, ..std::mem::take(&mut self.mail) }
     }
 
     /// The version of the mail waiting, if any (for a `notify_only` poll).
@@ -93,14 +78,6 @@ impl Mailbox {
     /// Does the worker have a session with this process?
     pub(crate) fn open(&self) -> bool {
         self.open
-    }
-
-    fn clear(&mut self) {
-        self.assign.clear();
-        self.drop.clear();
-        self.stop.clear();
-        self.suspend.clear();
-        self.resume.clear();
     }
 }
 
@@ -378,41 +355,41 @@ fn perform(mailboxes: &mut BTreeMap<u64, Mailbox>, effects: Vec<Effect>) -> (BTr
         let mb = mailboxes.entry(worker).or_default();
         match effect {
             Effect::Assign { assignment, .. } => {
-                mb.assign.push(*assignment);
+                mb.mail.assign.push(*assignment);
                 mb.version += 1;
             }
             Effect::Drop { run, .. } => {
                 // Withdrawn if not delivered yet; the worker is told either
                 // way, and reports the run's end, which frees what the core
                 // keeps for it.
-                mb.assign.retain(|a| a.run != run);
-                mb.drop.push(run);
+                mb.mail.assign.retain(|a| a.run != run);
+                mb.mail.drop.push(run);
                 mb.version += 1;
             }
             Effect::Stop { run, .. } => {
-                mb.stop.push(run);
+                mb.mail.stop.push(run);
                 mb.version += 1;
             }
             Effect::Suspend { run, resume, .. } => {
                 // The last request for a run wins: the worker applies the
                 // two lists in one order, not in the order they came.
-                mb.suspend.retain(|r| *r != run);
-                mb.resume.retain(|r| *r != run);
+                mb.mail.suspend.retain(|r| *r != run);
+                mb.mail.resume.retain(|r| *r != run);
                 if resume {
-                    mb.resume.push(run)
+                    mb.mail.resume.push(run)
                 } else {
-                    mb.suspend.push(run)
+                    mb.mail.suspend.push(run)
                 }
                 mb.version += 1;
             }
             Effect::Registered { .. } => {
                 // Assignments not delivered are void: the worker did not
                 // list their runs, so the solver requeued them.
-                mb.assign.clear();
+                mb.mail.assign.clear();
                 mb.open = true;
             }
             Effect::WorkerLost { .. } => {
-                mb.clear();
+                mb.mail = PollReply::default();
                 mb.open = false;
             }
             Effect::BuildChanged { .. } => {}
