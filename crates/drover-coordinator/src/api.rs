@@ -26,7 +26,7 @@ use drover_solver::{Input, Reply, SolverError};
 use futures::StreamExt;
 use serde::Deserialize;
 
-use crate::state::{Shared, Stopped};
+use crate::state::{Mailbox, Shared, Stopped};
 
 /// Bytes per chunk of a streamed artifact (4 KiB chunks cost more in
 /// HTTP framing than in copying).
@@ -405,15 +405,10 @@ async fn register(
         return Err(bad("a worker needs at least one slot"));
     }
     match app.shared.input(Input::Register(req)).await?? {
-        Reply::Registered(reply) => {
-            // Assignments queued for an earlier session of this worker are void.
-            if let Some(mb) = app.shared.mailboxes.lock().expect("mailboxes").get_mut(&reply.worker) {
-                mb.assign.clear();
-                mb.drop.clear();
-                mb.stop.clear();
-            }
-            Ok(Json(reply))
-        }
+        // The new session's mailbox is open (and mail for the old one void)
+        // by now: the state thread carried out the registration's effects
+        // before answering.
+        Reply::Registered(reply) => Ok(Json(reply)),
         other => Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("unexpected reply {other:?}"))),
     }
 }
@@ -421,60 +416,70 @@ async fn register(
 /// The longest a poll is held open.
 const MAX_WAIT: Duration = Duration::from_secs(30);
 
+/// The worker must register (again): it has no session with this process.
+fn reregister() -> Json<PollReply> {
+    Json(PollReply { reregister: true, ..PollReply::default() })
+}
+
+/// The long poll, also the heartbeat: answers as soon as there is mail (or
+/// its version, for a `notify_only` poll), else after `wait_ms`.
 async fn poll(
     State(app): State<App>,
     Path(id): Path<u64>,
     Json(req): Json<PollRequest>,
 ) -> ApiResult<Json<PollReply>> {
-    let notify = app.shared.notifier(id);
-    let notified = notify.notified();
-    tokio::pin!(notified);
-    notified.as_mut().enable();
-    let alive = if app.shared.renewal_due(id, app.renew_every) {
-        app.shared.input(Input::Poll { worker: id }).await?? != Reply::Reregister
-    } else {
-        app.shared.query(move |s| s.worker_alive(id)).await?
-    };
-    if !alive {
-        return Ok(Json(PollReply { reregister: true, ..PollReply::default() }));
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(req.wait_ms).min(MAX_WAIT);
+    let (notify, open) = app.shared.mailbox(id, |mb| (mb.notify.clone(), mb.open()));
+    if !open {
+        return Ok(reregister());
     }
-    let take = |app: &App| {
-        let mut boxes = app.shared.mailboxes.lock().expect("mailboxes");
-        let mb = boxes.entry(id).or_default();
-        PollReply {
-            assign: std::mem::take(&mut mb.assign),
-            drop: std::mem::take(&mut mb.drop),
-            stop: std::mem::take(&mut mb.stop),
-            suspend: std::mem::take(&mut mb.suspend),
-            resume: std::mem::take(&mut mb.resume),
-            reregister: false,
-        }
-    };
-    let reply = take(&app);
-    if !reply.assign.is_empty()
-        || !reply.drop.is_empty()
-        || !reply.stop.is_empty()
-        || !reply.suspend.is_empty()
-        || !reply.resume.is_empty()
+    if app.shared.renewal_due(id, app.renew_every)
+        && app.shared.input(Input::Poll { worker: id }).await?? == Reply::Reregister
     {
-        return Ok(Json(reply));
+        return Ok(reregister());
     }
-    let wait = Duration::from_millis(req.wait_ms).min(MAX_WAIT);
-    let _ = tokio::time::timeout(wait, notified).await;
-    Ok(Json(take(&app)))
+    loop {
+        let notified = notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let answer = app.shared.mailbox(id, |mb| {
+            if !mb.open() {
+                Some(PollReply { reregister: true, ..PollReply::default() })
+            } else if req.notify_only {
+                let mail = mb.waiting().filter(|&version| version > req.seen)?;
+                Some(PollReply { mail, ..PollReply::default() })
+            } else {
+                mb.has_mail().then(|| mb.take())
+            }
+        });
+        if let Some(answer) = answer {
+            return Ok(Json(answer));
+        }
+        // Woken for mail a report took meanwhile: wait on.
+        if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            return Ok(Json(PollReply::default()));
+        }
+    }
 }
 
+/// A worker's report: recorded (unless it holds only display notes), and
+/// answered with the worker's mail if it asks (`Report::deliver`).
 async fn report(
     State(app): State<App>,
     Path(id): Path<u64>,
     Json(mut report): Json<Report>,
 ) -> ApiResult<Json<PollReply>> {
+    let deliver = std::mem::take(&mut report.deliver);
     // Stages are display only: kept aside, not recorded.
     app.shared.note_stages(std::mem::take(&mut report.stages), &report.finished);
-    if report == Report::default() {
-        let alive = app.shared.query(move |s| s.worker_alive(id)).await?;
-        return Ok(Json(PollReply { reregister: !alive, ..PollReply::default() }));
+    if !app.shared.mailbox(id, |mb| mb.open()) {
+        // Kept by the worker, and sent again once it has registered.
+        return Ok(reregister());
     }
-    let reply = app.shared.input(Input::Report { worker: id, report }).await??;
-    Ok(Json(PollReply { reregister: reply == Reply::Reregister, ..PollReply::default() }))
+    if report == Report::default() {
+        // Nothing to record: a worker taking its mail, or stage notes.
+        let answer = if deliver { app.shared.mailbox(id, Mailbox::take) } else { PollReply::default() };
+        return Ok(Json(answer));
+    }
+    Ok(Json(app.shared.report(id, report, deliver).await?))
 }

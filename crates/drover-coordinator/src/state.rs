@@ -2,18 +2,21 @@
 //!
 //! Requests arrive as [`Command`]s on a channel. Each turn of the loop takes
 //! every command waiting (group commit), applies the inputs to the solver,
-//! appends them to the log in one transaction, and only then answers the
-//! requests and carries out the effects: nothing becomes visible before it is
-//! durable. Queries run after the commit, on the same thread, so they never
-//! see state that could still be lost. Timers of the core wake the loop up.
+//! appends them to the log in one transaction, and only then carries out the
+//! effects and answers the requests: nothing becomes visible before it is
+//! durable. A report that asks for it is answered with its worker's mail as
+//! the turn's effects left it, so a busy worker gets the next job in the
+//! answer to the report that freed its slot. Queries run after the commit,
+//! on the same thread, so they never see state that could still be lost.
+//! Timers of the core wake the loop up.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use drover_core::Millis;
-use drover_proto::{Assignment, RunResult, RunStage};
+use drover_proto::{PollReply, Report, RunResult, RunStage};
 use drover_solver::{Effect, Input, Reply, Solver, SolverError};
 use drover_store::Store;
 use tokio::sync::{Notify, oneshot, watch};
@@ -28,19 +31,54 @@ const MAX_STAGE_NOTES: usize = 100_000;
 pub(crate) enum Command {
     /// Apply and record an input.
     Input { input: Input, reply: oneshot::Sender<Result<Reply, SolverError>> },
+    /// Apply and record a worker's report; with `deliver`, the answer also
+    /// takes the worker's mail once the turn's effects are in its mailbox.
+    Report { worker: u64, report: Report, deliver: bool, reply: oneshot::Sender<PollReply> },
     /// Read the state.
     Query(Box<dyn FnOnce(&Solver) + Send>),
 }
 
-/// What a worker's long poll will pick up.
+/// A worker's mail: what its next poll (or, if it asks, its next report's
+/// answer) takes. Whoever takes it takes all of it, under the lock, so each
+/// item reaches the worker in exactly one answer.
 #[derive(Debug, Default)]
 pub(crate) struct Mailbox {
-    pub(crate) assign: Vec<Assignment>,
-    pub(crate) drop: Vec<u64>,
-    pub(crate) stop: Vec<u64>,
-    pub(crate) suspend: Vec<u64>,
-    pub(crate) resume: Vec<u64>,
+    /// The mail (its `reregister` and `mail` fields unused here).
+    mail: PollReply,
+    /// Bumped whenever mail is added (see `PollRequest::seen`).
+    version: u64,
+    /// The worker registered with this process and was not lost since.
+    /// Mail lives in memory only: after a restart every worker registers
+    /// again, listing its runs, so runs whose assignment was still in a
+    /// mailbox (or in an answer that never arrived) are requeued.
+    open: bool,
     pub(crate) notify: Arc<Notify>,
+}
+
+impl Mailbox {
+    /// Is there mail?
+    pub(crate) fn has_mail(&self) -> bool {
+        self.mail.has_mail()
+    }
+
+    /// Takes the mail, as the answer to a poll or a report (`reregister`
+    /// if the worker has no session here).
+    pub(crate) fn take(&mut self) -> PollReply {
+        if !self.open {
+            return PollReply { reregister: true, ..PollReply::default() };
+        }
+        PollReply { mail: self.version, ..std::mem::take(&mut self.mail) }
+    }
+
+    /// The version of the mail waiting, if any (for a `notify_only` poll).
+    pub(crate) fn waiting(&self) -> Option<u64> {
+        self.has_mail().then_some(self.version)
+    }
+
+    /// Does the worker have a session with this process?
+    pub(crate) fn open(&self) -> bool {
+        self.open
+    }
 }
 
 /// State shared between the HTTP handlers and the state thread.
@@ -70,6 +108,19 @@ impl Shared {
     pub(crate) async fn input(&self, input: Input) -> Result<Result<Reply, SolverError>, Stopped> {
         let (reply, rx) = oneshot::channel();
         self.send(Command::Input { input, reply })?;
+        rx.await.map_err(|_| Stopped)
+    }
+
+    /// Applies a worker's report durably; the answer says whether the
+    /// worker must register again and, with `deliver`, carries its mail.
+    pub(crate) async fn report(
+        &self,
+        worker: u64,
+        report: Report,
+        deliver: bool,
+    ) -> Result<PollReply, Stopped> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Report { worker, report, deliver, reply })?;
         rx.await.map_err(|_| Stopped)
     }
 
@@ -121,9 +172,9 @@ impl Shared {
         self.stages.lock().expect("stages").clone()
     }
 
-    /// The mailbox's notifier, creating the mailbox if needed.
-    pub(crate) fn notifier(&self, worker: u64) -> Arc<Notify> {
-        self.mailboxes.lock().expect("mailboxes").entry(worker).or_default().notify.clone()
+    /// Runs `f` on the worker's mailbox, creating it if needed.
+    pub(crate) fn mailbox<T>(&self, worker: u64, f: impl FnOnce(&mut Mailbox) -> T) -> T {
+        f(self.mailboxes.lock().expect("mailboxes").entry(worker).or_default())
     }
 }
 
@@ -198,7 +249,7 @@ fn run(mut store: Store, mut solver: Solver, rx: Receiver<Command>, shared: Arc<
         }
         let now = now_ms();
         let mut records: Vec<(u64, Vec<u8>)> = Vec::new();
-        let mut replies = Vec::new();
+        let mut answers = Vec::new();
         let mut queries = Vec::new();
         let mut apply = |solver: &mut Solver, input: Input| {
             let body = serde_json::to_vec(&input).expect("encodable input");
@@ -210,7 +261,15 @@ fn run(mut store: Store, mut solver: Solver, rx: Receiver<Command>, shared: Arc<
         }
         for cmd in batch {
             match cmd {
-                Command::Input { input, reply } => replies.push((reply, apply(&mut solver, input))),
+                Command::Input { input, reply } => {
+                    answers.push(Answer::Input(reply, apply(&mut solver, input)))
+                }
+                Command::Report { worker, report, deliver, reply } => {
+                    let reregister =
+                        apply(&mut solver, Input::Report { worker, report }) == Ok(Reply::Reregister);
+                    let mail = PollReply { reregister, ..PollReply::default() };
+                    answers.push(Answer::Report { worker, deliver: deliver && !reregister, mail, reply });
+                }
                 Command::Query(f) => queries.push(f),
             }
         }
@@ -222,65 +281,119 @@ fn run(mut store: Store, mut solver: Solver, rx: Receiver<Command>, shared: Arc<
             tracing::error!("cannot record state, stopping the coordinator: {e}");
             return;
         }
-        for (reply, result) in replies {
-            let _ = reply.send(result);
+        let changed = {
+            let mut boxes = shared.mailboxes.lock().expect("mailboxes");
+            let (touched, changed) = perform(&mut boxes, solver.take_effects());
+            // Reports that asked for it take their worker's mail now, before
+            // any poll is woken for it.
+            for answer in &mut answers {
+                if let Answer::Report { worker, deliver: true, mail, .. } = answer {
+                    *mail = boxes.entry(*worker).or_default().take();
+                }
+            }
+            for worker in touched {
+                if let Some(mb) = boxes.get(&worker)
+                    && (mb.has_mail() || !mb.open)
+                {
+                    mb.notify.notify_one();
+                }
+            }
+            changed
+        };
+        if changed {
+            shared.version.send_modify(|v| *v += 1);
+        }
+        for answer in answers {
+            match answer {
+                Answer::Input(reply, result) => {
+                    let _ = reply.send(result);
+                }
+                Answer::Report { reply, mail, .. } => {
+                    let _ = reply.send(mail);
+                }
+            }
         }
         for f in queries {
             f(&solver);
         }
-        perform(&shared, solver.take_effects());
     }
 }
 
-fn perform(shared: &Shared, effects: Vec<Effect>) {
+/// How a command of the turn is answered once its input is recorded.
+enum Answer {
+    Input(oneshot::Sender<Result<Reply, SolverError>>, Result<Reply, SolverError>),
+    /// `mail`: the answer, which takes the worker's mail if `deliver`.
+    Report {
+        worker: u64,
+        deliver: bool,
+        mail: PollReply,
+        reply: oneshot::Sender<PollReply>,
+    },
+}
+
+/// Carries out the effects: mail goes into the workers' mailboxes (their
+/// polls are woken by the caller, once reports have taken theirs). Returns
+/// the workers whose mailboxes changed, and whether any build's event
+/// stream grew.
+fn perform(mailboxes: &mut BTreeMap<u64, Mailbox>, effects: Vec<Effect>) -> (BTreeSet<u64>, bool) {
     let mut changed = false;
-    let mut mailboxes = shared.mailboxes.lock().expect("mailboxes");
+    let mut touched = BTreeSet::new();
     for effect in effects {
+        let worker = match &effect {
+            Effect::Assign { worker, .. }
+            | Effect::Drop { worker, .. }
+            | Effect::Stop { worker, .. }
+            | Effect::Suspend { worker, .. }
+            | Effect::Registered { worker }
+            | Effect::WorkerLost { worker } => *worker,
+            Effect::BuildChanged { .. } => {
+                changed = true;
+                continue;
+            }
+        };
+        touched.insert(worker);
+        let mb = mailboxes.entry(worker).or_default();
         match effect {
-            Effect::Assign { worker, assignment } => {
-                let mb = mailboxes.entry(worker).or_default();
-                mb.assign.push(*assignment);
-                mb.notify.notify_one();
+            Effect::Assign { assignment, .. } => {
+                mb.mail.assign.push(*assignment);
+                mb.version += 1;
             }
-            Effect::Drop { worker, run } => {
-                let mb = mailboxes.entry(worker).or_default();
-                mb.assign.retain(|a| a.run != run);
-                mb.drop.push(run);
-                mb.notify.notify_one();
+            Effect::Drop { run, .. } => {
+                // Withdrawn if not delivered yet; the worker is told either
+                // way, and reports the run's end, which frees what the core
+                // keeps for it.
+                mb.mail.assign.retain(|a| a.run != run);
+                mb.mail.drop.push(run);
+                mb.version += 1;
             }
-            Effect::Stop { worker, run } => {
-                let mb = mailboxes.entry(worker).or_default();
-                mb.stop.push(run);
-                mb.notify.notify_one();
+            Effect::Stop { run, .. } => {
+                mb.mail.stop.push(run);
+                mb.version += 1;
             }
-            Effect::Suspend { worker, run, resume } => {
-                let mb = mailboxes.entry(worker).or_default();
+            Effect::Suspend { run, resume, .. } => {
                 // The last request for a run wins: the worker applies the
                 // two lists in one order, not in the order they came.
-                mb.suspend.retain(|r| *r != run);
-                mb.resume.retain(|r| *r != run);
+                mb.mail.suspend.retain(|r| *r != run);
+                mb.mail.resume.retain(|r| *r != run);
                 if resume {
-                    mb.resume.push(run)
+                    mb.mail.resume.push(run)
                 } else {
-                    mb.suspend.push(run)
+                    mb.mail.suspend.push(run)
                 }
-                mb.notify.notify_one();
+                mb.version += 1;
             }
-            Effect::WorkerLost { worker } => {
-                if let Some(mb) = mailboxes.get_mut(&worker) {
-                    mb.assign.clear();
-                    mb.drop.clear();
-                    mb.stop.clear();
-                    mb.suspend.clear();
-                    mb.resume.clear();
-                    mb.notify.notify_one();
-                }
+            Effect::Registered { .. } => {
+                // Assignments not delivered are void: the worker did not
+                // list their runs, so the solver requeued them.
+                mb.mail.assign.clear();
+                mb.open = true;
             }
-            Effect::BuildChanged { .. } => changed = true,
+            Effect::WorkerLost { .. } => {
+                mb.mail = PollReply::default();
+                mb.open = false;
+            }
+            Effect::BuildChanged { .. } => {}
         }
     }
-    drop(mailboxes);
-    if changed {
-        shared.version.send_modify(|v| *v += 1);
-    }
+    (touched, changed)
 }

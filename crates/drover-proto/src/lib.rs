@@ -11,7 +11,11 @@
 //! `POST /v1/workers/register` ([`RegisterRequest`] → [`RegisterReply`]),
 //! `POST /v1/workers/{id}/poll` ([`PollRequest`] → [`PollReply`], a long
 //! poll that is also the heartbeat), `POST /v1/workers/{id}/report`
-//! ([`Report`]). Workers serve `GET /v1/artifacts/{job}` (a packed artifact)
+//! ([`Report`] → [`PollReply`]). A worker's *mail* (assignments, drops,
+//! stops, suspends, resumes) reaches it in exactly one answer: a poll's,
+//! or, for a worker that asks for it ([`Report::deliver`]), a report's, so
+//! a busy worker gets its next job in the answer to the report of the one
+//! before. Workers serve `GET /v1/artifacts/{job}` (a packed artifact)
 //! and `GET /v1/runs/{run}/log?stream=stdout|stderr`.
 
 pub use drover_core::{QueueAmounts, QueueView};
@@ -507,6 +511,20 @@ pub struct RegisterReply {
 pub struct PollRequest {
     /// Longest time to hold the request open when there is nothing to do.
     pub wait_ms: u64,
+    /// The worker takes its mail only through reports ([`Report::deliver`]):
+    /// the poll never takes it, and answers with [`PollReply::mail`] as
+    /// soon as mail newer than `seen` waits. Mail then reaches the worker
+    /// through one ordered stream of answers.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub notify_only: bool,
+    /// With `notify_only`: the last [`PollReply::mail`] this session
+    /// received (0 at first); only newer mail ends the poll early.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub seen: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A dependency's output, for a job about to run.
@@ -559,7 +577,8 @@ pub struct Assignment {
     pub exclusive: Vec<String>,
 }
 
-/// Reply to [`PollRequest`].
+/// Reply to [`PollRequest`], and to a [`Report`] (whose answer carries
+/// the mail only if the report asked for it, [`Report::deliver`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PollReply {
     /// Start these.
@@ -577,6 +596,24 @@ pub struct PollReply {
     /// The coordinator does not know this worker (it restarted with fresh
     /// state, or declared it lost): register again.
     pub reregister: bool,
+    /// The version of the worker's mail this answer speaks of (versions
+    /// grow as mail is added; 0: none). From a `notify_only` poll: mail up
+    /// to this version waits (send it back as [`PollRequest::seen`]), and a
+    /// report with [`Report::deliver`] takes it. From an answer that takes
+    /// the mail: everything up to this version was taken.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub mail: u64,
+}
+
+impl PollReply {
+    /// Does it carry mail (anything for the worker to act on)?
+    pub fn has_mail(&self) -> bool {
+        !self.assign.is_empty()
+            || !self.drop.is_empty()
+            || !self.stop.is_empty()
+            || !self.suspend.is_empty()
+            || !self.resume.is_empty()
+    }
 }
 
 /// How a run ended, as the worker reports it.
@@ -606,7 +643,12 @@ pub struct RunResult {
 /// `POST /v1/workers/{id}/report`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Report {
-    /// Runs that started.
+    /// Runs that started. A worker may hold a start back for a few
+    /// milliseconds so that a quick run's start travels with its end, in
+    /// one report; the coordinator shows a job running from its
+    /// assignment, and treats a run whose start it has not heard of as not
+    /// started (a cancel drops it instead of stopping it: the worker does
+    /// the same for both).
     pub started: Vec<u64>,
     /// Runs that ended.
     pub finished: Vec<RunResult>,
@@ -618,6 +660,12 @@ pub struct Report {
     /// coordinator shows it in the status and does not record it).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stages: Vec<RunStage>,
+    /// Answer with the worker's mail, as a poll would (the worker applies
+    /// the answer like a poll's). Without it the answer never carries mail,
+    /// so a worker that does not know this field loses nothing. A report
+    /// with only this set is how a `notify_only` worker takes its mail.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deliver: bool,
 }
 
 /// Where a run in flight stands on its worker.

@@ -150,6 +150,13 @@ pub enum Effect {
         /// Resume instead.
         resume: bool,
     },
+    /// The worker registered (again): a new session begins. Assignments
+    /// not yet delivered to it are void (registration requeued the runs it
+    /// did not list); what follows is for the new session.
+    Registered {
+        /// The worker.
+        worker: u64,
+    },
     /// The worker was declared lost: close its session.
     WorkerLost {
         /// The worker.
@@ -390,6 +397,7 @@ impl Solver {
             id,
             WorkerInfo { name: req.name, url: req.url, capacity: req.capacity, labels: req.labels },
         );
+        self.effects.push(Effect::Registered { worker: id });
         let refused = self.core.handle(self.now, event).is_err();
         // Runs the core gave this worker that it no longer has are lost; runs
         // it has that the core does not know (or gave elsewhere) must stop.

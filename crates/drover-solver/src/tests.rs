@@ -248,6 +248,47 @@ fn cancelling_a_build_stops_its_running_job_unless_another_build_needs_it() {
 }
 
 #[test]
+fn a_start_that_comes_with_the_end_of_a_dropped_run_frees_its_slot() {
+    let mut h = Harness::new();
+    let w = worker_id(h.input(register("w1", 1, vec![])));
+    let b = build_id(h.input(submit(vec![job("a", &[])])));
+    h.later();
+    let run = h.assigned()[0].1;
+    // The worker holds the start back; the build is cancelled meanwhile: as
+    // far as the coordinator knows the run has not started, so it drops it.
+    h.input(Input::Cancel { build: b }).expect("cancel");
+    let effects = h.solver.take_effects();
+    assert!(effects.contains(&Effect::Drop { worker: w, run }), "{effects:?}");
+    let mut ended = failed(run, 1);
+    ended.detail = "cancelled".into();
+    h.report(w, Report { started: vec![run], finished: vec![ended], ..Report::default() });
+    let effects = h.solver.take_effects();
+    assert!(!effects.iter().any(|e| matches!(e, Effect::Stop { .. })), "the run was known: {effects:?}");
+    assert_eq!(h.solver.build_status(b).expect("build").state, BuildState::Cancelled);
+    // The slot is free again.
+    h.input(submit(vec![job("c", &[])])).expect("submit");
+    h.later();
+    assert_eq!(h.assigned().len(), 1);
+}
+
+#[test]
+fn a_registration_opens_a_session_before_the_work_it_brings() {
+    let mut h = Harness::new();
+    let w = worker_id(h.input(register("w1", 1, vec![])));
+    h.input(submit(vec![job("a", &[])])).expect("submit");
+    h.later();
+    assert_eq!(h.assigned().len(), 1);
+    // Registered again without the run (its assignment never arrived):
+    // mail for the old session is void, the new assignment is not.
+    h.input(register("w1", 1, vec![])).expect("register");
+    h.later();
+    let effects = h.solver.take_effects();
+    let registered = effects.iter().position(|e| *e == Effect::Registered { worker: w });
+    let assigned = effects.iter().position(|e| matches!(e, Effect::Assign { .. }));
+    assert!(registered.is_some() && registered < assigned, "{effects:?}");
+}
+
+#[test]
 fn a_re_registering_worker_loses_runs_it_no_longer_has_and_stops_unknown_ones() {
     let mut h = Harness::new();
     let w = worker_id(h.input(register("w1", 1, vec![])));

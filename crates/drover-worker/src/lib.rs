@@ -3,8 +3,9 @@
 //! [`start`] opens the artifact cache, serves the worker's own HTTP API
 //! ([`server`]: artifacts for peers, logs for clients) and runs the session
 //! ([`session`]): register with capacity, labels, cached artifacts and the
-//! runs still going; then long-poll for assignments (the poll is also the
-//! heartbeat that renews the lease) and report what happened ([`report`]).
+//! runs still going; then long-poll (the poll is also the heartbeat that
+//! renews the lease, and says when mail waits) and report what happened
+//! ([`report`]): the answers to the reports carry the assignments.
 //! Each assignment runs in its own task ([`job`]) through the stages pull,
 //! fetch, build and push, each under its own tokens ([`tokens`]): fetch
 //! inputs, run the commands under a supervisor process, commit the output as

@@ -1,8 +1,11 @@
-//! The worker's session with the coordinator: register, then long-poll for
-//! work. The poll doubles as the heartbeat that renews the worker's lease,
-//! so a poll is always outstanding. When the coordinator does not know the
-//! worker (it declared it lost, or its state was wiped), the session
-//! registers again with the runs still going and the artifacts it holds.
+//! The worker's session with the coordinator: register, then long-poll.
+//! The poll doubles as the heartbeat that renews the worker's lease, so a
+//! poll is always outstanding. It does not take the worker's mail: it says
+//! when mail waits, and the report task takes it with a report (so every
+//! piece of mail arrives in order, in one stream of answers, [`apply`]d
+//! here). When the coordinator does not know the worker (it declared it
+//! lost, its state was wiped, or it restarted), the session registers
+//! again with the runs still going and the artifacts it holds.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -66,10 +69,11 @@ async fn register(shared: &Shared) -> RegisterReply {
 async fn poll(shared: &Arc<Shared>, worker: u64, lease: Duration) {
     // Poll often enough that a slow answer never lets the lease run out.
     let wait = (lease / 3).clamp(Duration::from_millis(100), Duration::from_secs(10));
-    let request = PollRequest { wait_ms: wait.as_millis() as u64 };
     let url = shared.coordinator(&format!("/v1/workers/{worker}/poll"));
     let mut backoff = Duration::from_millis(100);
+    let mut seen = 0;
     loop {
+        let request = PollRequest { wait_ms: wait.as_millis() as u64, notify_only: true, seen };
         let answer = tokio::select! {
             answer = shared.http.post_json::<_, PollReply>(&url, &request, Some(wait + Duration::from_secs(10))) => answer,
             () = shared.outbox.reregister.notified() => return,
@@ -81,21 +85,13 @@ async fn poll(shared: &Arc<Shared>, worker: u64, lease: Duration) {
                     shared.outbox.set_session(None);
                     return;
                 }
-                for run in reply.drop.iter().chain(&reply.stop) {
-                    stop(shared, *run);
+                if reply.mail > seen {
+                    seen = reply.mail;
+                    shared.outbox.fetch(seen);
                 }
-                for assignment in reply.assign {
-                    let control = RunControl::default();
-                    shared.runs.lock().expect("runs").insert(assignment.run, control.clone());
-                    tokio::spawn(job::run(shared.clone(), assignment, control));
-                }
-                for (runs, on) in [(&reply.suspend, true), (&reply.resume, false)] {
-                    for run in runs {
-                        if let Some(control) = shared.runs.lock().expect("runs").get(run) {
-                            control.suspend(on, &shared.tokens);
-                        }
-                    }
-                }
+                // A coordinator that predates `notify_only` answers with
+                // the mail itself.
+                apply(shared, reply);
             }
             Err(e) if e.status() == Some(404) => {
                 shared.outbox.set_session(None);
@@ -105,6 +101,29 @@ async fn poll(shared: &Arc<Shared>, worker: u64, lease: Duration) {
                 tracing::warn!("poll failed, retrying: {e}");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+}
+
+/// Acts on the mail in an answer: stops and drops, new runs, suspends and
+/// resumes.
+pub(crate) fn apply(shared: &Arc<Shared>, mail: PollReply) {
+    if !mail.has_mail() {
+        return;
+    }
+    for run in mail.drop.iter().chain(&mail.stop) {
+        stop(shared, *run);
+    }
+    for assignment in mail.assign {
+        let control = RunControl::default();
+        shared.runs.lock().expect("runs").insert(assignment.run, control.clone());
+        tokio::spawn(job::run(shared.clone(), assignment, control));
+    }
+    for (runs, on) in [(&mail.suspend, true), (&mail.resume, false)] {
+        for run in runs {
+            if let Some(control) = shared.runs.lock().expect("runs").get(run) {
+                control.suspend(on, &shared.tokens);
             }
         }
     }
