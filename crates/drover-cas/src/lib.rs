@@ -33,7 +33,12 @@
 //! happen under the index lock, so the index and the disk always agree.
 //! Removed entries are first renamed into `tmp/` and deleted outside the
 //! lock. Once in place, an entry's fan-out directory is fsynced before the
-//! put or commit returns, so a returned entry survives power loss.
+//! put or commit returns, so a returned entry survives power loss; a cache
+//! opened with [`Durability::ProcessCrash`] skips that last fsync for
+//! artifacts: an artifact's files are still on disk before it appears (so it
+//! is never torn), but power loss may take the new entry away again, as if
+//! it had been evicted. (A worker tells the coordinator its whole cache when
+//! it registers again, so nothing keeps pointing at such an artifact.)
 //!
 //! # The empty artifact
 //!
@@ -114,8 +119,23 @@ impl fmt::Debug for Cas {
     }
 }
 
+/// What a committed artifact survives once the commit returns.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Durability {
+    /// A crash of the process: its files are on disk before it appears, but
+    /// the directory entry that makes it appear is not fsynced, so power
+    /// loss or a kernel crash may take it away (whole: never torn). Saves
+    /// one synchronous directory write per commit.
+    ProcessCrash,
+    /// Also power loss: the directory entry is fsynced before the commit
+    /// returns.
+    #[default]
+    PowerLoss,
+}
+
 pub(crate) struct Inner {
     dir: PathBuf,
+    durability: Durability,
     blobs: PathBuf,
     artifacts: PathBuf,
     tmp: PathBuf,
@@ -146,6 +166,12 @@ impl Cas {
     /// modification times), and evicts down to `max_bytes` if needed (see
     /// [`Cas::take_evicted`]). Fails if another `Cas` has `dir` open.
     pub fn open(dir: &Path, max_bytes: u64) -> Result<Cas, CasError> {
+        Cas::open_with(dir, max_bytes, Durability::PowerLoss)
+    }
+
+    /// [`Cas::open`], with what a committed artifact survives (blobs are
+    /// always made to survive power loss).
+    pub fn open_with(dir: &Path, max_bytes: u64, durability: Durability) -> Result<Cas, CasError> {
         let blobs = dir.join("blobs");
         let artifacts = dir.join("artifacts");
         let tmp = dir.join("tmp");
@@ -173,6 +199,7 @@ impl Cas {
         let empty = EmptyStore::open(dir, &tmp)?;
         let inner = Inner {
             dir: dir.to_path_buf(),
+            durability,
             blobs,
             artifacts,
             tmp,
@@ -706,7 +733,8 @@ impl Inner {
     }
 
     /// Puts artifact `id` in place with `place` (given its path), under the
-    /// index lock, and records it as `info`; then fsyncs its directory.
+    /// index lock, and records it as `info`; then fsyncs its directory
+    /// (unless the cache's durability is [`Durability::ProcessCrash`]).
     /// Returns the committed info and whether `place` ran: an artifact
     /// already present is only marked used (`Pinned` if it is doomed).
     fn install(
@@ -735,7 +763,9 @@ impl Inner {
             std::mem::take(&mut st.trash)
         };
         self.drain(trash);
-        manifest::sync_dir(&parent)?;
+        if self.durability == Durability::PowerLoss {
+            manifest::sync_dir(&parent)?;
+        }
         Ok((info, true))
     }
 

@@ -54,6 +54,9 @@ pub struct WorkerConfig {
     /// Size bound of the artifact cache (least recently used artifacts are
     /// evicted beyond it).
     pub cache_bytes: u64,
+    /// What a committed output survives before the run is reported (see
+    /// [`drover_cas::Durability`]).
+    pub durability: drover_cas::Durability,
     /// Presented to the coordinator and required from peers, if set.
     pub token: Option<String>,
     /// How jobs are run.
@@ -315,7 +318,7 @@ pub async fn start(mut config: WorkerConfig) -> Result<Worker, WorkerError> {
     std::fs::create_dir(&empty).map_err(dir_err(&empty))?;
     std::fs::set_permissions(&empty, std::os::unix::fs::PermissionsExt::from_mode(0o555))
         .map_err(dir_err(&empty))?;
-    let cas = Arc::new(Cas::open(&config.dir.join("cache"), config.cache_bytes)?);
+    let cas = Arc::new(Cas::open_with(&config.dir.join("cache"), config.cache_bytes, config.durability)?);
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|source| WorkerError::Listen { addr: config.listen, source })?;

@@ -192,6 +192,13 @@ pub(crate) struct WorkerArgs {
     /// Size bound of the artifact cache.
     #[arg(long, default_value = "10Gi")]
     pub(crate) cache_size: String,
+    /// What a job's output survives once the worker reports it: a crash of
+    /// this process, or also a power loss or kernel crash (one more
+    /// synchronous disk write per job). An output lost to power loss is
+    /// dropped from the cluster's knowledge when the worker registers
+    /// again, as if it had been evicted.
+    #[arg(long, value_enum, default_value_t = DurabilityArg::PowerLoss)]
+    pub(crate) durability: DurabilityArg,
     /// How long a stopped job (cancel, timeout, eviction) gets after
     /// SIGTERM before its processes are killed with SIGKILL.
     #[arg(long, default_value = "10s", value_name = "DURATION")]
@@ -305,6 +312,16 @@ pub(crate) struct LogsArgs {
     pub(crate) follow: bool,
     #[command(flatten)]
     pub(crate) remote: Remote,
+}
+
+/// What a worker's committed outputs survive, for `drover worker
+/// --durability`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum DurabilityArg {
+    /// A crash of the worker process.
+    ProcessCrash,
+    /// Also power loss and kernel crashes.
+    PowerLoss,
 }
 
 /// A stage of a run on its worker, for `drover logs --stage`.

@@ -302,6 +302,10 @@ fn worker_config(args: &WorkerArgs) -> anyhow::Result<WorkerConfig> {
         labels: labels(units::pairs("--labels", &args.labels)?),
         dir: args.cache.clone(),
         cache_bytes: units::size("--cache-size", &args.cache_size)?,
+        durability: match args.durability {
+            crate::cli::DurabilityArg::ProcessCrash => drover_cas::Durability::ProcessCrash,
+            crate::cli::DurabilityArg::PowerLoss => drover_cas::Durability::PowerLoss,
+        },
         token: args.token.clone(),
         supervisor: supervisor()?,
         kill_grace: units::duration("--kill-grace", &args.kill_grace)?,
@@ -431,6 +435,12 @@ fn embedded_worker(state: &Path, i: u32, slots: u32, coordinator: &str) -> anyho
         labels: labels([("worker".to_owned(), format!("local-{i}"))].into()),
         dir: PathBuf::from(state).join(format!("worker-{i}")),
         cache_bytes: 10 << 30,
+        // Like the embedded coordinator's input log (`[store] durability`
+        // at its default), the caches are made to survive a crash of this
+        // process, not power loss: the workers re-list their caches when
+        // they register again, so an output lost to power loss is simply
+        // built again.
+        durability: drover_cas::Durability::ProcessCrash,
         token: None,
         supervisor: supervisor()?,
         kill_grace: Duration::from_secs(2),

@@ -4,7 +4,7 @@
 use std::fs;
 use std::os::unix::fs::{PermissionsExt, symlink};
 
-use drover_cas::{Cas, CasError};
+use drover_cas::{Cas, CasError, Durability};
 
 use crate::util::{Node, build, cas, key, listing, sample_tree, tmp_is_empty, write};
 
@@ -38,6 +38,26 @@ fn commit_then_reopen_rebuilds_the_index() {
     assert_eq!(cas.used_bytes(), info.size);
     assert_eq!(listing(&cas.artifact(&id).unwrap()), expected);
     assert!(cas.verify_artifact(&id).unwrap());
+}
+
+/// A cache that commits for process crashes only keeps and finds the same
+/// entries as one that commits for power loss, across reopening either way.
+#[test]
+fn a_process_crash_cache_commits_the_same_entries() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("cas");
+    let cas = Cas::open_with(&dir, 1 << 20, Durability::ProcessCrash).unwrap();
+    let full = build(&cas, &key(1), sample_tree);
+    let empty = cas.commit_empty_artifact(&key(2)).unwrap();
+    assert_eq!(cas.artifacts(), vec![key(1), key(2)]);
+    assert!(tmp_is_empty(&cas));
+    drop(cas);
+    let cas = Cas::open(&dir, 1 << 20).unwrap();
+    assert_eq!(cas.artifacts(), vec![key(1), key(2)]);
+    assert_eq!(cas.artifact_info(&key(1)), Some(full));
+    assert_eq!(cas.artifact_info(&key(2)), Some(empty));
+    assert!(cas.verify_artifact(&key(1)).unwrap());
+    assert!(cas.verify_artifact(&key(2)).unwrap());
 }
 
 #[test]
