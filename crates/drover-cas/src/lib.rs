@@ -156,6 +156,10 @@ struct State {
     evicted: Vec<Key>,
     /// Paths under tmp/ to delete once the lock is released.
     trash: Vec<PathBuf>,
+    /// The fan-out directories under `artifacts/` made (or found) since the
+    /// cache was opened, one bit per first byte of a key: a commit into one
+    /// of them skips the `mkdir` that would fail with "exists".
+    fan_outs: [u64; 4],
     trash_seq: u64,
 }
 
@@ -755,7 +759,16 @@ impl Inner {
                 st.index.touch_artifact(id);
                 return Ok((present, false));
             }
-            fs::create_dir_all(&parent).ctx(|| format!("create {}", parent.display()))?;
+            let byte = usize::from(id.0[0]);
+            let bit = 1u64 << (byte % 64);
+            if st.fan_outs[byte / 64] & bit == 0 {
+                fs::create_dir_all(&parent).ctx(|| format!("create {}", parent.display()))?;
+                if self.durability == Durability::PowerLoss {
+                    // The fan-out directory's own entry, once per opening.
+                    manifest::sync_dir(&self.artifacts)?;
+                }
+                st.fan_outs[byte / 64] |= bit;
+            }
             place(&dest)?;
             st.index.insert_artifact(*id, info, None);
             let evicted = self.evict_locked(&mut st, Some(Slot::Artifact(*id)));
