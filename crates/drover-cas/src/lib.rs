@@ -33,7 +33,9 @@
 //! happen under the index lock, so the index and the disk always agree.
 //! Removed entries are first renamed into `tmp/` and deleted outside the
 //! lock. Once in place, an entry's fan-out directory is fsynced before the
-//! put or commit returns, so a returned entry survives power loss; a cache
+//! put or commit returns (and, the first time the cache puts an artifact
+//! there, the `artifacts/` directory holding it), so a returned entry
+//! survives power loss; a cache
 //! opened with [`Durability::ProcessCrash`] skips that last fsync for
 //! artifacts: an artifact's files are still on disk before it appears (so it
 //! is never torn), but power loss may take the new entry away again, as if
