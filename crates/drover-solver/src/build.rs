@@ -698,9 +698,15 @@ impl Build {
     }
 
     /// Puts a finished build's failed, skipped and cancelled jobs back in
-    /// the queue (attempt counts are kept); returns those whose needs are
-    /// all done.
-    pub(crate) fn retry(&mut self, now: Millis) -> Result<Vec<u32>, String> {
+    /// the queue (attempt counts are kept), with every job that succeeded but
+    /// whose output is gone (`available` says no: no live worker and no
+    /// shared cache holds it) if a job going back needs it, directly or
+    /// through others going back; returns those whose needs are all done.
+    pub(crate) fn retry(
+        &mut self,
+        now: Millis,
+        available: impl Fn(&JobDef) -> bool,
+    ) -> Result<Vec<u32>, String> {
         match self.state {
             BuildState::Succeeded => return Err(format!("build {} succeeded: nothing to retry", self.id)),
             s if !s.is_final() => {
@@ -720,9 +726,22 @@ impl Build {
                 }
             }
         }
+        // What goes back: every job that did not succeed, and, upwards from
+        // those, each need whose output is gone.
+        let mut again: Vec<bool> = self.jobs.iter().map(|rec| !rec.state.is_success()).collect();
+        let mut stack: Vec<u32> = (0..self.jobs.len() as u32).filter(|&i| again[i as usize]).collect();
+        while let Some(i) = stack.pop() {
+            for need in &self.spec.jobs[i as usize].needs {
+                let n = self.index[need];
+                if !again[n as usize] && !available(&self.spec.jobs[n as usize]) {
+                    again[n as usize] = true;
+                    stack.push(n);
+                }
+            }
+        }
         let mut jobs = 0;
-        for rec in &mut self.jobs {
-            if !rec.state.is_success() {
+        for (rec, again) in self.jobs.iter_mut().zip(again) {
+            if again {
                 rec.state = JobState::Queued;
                 rec.exit_code = None;
                 rec.detail.clear();

@@ -20,8 +20,8 @@ use drover_core::{
     WorkerId,
 };
 use drover_proto::{
-    Assignment, BuildEvent, BuildStatus, DepInput, Hash32, JobState, RegisterReply, RegisterRequest, Report,
-    SubmitRequest, WorkerCapacity, WorkerStatus,
+    Assignment, BuildEvent, BuildStatus, DepInput, Hash32, JobDef, JobState, RegisterReply, RegisterRequest,
+    Report, SubmitRequest, WorkerCapacity, WorkerStatus,
 };
 use serde::{Deserialize, Serialize};
 
@@ -490,7 +490,14 @@ impl Solver {
 
     fn retry(&mut self, id: u64) -> Result<Reply, SolverError> {
         let build = self.builds.get_mut(&id).ok_or(SolverError::UnknownBuild(id))?;
-        let ready = build.retry(self.now).map_err(SolverError::CannotRetry)?;
+        // A succeeded job's output is gone once no live worker and not the
+        // shared cache holds it: a retried job that needs it runs it again.
+        let (core, outputs, remote) = (&self.core, &self.outputs, &self.remote);
+        let available = |def: &JobDef| {
+            let id = JobId::from(def.id);
+            remote.contains(&id) || (outputs.contains_key(&id) && core.locate_artifact(&id).is_some())
+        };
+        let ready = build.retry(self.now, available).map_err(SolverError::CannotRetry)?;
         self.effects.push(Effect::BuildChanged { build: id });
         for i in ready {
             self.schedule(id, i);

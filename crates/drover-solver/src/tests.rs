@@ -542,6 +542,39 @@ fn retry_reruns_the_failed_job_and_what_it_skipped() {
     assert!(matches!(retried, Err(SolverError::CannotRetry(_))), "{retried:?}");
 }
 
+/// A retried job whose input's only holder is gone gets that input built
+/// again first (it would fail to fetch it otherwise, retry after retry).
+#[test]
+fn retry_rebuilds_a_lost_input_of_a_retried_job() {
+    let mut h = Harness::new();
+    let w1 = worker_id(h.input(register("w1", 1, vec![])));
+    let b = build_id(h.input(submit(vec![job("a", &[]), job("b", &["a"])])));
+    h.later();
+    let a = h.assigned()[0].1;
+    h.report(w1, Report { finished: vec![ok(a, "a")], ..Report::default() });
+    h.later();
+    let runs = h.assigned();
+    assert_eq!(runs.iter().map(|r| r.2.as_str()).collect::<Vec<_>>(), ["b"]);
+    h.report(w1, Report { finished: vec![failed(runs[0].1, 1)], ..Report::default() });
+    assert_eq!(h.solver.build_status(b).expect("build").state, BuildState::Failed);
+    // w1, the only holder of a's output, is lost; w2 comes.
+    h.now += 60_000;
+    h.input(Input::Tick).expect("tick");
+    assert!(!h.solver.worker_alive(w1));
+    let w2 = worker_id(h.input(register("w2", 1, vec![])));
+    h.input(Input::Retry { build: b }).expect("retry");
+    h.later();
+    let runs = h.assigned();
+    assert_eq!(runs.iter().map(|r| r.2.as_str()).collect::<Vec<_>>(), ["a"], "a is built again first");
+    assert_eq!(h.states(b), [("a".to_string(), JobState::Running), ("b".to_string(), JobState::Queued)]);
+    h.report(w2, Report { finished: vec![ok(runs[0].1, "a")], ..Report::default() });
+    h.later();
+    let runs = h.assigned();
+    assert_eq!(runs.iter().map(|r| r.2.as_str()).collect::<Vec<_>>(), ["b"]);
+    h.report(w2, Report { finished: vec![ok(runs[0].1, "b")], ..Report::default() });
+    assert_eq!(h.solver.build_status(b).expect("build").state, BuildState::Succeeded);
+}
+
 #[test]
 fn the_longest_remaining_path_goes_first() {
     let mut h = Harness::new();

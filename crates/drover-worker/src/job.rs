@@ -474,7 +474,11 @@ async fn fetch_artifact(shared: &Arc<Shared>, dep: &DepInput, log: &StageLog<'_>
         }
         Err(e) => errors.push(format!("shared cache: {e}")),
     }
-    Err(format!("cannot get the output of {name} ({}): {}", dep.job, errors.join("; ")))
+    Err(format!(
+        "cannot get the output of {name} ({}): {} (`drover retry` builds it again once no live worker holds it)",
+        dep.job,
+        errors.join("; ")
+    ))
 }
 
 /// Runs the commands and commits the output.
