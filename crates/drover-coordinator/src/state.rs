@@ -70,6 +70,29 @@ impl Mailbox {
         PollReply { mail: self.version, ..std::mem::take(&mut self.mail) }
     }
 
+    /// Puts mail that was taken but never reached the worker back, ahead of
+    /// what came since (a drop or stop that came since still follows the
+    /// assignment it is about).
+    pub(crate) fn put_back(&mut self, taken: PollReply) {
+        let newer = std::mem::replace(&mut self.mail, taken);
+        self.mail.assign.extend(newer.assign);
+        self.mail.drop.extend(newer.drop);
+        self.mail.stop.extend(newer.stop);
+        // The last request for a run wins (see `perform`).
+        for (run, resume) in
+            newer.suspend.iter().map(|r| (*r, false)).chain(newer.resume.iter().map(|r| (*r, true)))
+        {
+            self.mail.suspend.retain(|r| *r != run);
+            self.mail.resume.retain(|r| *r != run);
+            if resume {
+                self.mail.resume.push(run);
+            } else {
+                self.mail.suspend.push(run);
+            }
+        }
+        self.version += 1;
+    }
+
     /// The version of the mail waiting, if any (for a `notify_only` poll).
     pub(crate) fn waiting(&self) -> Option<u64> {
         self.has_mail().then_some(self.version)
@@ -308,8 +331,20 @@ fn run(mut store: Store, mut solver: Solver, rx: Receiver<Command>, shared: Arc<
                 Answer::Input(reply, result) => {
                     let _ = reply.send(result);
                 }
-                Answer::Report { reply, mail, .. } => {
-                    let _ = reply.send(mail);
+                Answer::Report { worker, deliver, reply, mail } => {
+                    // A worker that gave up waiting (its request timed out or
+                    // its connection broke) never gets this answer: the mail
+                    // it took goes back, ahead of anything newer, for its
+                    // next report or poll.
+                    if let Err(mail) = reply.send(mail)
+                        && deliver
+                        && mail.has_mail()
+                    {
+                        let mut boxes = shared.mailboxes.lock().expect("mailboxes");
+                        let mb = boxes.entry(worker).or_default();
+                        mb.put_back(mail);
+                        mb.notify.notify_one();
+                    }
                 }
             }
         }
@@ -396,4 +431,40 @@ fn perform(mailboxes: &mut BTreeMap<u64, Mailbox>, effects: Vec<Effect>) -> (BTr
         }
     }
     (touched, changed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mail(drop: &[u64], suspend: &[u64], resume: &[u64]) -> PollReply {
+        PollReply {
+            drop: drop.to_vec(),
+            suspend: suspend.to_vec(),
+            resume: resume.to_vec(),
+            ..PollReply::default()
+        }
+    }
+
+    /// Mail taken for an answer that never reached the worker goes back
+    /// ahead of what came since; for suspend and resume the later request
+    /// for a run still wins.
+    #[test]
+    fn mail_put_back_goes_ahead_and_later_requests_win() {
+        let mut mb = Mailbox { open: true, ..Mailbox::default() };
+        mb.mail = mail(&[1], &[7], &[8]);
+        mb.version = 3;
+        let taken = mb.take();
+        assert_eq!(taken.mail, 3);
+        assert!(!mb.has_mail());
+        // Meanwhile: another drop, run 7 resumed, run 8 suspended again.
+        mb.mail = mail(&[2], &[8], &[7]);
+        mb.version = 4;
+        mb.put_back(taken);
+        let again = mb.take();
+        assert_eq!(again.drop, [1, 2], "the older mail comes first");
+        assert_eq!(again.suspend, [8]);
+        assert_eq!(again.resume, [7]);
+        assert!(again.mail > 4, "a poll that saw version 4 learns there is mail again");
+    }
 }

@@ -44,7 +44,9 @@ pub(crate) type TenantIdx = u32;
 pub(crate) type JobIdx = u32;
 /// A job slot's queue era: bumped each time its job leaves the queues (and
 /// when the slot is freed), so the entries left behind are known to be dead.
-pub(crate) type Era = u32;
+/// 64 bits: one busy slot may see billions of jobs in a coordinator's life,
+/// and a wrapped era would bring a dead entry back to life.
+pub(crate) type Era = u64;
 
 /// Order of a tenant's jobs: the components of the configured job rules
 /// (by default higher priority first, then the longest remaining path:

@@ -75,8 +75,8 @@
 //! that signal could in principle reach a process that reused the pid (only
 //! if the PID space wrapped around meanwhile; pidfds would close this gap).
 //! `unsafe` is confined to the private `sys` module (`fork`,
-//! `_exit` of a forked supervisor, and taking ownership of descriptors
-//! received over a socket).
+//! `_exit` of a forked supervisor, taking ownership of descriptors
+//! received over a socket, and `ioprio_get`).
 //!
 //! ```ignore
 //! // In `main`, before any thread:

@@ -317,6 +317,12 @@ struct Inherited {
     limits: Vec<(u64, u64)>,
     affinity: CpuSet,
     stat: Vec<String>,
+    /// `/proc/self/oom_score_adj` (a job may raise its parent's).
+    oom_score_adj: String,
+    /// The I/O priority (a job may lower its parent's with `ionice -p`).
+    io_priority: i64,
+    /// `/proc/self/cgroup` (a job allowed to may move its parent).
+    cgroup: String,
 }
 
 /// Every resource limit of Linux.
@@ -346,7 +352,10 @@ impl Inherited {
         let affinity = sched_getaffinity(Pid::from_raw(0)).ok()?;
         let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
         let stat = procfs::inherited_fields(&stat)?;
-        Some(Inherited { limits, affinity, stat })
+        let oom_score_adj = std::fs::read_to_string("/proc/self/oom_score_adj").ok()?;
+        let io_priority = crate::sys::io_priority().ok()?;
+        let cgroup = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+        Some(Inherited { limits, affinity, stat, oom_score_adj, io_priority, cgroup })
     }
 }
 

@@ -1,7 +1,8 @@
-//! The crate's only `unsafe` code, behind three safe functions the zygote
-//! needs: forking (only while the process has a single thread), ending a
-//! forked child without the zygote's exit handlers, and taking ownership
-//! of file descriptors received over a Unix socket.
+//! The crate's only `unsafe` code, behind four safe functions the zygote
+//! and its supervisors need: forking (only while the process has a single
+//! thread), ending a forked child without the zygote's exit handlers,
+//! taking ownership of file descriptors received over a Unix socket, and
+//! reading the process's I/O priority (a system call with no wrapper).
 //!
 //! The workspace forbids `unsafe`; this crate denies it and allows it in
 //! this module alone.
@@ -45,6 +46,17 @@ pub(crate) fn fork_single_threaded() -> Result<ForkResult, ForkError> {
     // would. The zygote is that single-threaded process: it is exec'd
     // before any runtime or thread starts and never starts one.
     Ok(unsafe { nix::unistd::fork() }?)
+}
+
+/// The calling process's I/O priority (`ioprio_get(IOPRIO_WHO_PROCESS,
+/// 0)`: class and level in one number), or the error.
+pub(crate) fn io_priority() -> Result<i64, Errno> {
+    const IOPRIO_WHO_PROCESS: nix::libc::c_long = 1;
+    // SAFETY: `ioprio_get` takes two integers (who: this process) and
+    // touches no memory of ours; its result is a number or -1 with errno.
+    let value =
+        unsafe { nix::libc::syscall(nix::libc::SYS_ioprio_get, IOPRIO_WHO_PROCESS, 0 as nix::libc::c_long) };
+    Errno::result(value)
 }
 
 /// Ends the process at once with `code` (`_exit`): no exit handlers, no

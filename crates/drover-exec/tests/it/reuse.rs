@@ -133,6 +133,40 @@ async fn a_supervisor_whose_limits_a_job_changed_is_not_reused() {
 }
 
 #[tokio::test]
+async fn a_supervisor_whose_oom_score_a_job_raised_is_not_reused() {
+    let supervisor = supervisor();
+    let fx = Fixture::new();
+    // Raising one's parent's OOM score needs no privilege.
+    let changed = run(
+        &supervisor,
+        &fx,
+        &["cat /proc/self/oom_score_adj > before; echo 900 > /proc/$PPID/oom_score_adj"],
+    )
+    .await;
+    assert!(gone(changed), "the supervisor exited instead of waiting for a job");
+    let next = run(&supervisor, &fx, &["cat /proc/self/oom_score_adj > after"]).await;
+    assert_ne!(next, changed);
+    let read = |name: &str| std::fs::read_to_string(fx.work().join(name)).unwrap();
+    assert_eq!(read("after"), read("before"));
+}
+
+#[tokio::test]
+async fn a_supervisor_whose_io_priority_a_job_changed_is_not_reused() {
+    if !Path::new("/usr/bin/ionice").exists() {
+        eprintln!("skipped: no /usr/bin/ionice");
+        return;
+    }
+    let supervisor = supervisor();
+    let fx = Fixture::new();
+    let changed = run(&supervisor, &fx, &["ionice -p $$ > before; ionice -c 3 -p $PPID"]).await;
+    assert!(gone(changed), "the supervisor exited instead of waiting for a job");
+    let next = run(&supervisor, &fx, &["ionice -p $$ > after"]).await;
+    assert_ne!(next, changed);
+    let read = |name: &str| std::fs::read_to_string(fx.work().join(name)).unwrap();
+    assert_eq!(read("after"), read("before"));
+}
+
+#[tokio::test]
 async fn jobs_at_once_have_supervisors_of_their_own_which_later_jobs_reuse() {
     let supervisor = supervisor();
     let wave = |n: usize| {
