@@ -334,6 +334,12 @@ impl Cas {
         self.inner.install_empty(id)
     }
 
+    /// The info of every empty artifact (its `tree` is the empty tree's
+    /// digest): an output known to be empty needs no transfer.
+    pub fn empty_info(&self) -> ArtifactInfo {
+        self.inner.empty.info()
+    }
+
     /// The committed artifact `id`, pinned (never evicted or removed while
     /// the guard lives) and marked used; `None` if absent.
     pub fn artifact(&self, id: &Key) -> Option<ArtifactGuard> {

@@ -162,6 +162,33 @@ fn a_job_on_a_killed_worker_finishes_elsewhere() {
     assert_eq!(slow["attempts"], 2);
 }
 
+/// An empty output needs no transfer: a job whose dependency's output is
+/// empty runs even though the only worker that built it is gone (and never
+/// pushed it to the shared cache).
+#[test]
+fn an_empty_dependency_output_needs_no_transfer() {
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", 1, &["--labels", "box=one", "--no-push"]);
+    cluster.add_worker("w2", 1, &["--labels", "box=two"]);
+    let go = cluster.scratch("go");
+    let build = format!(
+        "jobs:\n  - name: empty\n    labels: {{box: one}}\n    run: [\"true\"]\n  - name: gate\n    labels: {{box: two}}\n    run: [\"while [ ! -e {go} ]; do sleep 0.02; done\"]\n  - name: after\n    needs: [empty, gate]\n    labels: {{box: two}}\n    run: [\"ls {{{{dep:empty}}}} > {{{{out}}}}/listing\"]\n"
+    );
+    let file = cluster.project("empty-dep", &build, &[]);
+    let id = cluster.submit(&file);
+    eventually("the empty job to succeed", || {
+        (job(&cluster.status(id), "empty")["state"] == "succeeded").then_some(())
+    });
+    cluster.kill_worker("w1");
+    std::fs::write(&go, "").expect("open the gate");
+    let status = eventually("the build to finish", || {
+        let status = cluster.status(id);
+        (status["state"] != "running" && status["state"] != "queued").then_some(status)
+    });
+    assert_eq!(status["state"], "succeeded", "{status}");
+    assert_eq!(job(&status, "after")["worker"], "w2");
+}
+
 #[test]
 fn a_build_survives_a_coordinator_crash() {
     let mut cluster = Cluster::new();
