@@ -90,6 +90,9 @@ pub(crate) struct Build {
     gangs: BTreeMap<String, GangRec>,
     /// Jobs rerun by a gang restart: they run even when a result is cached.
     rerun: std::collections::BTreeSet<u32>,
+    /// Every job before this index was over when last looked at (see
+    /// `all_over`).
+    over_before: usize,
 }
 
 /// The build's gangs, checked: members agree on their settings, there are
@@ -271,6 +274,7 @@ impl Build {
             events: Vec::new(),
             gangs,
             rerun: std::collections::BTreeSet::new(),
+            over_before: 0,
         };
         build.event(now, EventKind::BuildQueued { jobs: build.jobs.len() });
         Ok(build)
@@ -785,7 +789,7 @@ impl Build {
 
     /// Ends the build if every job is over; true if it just ended.
     pub(crate) fn finish_if_done(&mut self, now: Millis) -> bool {
-        if self.state.is_final() || !self.jobs.iter().all(|j| j.state.is_final()) {
+        if self.state.is_final() || !self.all_over() {
             return false;
         }
         self.state = if self.cancelled {
@@ -798,6 +802,27 @@ impl Build {
         let state = self.state;
         self.event(now, EventKind::BuildFinished { state });
         true
+    }
+
+    /// Whether every job is over. Called after every job's end, so it must
+    /// not scan the whole build each time (a 50,000-job build would pay
+    /// quadratically): it moves a cursor past the jobs found over, and only
+    /// once the cursor reaches the end checks the jobs before it again (a
+    /// retry may have put some back).
+    fn all_over(&mut self) -> bool {
+        while self.jobs.get(self.over_before).is_some_and(|j| j.state.is_final()) {
+            self.over_before += 1;
+        }
+        if self.over_before < self.jobs.len() {
+            return false;
+        }
+        match self.jobs.iter().position(|j| !j.state.is_final()) {
+            Some(i) => {
+                self.over_before = i;
+                false
+            }
+            None => true,
+        }
     }
 
     pub(crate) fn latest_run(&self, job: &str) -> Option<u64> {
