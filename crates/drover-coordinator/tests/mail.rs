@@ -29,6 +29,15 @@ fn config(dir: &std::path::Path) -> CoordinatorConfig {
     config
 }
 
+/// A fresh coordinator in a temporary directory (both kept alive by the
+/// caller), and a client of it.
+async fn started() -> (tempfile::TempDir, Coordinator, Client) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let coordinator = drover_coordinator::start(config(dir.path())).await.expect("start");
+    let client = Client::new(&coordinator);
+    (dir, coordinator, client)
+}
+
 /// A client and fake worker of one coordinator.
 struct Client {
     http: Http,
@@ -163,9 +172,7 @@ async fn finished(client: &Client, build: u64) -> BuildState {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_worker_gets_its_next_job_in_the_answer_to_its_report() {
     tokio::time::timeout(DEADLINE, async {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let coordinator = drover_coordinator::start(config(dir.path())).await.expect("start");
-        let client = Client::new(&coordinator);
+        let (_dir, _coordinator, client) = started().await;
         let worker = client.register("w", 1, Vec::new()).await.worker;
         let build = client.submit("busy", 5).await;
         let mut requests = 0;
@@ -192,9 +199,7 @@ async fn a_busy_worker_gets_its_next_job_in_the_answer_to_its_report() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_that_does_not_ask_gets_its_mail_from_the_poll_only() {
     tokio::time::timeout(DEADLINE, async {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let coordinator = drover_coordinator::start(config(dir.path())).await.expect("start");
-        let client = Client::new(&coordinator);
+        let (_dir, _coordinator, client) = started().await;
         let worker = client.register("old", 1, Vec::new()).await.worker;
         let build = client.submit("old", 2).await;
         let take = PollRequest { wait_ms: 10_000, notify_only: false, seen: 0 };
@@ -218,9 +223,8 @@ async fn a_worker_that_does_not_ask_gets_its_mail_from_the_poll_only() {
 async fn a_poll_and_reports_that_race_deliver_every_assignment_once() {
     const JOBS: usize = 300;
     tokio::time::timeout(DEADLINE, async {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let coordinator = drover_coordinator::start(config(dir.path())).await.expect("start");
-        let client = std::sync::Arc::new(Client::new(&coordinator));
+        let (_dir, _coordinator, client) = started().await;
+        let client = std::sync::Arc::new(client);
         let worker = client.register("racer", 3, Vec::new()).await.worker;
         let build = client.submit("race", JOBS).await;
         // A worker that both polls the old way (taking the mail) and asks
@@ -263,9 +267,7 @@ async fn a_poll_and_reports_that_race_deliver_every_assignment_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_cancelled_before_its_start_was_heard_of_ends_cleanly() {
     tokio::time::timeout(DEADLINE, async {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let coordinator = drover_coordinator::start(config(dir.path())).await.expect("start");
-        let client = Client::new(&coordinator);
+        let (_dir, _coordinator, client) = started().await;
         let worker = client.register("w", 1, Vec::new()).await.worker;
         let build = client.submit("cancelled", 1).await;
         let mail = client.fetch(worker, 0).await;

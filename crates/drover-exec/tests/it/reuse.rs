@@ -114,40 +114,37 @@ async fn no_descriptor_directory_or_variable_of_a_job_is_left_for_the_next() {
     assert_eq!(fds(pid), idle_fds, "the supervisor holds the same descriptors between jobs");
 }
 
+/// A job that changes, from inside, something its supervisor's later
+/// commands would inherit (`change`, after recording it with `show >
+/// before`) retires that supervisor: the next job runs under another one and
+/// sees what the first saw (`show > after`). Returns what it saw.
+async fn assert_retired_after(show: &str, change: &str) -> String {
+    let supervisor = supervisor();
+    let fx = Fixture::new();
+    // The command's parent is its supervisor.
+    let changed = run(&supervisor, &fx, &[&format!("{show} > before; {change}")]).await;
+    assert!(gone(changed), "the supervisor exited instead of waiting for a job");
+    let next = run(&supervisor, &fx, &[&format!("{show} > after")]).await;
+    assert_ne!(next, changed);
+    let read = |name: &str| std::fs::read_to_string(fx.work().join(name)).unwrap();
+    assert_eq!(read("after"), read("before"));
+    read("after")
+}
+
 #[tokio::test]
 async fn a_supervisor_whose_limits_a_job_changed_is_not_reused() {
     if !Path::new("/usr/bin/prlimit").exists() {
         eprintln!("skipped: no /usr/bin/prlimit");
         return;
     }
-    let supervisor = supervisor();
-    let fx = Fixture::new();
-    // The command's parent is its supervisor.
-    let changed = run(&supervisor, &fx, &["ulimit -n > before; prlimit --pid $PPID --nofile=64:"]).await;
-    assert!(gone(changed), "the supervisor exited instead of waiting for a job");
-    let next = run(&supervisor, &fx, &["ulimit -n > after"]).await;
-    assert_ne!(next, changed);
-    let read = |name: &str| std::fs::read_to_string(fx.work().join(name)).unwrap();
-    assert_eq!(read("after"), read("before"));
-    assert_ne!(read("after"), "64\n");
+    let after = assert_retired_after("ulimit -n", "prlimit --pid $PPID --nofile=64:").await;
+    assert_ne!(after, "64\n");
 }
 
 #[tokio::test]
 async fn a_supervisor_whose_oom_score_a_job_raised_is_not_reused() {
-    let supervisor = supervisor();
-    let fx = Fixture::new();
     // Raising one's parent's OOM score needs no privilege.
-    let changed = run(
-        &supervisor,
-        &fx,
-        &["cat /proc/self/oom_score_adj > before; echo 900 > /proc/$PPID/oom_score_adj"],
-    )
-    .await;
-    assert!(gone(changed), "the supervisor exited instead of waiting for a job");
-    let next = run(&supervisor, &fx, &["cat /proc/self/oom_score_adj > after"]).await;
-    assert_ne!(next, changed);
-    let read = |name: &str| std::fs::read_to_string(fx.work().join(name)).unwrap();
-    assert_eq!(read("after"), read("before"));
+    assert_retired_after("cat /proc/self/oom_score_adj", "echo 900 > /proc/$PPID/oom_score_adj").await;
 }
 
 #[tokio::test]
@@ -156,14 +153,7 @@ async fn a_supervisor_whose_io_priority_a_job_changed_is_not_reused() {
         eprintln!("skipped: no /usr/bin/ionice");
         return;
     }
-    let supervisor = supervisor();
-    let fx = Fixture::new();
-    let changed = run(&supervisor, &fx, &["ionice -p $$ > before; ionice -c 3 -p $PPID"]).await;
-    assert!(gone(changed), "the supervisor exited instead of waiting for a job");
-    let next = run(&supervisor, &fx, &["ionice -p $$ > after"]).await;
-    assert_ne!(next, changed);
-    let read = |name: &str| std::fs::read_to_string(fx.work().join(name)).unwrap();
-    assert_eq!(read("after"), read("before"));
+    assert_retired_after("ionice -p $$", "ionice -c 3 -p $PPID").await;
 }
 
 #[tokio::test]
