@@ -93,6 +93,7 @@
 
 mod job;
 mod launcher;
+mod plain;
 mod procfs;
 mod spec;
 mod supervisor;

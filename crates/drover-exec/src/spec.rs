@@ -18,7 +18,11 @@ pub const DEFAULT_TMPDIR: &str = "/tmp";
 /// One build job to run: its commands and how to run them.
 ///
 /// Every command runs as `/bin/sh -c <command>`, one after the other, in
-/// [`cwd`](Self::cwd), stopping at the first one that does not exit 0.
+/// [`cwd`](Self::cwd), stopping at the first one that does not exit 0. A
+/// plain command (a program and its arguments, with nothing for the shell
+/// to expand or interpret) is started directly instead, with the same
+/// result and one process fewer; the private `plain` module says which
+/// commands are plain and what the supervisor does in the shell's place.
 ///
 /// The environment of the commands is **exactly** [`env`](Self::env) (nothing
 /// is inherited from the worker), except that three variables get a default
@@ -39,7 +43,8 @@ pub const DEFAULT_TMPDIR: &str = "/tmp";
 /// [`Outcome::SpawnFailed`](crate::Outcome::SpawnFailed).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobSpec {
-    /// Shell commands, run in order with `/bin/sh -c`.
+    /// Shell commands, run in order with `/bin/sh -c` (plain ones without
+    /// the shell).
     pub commands: Vec<String>,
     /// Working directory of every command. A missing directory makes the job
     /// end with [`Outcome::SpawnFailed`](crate::Outcome::SpawnFailed).

@@ -18,13 +18,14 @@
 //! 1. drops any signal left pending since the last job (between jobs there is
 //!    no job to stop); decodes the [`JobSpec`] (JSON, sent by the worker),
 //!    writes `ready` on the job's output pipe, and runs the commands one by
-//!    one (`posix_spawn`, so that they start with an empty signal mask and
-//!    default dispositions, and with the job's pipes and `/dev/null` as their
-//!    only descriptors), each in its own process group, stopping at the first
-//!    that fails; the commands' standard output and error are pipes the
-//!    supervisor copies to the log files as the bytes arrive, creating each
-//!    file (and its directory) on its first byte, so a job that prints nothing
-//!    costs no file;
+//!    one (`/bin/sh -c`, or the program itself for a plain command: see the
+//!    `plain` module), with `posix_spawn`, so that they start with an empty
+//!    signal mask and default dispositions, and with the job's pipes and
+//!    `/dev/null` as their only descriptors, each in its own process group,
+//!    stopping at the first that fails; the commands' standard output and
+//!    error are pipes the supervisor copies to the log files as the bytes
+//!    arrive, creating each file (and its directory) on its first byte, so a
+//!    job that prints nothing costs no file;
 //! 2. on a stop request (`T` on the control pipe, SIGTERM/SIGINT/SIGHUP, or
 //!    end of file on the control pipe, i.e. the worker dropped the job or is
 //!    gone) sends SIGTERM then SIGCONT to the running command's process group
@@ -65,10 +66,12 @@
 //! late finds the pipe closed instead of reaching the next job.
 
 use std::collections::BTreeMap;
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStringExt;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -85,6 +88,7 @@ use nix::sys::stat::Mode;
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
+use crate::plain;
 use crate::procfs;
 use crate::spec::{JobReport, JobSpec};
 use crate::sys;
@@ -553,7 +557,13 @@ impl Supervisor<'_> {
             let spawned =
                 spawn_command(command, &spec.cwd, &env, &self.logs.stdout.writer, self.logs.stderr_writer());
             let pid = match spawned {
-                Ok(pid) => pid,
+                Ok(Started::Running(pid)) => pid,
+                Ok(Started::Failed(code, line)) => {
+                    self.log(&line);
+                    report.duration_ms.push(u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX));
+                    report.exit_code = Some(code);
+                    break;
+                }
                 Err(error) => {
                     let message = format!("cannot start command {} (`{command}`): {error}", index + 1);
                     self.log(&message);
@@ -812,27 +822,33 @@ const RESET_SIGNALS: [Signal; 13] = [
     Signal::SIGXFSZ,
 ];
 
-/// Starts `/bin/sh -c <command>` in `cwd` with exactly `env`, stdin from
-/// `/dev/null` and the given logs, in a process group of its own, with an
-/// empty signal mask and default signal dispositions; returns its pid.
+/// How starting a command went.
+#[derive(Debug)]
+enum Started {
+    /// It runs: its pid (also its process group).
+    Running(i32),
+    /// A plain command whose program could not run, counted as the shell
+    /// would count it: the exit code (127 not found, 126 not executable)
+    /// and the line for standard error.
+    Failed(i32, String),
+}
+
+/// Starts a command in `cwd` with exactly `env` (see [`spawn`]): a plain
+/// one (see the `plain` module) as its program directly, any other as
+/// `/bin/sh -c <command>`.
 ///
-/// `posix_spawn` rather than `std::process::Command`: std makes children
-/// inherit the parent's signal mask, and ours blocks SIGTERM (read from a
-/// signalfd), which the commands must not inherit; resetting the mask in a
-/// `pre_exec` hook would need `unsafe`. `posix_spawn` has no working
-/// directory attribute (short of a glibc extension nix does not wrap), so
-/// the supervisor, which is single-threaded, moves into `cwd` itself (and
-/// back to its own directory once the job is over).
+/// The supervisor, which is single-threaded, moves into `cwd` itself (and
+/// back to its own directory once the job is over): `posix_spawn` has no
+/// working directory attribute (short of a glibc extension nix does not
+/// wrap).
 fn spawn_command(
     command: &str,
     cwd: &Path,
     env: &BTreeMap<String, String>,
     stdout: &File,
     stderr: &File,
-) -> Result<i32, String> {
+) -> Result<Started, String> {
     let cstring = |s: String| CString::new(s).map_err(|_| "it contains a NUL byte".to_owned());
-    let args = [cstring("/bin/sh".to_owned())?, cstring("-c".to_owned())?, cstring(command.to_owned())?];
-    let envp = env.iter().map(|(k, v)| cstring(format!("{k}={v}"))).collect::<Result<Vec<_>, _>>()?;
     std::env::set_current_dir(cwd).map_err(|e| {
         if cwd.is_dir() {
             format!("cannot enter working directory {}: {e}", cwd.display())
@@ -841,26 +857,93 @@ fn spawn_command(
         }
     })?;
     let dev_null = File::open("/dev/null").map_err(|e| format!("cannot open /dev/null: {e}"))?;
+    let io = [&dev_null, stdout, stderr];
 
-    let spawn = || -> nix::Result<Pid> {
-        let mut actions = PosixSpawnFileActions::init()?;
-        actions.add_dup2(dev_null.as_raw_fd(), 0)?;
-        actions.add_dup2(stdout.as_raw_fd(), 1)?;
-        actions.add_dup2(stderr.as_raw_fd(), 2)?;
-        let mut attr = PosixSpawnAttr::init()?;
-        attr.set_flags(
-            PosixSpawnFlags::POSIX_SPAWN_SETPGROUP
-                | PosixSpawnFlags::POSIX_SPAWN_SETSIGMASK
-                | PosixSpawnFlags::POSIX_SPAWN_SETSIGDEF,
-        )?;
-        attr.set_pgroup(Pid::from_raw(0))?;
-        attr.set_sigmask(&SigSet::empty())?;
-        let mut defaults = SigSet::empty();
-        for signal in RESET_SIGNALS {
-            defaults.add(signal);
+    if let Some(words) = plain::words(command) {
+        let program = words[0];
+        let args = words.iter().map(|w| cstring((*w).to_owned())).collect::<Result<Vec<_>, _>>()?;
+        let mut env = env.clone();
+        env.insert("PWD".to_owned(), working_directory(env.get("PWD")));
+        let envp = env_strings(&env)?;
+        let mut refused = None;
+        for candidate in plain::candidates(program, env.get("PATH").map_or("", String::as_str)) {
+            let path =
+                CString::new(candidate.into_os_string().into_vec()).map_err(|_| "a path with a NUL byte")?;
+            match spawn(&path, &args, &envp, io) {
+                Ok(pid) => return Ok(Started::Running(pid.as_raw())),
+                // Neither a binary nor a `#!` script: the shell runs it.
+                Err(Errno::ENOEXEC) => return spawn_shell(command, envp, io),
+                Err(Errno::ENOENT | Errno::ENOTDIR) => {}
+                Err(e) => refused = Some(e),
+            }
         }
-        attr.set_sigdefault(&defaults)?;
-        posix_spawn(c"/bin/sh", &actions, &attr, &args, &envp)
+        return Ok(match refused {
+            Some(e) => Started::Failed(126, format!("drover: {program}: {}", e.desc())),
+            None => Started::Failed(127, format!("drover: {program}: not found")),
+        });
+    }
+    spawn_shell(command, env_strings(env)?, io)
+}
+
+/// `name=value` strings for `env`.
+fn env_strings(env: &BTreeMap<String, String>) -> Result<Vec<CString>, String> {
+    env.iter()
+        .map(|(k, v)| {
+            CString::new(format!("{k}={v}")).map_err(|_| "the environment contains a NUL byte".to_owned())
+        })
+        .collect()
+}
+
+/// Starts `/bin/sh -c <command>`.
+fn spawn_shell(command: &str, envp: Vec<CString>, io: [&File; 3]) -> Result<Started, String> {
+    let command = CString::new(command).map_err(|_| "it contains a NUL byte".to_owned())?;
+    let args = [c"/bin/sh".to_owned(), c"-c".to_owned(), command];
+    spawn(c"/bin/sh", &args, &envp, io)
+        .map(|pid| Started::Running(pid.as_raw()))
+        .map_err(|e| format!("posix_spawn of /bin/sh failed: {e}"))
+}
+
+/// `PWD` for a command the supervisor starts itself, as the shell would set
+/// it: the given one if it is an absolute name of the working directory,
+/// else the working directory's physical path.
+fn working_directory(given: Option<&String>) -> String {
+    let here = std::env::current_dir().map(|d| d.to_string_lossy().into_owned()).unwrap_or_default();
+    let same = |a: &Path, b: &Path| match (a.metadata(), b.metadata()) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
     };
-    spawn().map(Pid::as_raw).map_err(|e| format!("posix_spawn of /bin/sh failed: {e}"))
+    match given {
+        Some(pwd) if Path::new(pwd).is_absolute() && same(Path::new(pwd), Path::new(".")) => pwd.clone(),
+        _ => here,
+    }
+}
+
+/// Starts `path` with `args` and exactly `envp`, stdin, stdout and stderr
+/// from `io`, in a process group of its own, with an empty signal mask and
+/// default signal dispositions.
+///
+/// `posix_spawn` rather than `std::process::Command`: std makes children
+/// inherit the parent's signal mask, and ours blocks SIGTERM (read from a
+/// signalfd), which the commands must not inherit; resetting the mask in a
+/// `pre_exec` hook would need `unsafe`. glibc's `posix_spawn` reports a
+/// failed exec as its error.
+fn spawn(path: &CStr, args: &[CString], envp: &[CString], io: [&File; 3]) -> Result<Pid, Errno> {
+    let mut actions = PosixSpawnFileActions::init()?;
+    for (fd, file) in (0..).zip(io) {
+        actions.add_dup2(file.as_raw_fd(), fd)?;
+    }
+    let mut attr = PosixSpawnAttr::init()?;
+    attr.set_flags(
+        PosixSpawnFlags::POSIX_SPAWN_SETPGROUP
+            | PosixSpawnFlags::POSIX_SPAWN_SETSIGMASK
+            | PosixSpawnFlags::POSIX_SPAWN_SETSIGDEF,
+    )?;
+    attr.set_pgroup(Pid::from_raw(0))?;
+    attr.set_sigmask(&SigSet::empty())?;
+    let mut defaults = SigSet::empty();
+    for signal in RESET_SIGNALS {
+        defaults.add(signal);
+    }
+    attr.set_sigdefault(&defaults)?;
+    posix_spawn(path, &actions, &attr, args, envp)
 }
