@@ -41,7 +41,9 @@ pub(crate) fn check(jobs: &[JobSpec], diags: &mut Diagnostics) -> Vec<Vec<usize>
             } else if let Some(&target) = index.get(need.value.as_str()) {
                 edges[i].push(target);
             } else {
-                let hint = did_you_mean(&need.value, index.keys().copied());
+                // Not the job itself: that would be a cycle.
+                let hint =
+                    did_you_mean(&need.value, index.keys().copied().filter(|name| Some(*name) != label));
                 diags.push(Some(need.line), label, format!("unknown dependency {:?}{hint}", need.value));
             }
         }

@@ -3,9 +3,11 @@
 //! counts as one edit, so `nmae` suggests `name`).
 
 /// The candidate closest to `word`, if it is close enough to be a plausible
-/// typo: at most one edit per three characters (and at least one edit).
+/// typo: at most one edit per three characters (and at least one edit),
+/// and never every character of `word` (`b` is no typo of `a`).
 pub(crate) fn closest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
-    let limit = (word.chars().count() / 3).max(1);
+    let length = word.chars().count();
+    let limit = (length / 3).max(1).min(length.saturating_sub(1));
     candidates
         .into_iter()
         .filter(|candidate| *candidate != word)
@@ -67,5 +69,7 @@ mod tests {
         assert_eq!(closest("command", keys), None);
         assert_eq!(did_you_mean("envv", keys), " (did you mean \"env\"?)");
         assert_eq!(did_you_mean("zzzzzz", keys), "");
+        assert_eq!(closest("b", ["a", "c"]), None, "a one-letter name is no typo of another");
+        assert_eq!(closest("ab", ["a", "abc"]), Some("a"));
     }
 }

@@ -97,7 +97,8 @@ fn build_file(
 ) -> Result<client::Loaded, Failure> {
     let mut text = String::from("jobs:\n");
     for (job, needs, command) in jobs {
-        let _ = writeln!(text, "  - name: {job}\n    run: [\"{command}\"]\n    env: {{DROVER_BENCH_JOB: {job}}}");
+        let _ =
+            writeln!(text, "  - name: {job}\n    run: [\"{command}\"]\n    env: {{DROVER_BENCH_JOB: {job}}}");
         if !needs.is_empty() {
             let _ = writeln!(text, "    needs: [{}]", needs.join(", "));
         }

@@ -182,7 +182,7 @@ jobs:
   - name: compile-a
     run: x
   - name: app
-    needs: [compil-a, zzz]
+    needs: [compil-a, zzz, apps]
     run: x
 ";
     assert_eq!(
@@ -190,6 +190,8 @@ jobs:
         [
             at(5, Some("app"), "unknown dependency \"compil-a\" (did you mean \"compile-a\"?)"),
             at(5, Some("app"), "unknown dependency \"zzz\""),
+            // Not "did you mean app": a job cannot need itself.
+            at(5, Some("app"), "unknown dependency \"apps\""),
         ]
     );
 }
