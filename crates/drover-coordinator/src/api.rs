@@ -257,14 +257,22 @@ async fn job_log(
         return Err(bad("stream must be stdout or stderr (the build stage), pull, fetch or push"));
     }
     let job = name.clone();
-    let location =
-        app.shared.query(move |s| (s.build_status(id).is_some(), s.run_location(id, &job))).await?;
+    let location = app
+        .shared
+        .query(move |s| {
+            let has_job = s.build_status(id).map(|status| status.jobs.iter().any(|j| j.name == job));
+            (has_job, s.run_location(id, &job))
+        })
+        .await?;
     let (url, run) = match location {
-        (false, _) => return Err(ApiError(StatusCode::NOT_FOUND, format!("no build {id}"))),
-        (true, None) => {
+        (None, _) => return Err(ApiError(StatusCode::NOT_FOUND, format!("no build {id}"))),
+        (Some(false), _) => {
+            return Err(ApiError(StatusCode::NOT_FOUND, format!("build {id} has no job {name:?}")));
+        }
+        (Some(true), None) => {
             return Err(ApiError(StatusCode::NOT_FOUND, format!("job {name} of build {id} has not run")));
         }
-        (true, Some(loc)) => loc,
+        (Some(true), Some(loc)) => loc,
     };
     let follow = if q.follow { "&follow=true" } else { "" };
     let stream =

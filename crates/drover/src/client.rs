@@ -22,6 +22,7 @@ use crate::cli::{
     WorkersArgs,
 };
 use crate::progress::Progress;
+use crate::units;
 
 /// A build file, checked and turned into what the coordinator takes.
 #[derive(Debug)]
@@ -569,7 +570,7 @@ pub(crate) async fn workers(args: WorkersArgs) -> Result<(), Failure> {
             w.running,
             w.capacity.slots,
             w.capacity.cpu_millis,
-            w.capacity.memory,
+            units::bytes(w.capacity.memory),
             labels.join(",")
         );
     }

@@ -71,9 +71,38 @@ pub(crate) fn memory() -> u64 {
         .map_or(0, |kib| kib * 1024)
 }
 
+/// A size for people to read: `25276510208` is `23.5 GiB`.
+pub(crate) fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut value = n as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if value >= 100.0 || value.fract() == 0.0 {
+        format!("{value:.0} {}", UNITS[unit])
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_read_as_people_write_them() {
+        assert_eq!(bytes(0), "0 B");
+        assert_eq!(bytes(1023), "1023 B");
+        assert_eq!(bytes(512 << 20), "512 MiB");
+        assert_eq!(bytes(1536), "1.5 KiB");
+        assert_eq!(bytes(25_276_510_208), "23.5 GiB");
+        assert_eq!(bytes(3 << 50), "3 PiB");
+    }
 
     #[test]
     fn pairs_parse_and_reject_garbage() {

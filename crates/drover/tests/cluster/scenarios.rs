@@ -99,6 +99,14 @@ fn a_failing_job_skips_its_dependents_and_fails_the_build() {
     let log = cluster.run(&["logs", &status["id"].to_string(), "broken", "--stderr"]);
     assert!(log.status.success(), "{}", stderr(&log));
     assert_eq!(String::from_utf8_lossy(&log.stdout), "about to fail\n");
+    // A job that never ran, and one the build does not have, are told apart.
+    let log = cluster.run(&["logs", &status["id"].to_string(), "after"]);
+    assert_eq!(log.status.code(), Some(2));
+    assert!(stderr(&log).contains("job after of build"), "{}", stderr(&log));
+    assert!(stderr(&log).contains("has not run"), "{}", stderr(&log));
+    let log = cluster.run(&["logs", &status["id"].to_string(), "aftr"]);
+    assert_eq!(log.status.code(), Some(2));
+    assert!(stderr(&log).contains("has no job \"aftr\""), "{}", stderr(&log));
 }
 
 #[test]
