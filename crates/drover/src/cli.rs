@@ -83,6 +83,11 @@ pub(crate) struct BuildArgs {
     /// Print the final status as JSON on standard output.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Once the build ends, print on standard error what each job that ran
+    /// in it wrote (its standard output, then its standard error), in the
+    /// build file's order; jobs that wrote nothing are left out.
+    #[arg(long)]
+    pub(crate) logs: bool,
     /// The tenant (team or repository) the build is scheduled for.
     #[arg(long, default_value = "default")]
     pub(crate) tenant: String,

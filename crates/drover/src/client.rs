@@ -210,6 +210,9 @@ async fn finish(
     {
         export(http, base, loaded, status, out).await?;
     }
+    if args.logs {
+        print_logs(http, base, status).await?;
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(status).map_err(anyhow::Error::from)?);
     }
@@ -226,6 +229,28 @@ async fn finish(
         count(|s| s == drover_proto::JobState::Skipped),
     );
     if status.state == BuildState::Succeeded { Ok(()) } else { Err(Failure::Build) }
+}
+
+/// `--logs`: what each job that ran in the build wrote, on standard error.
+async fn print_logs(http: &Http, base: &str, status: &BuildStatus) -> Result<(), Failure> {
+    use drover_proto::JobState;
+    for job in status.jobs.iter().filter(|j| matches!(j.state, JobState::Succeeded | JobState::Failed)) {
+        let mut text = Vec::new();
+        for stream in ["stdout", "stderr"] {
+            let url = api(base, &format!("/v1/builds/{}/jobs/{}/log?stream={stream}", status.id, job.name));
+            let mut body = http.get_stream(&url).await.map_err(reach(base))?;
+            while let Some(chunk) = body.next().await {
+                text.extend_from_slice(&chunk.context("a job's log stream broke")?);
+            }
+        }
+        if !text.is_empty() {
+            if !text.ends_with(b"\n") {
+                text.push(b'\n');
+            }
+            eprint!("--- {} ({}) ---\n{}", job.name, job.state, String::from_utf8_lossy(&text));
+        }
+    }
+    Ok(())
 }
 
 /// Follows a build's events until it ends, showing progress.
@@ -383,6 +408,13 @@ async fn fetch(
 
 /// `drover submit`.
 pub(crate) async fn submit(args: SubmitArgs) -> Result<(), Failure> {
+    if !args.wait {
+        let after_the_end =
+            [("--out", args.build.out.is_some()), ("--json", args.build.json), ("--logs", args.build.logs)];
+        if let Some((flag, _)) = after_the_end.iter().find(|(_, given)| *given) {
+            return Err(Failure::Usage(anyhow!("{flag} needs --wait: it acts once the build has ended")));
+        }
+    }
     let loaded = load(&args.build.file)?;
     let http = connect(&args.remote);
     let base = &args.remote.coordinator;

@@ -254,6 +254,22 @@ fn a_malformed_build_file_is_refused_with_its_line() {
 }
 
 #[test]
+fn what_acts_on_the_builds_end_needs_wait() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("drover.yaml");
+    std::fs::write(&file, "jobs:\n  - name: a\n    run: [\"true\"]\n").expect("write");
+    for flag in ["--out=x", "--json", "--logs"] {
+        let out = drover()
+            .args(["submit", file.to_str().expect("utf-8"), flag, "--coordinator", "http://127.0.0.1:9"])
+            .output()
+            .expect("run");
+        assert_eq!(out.status.code(), Some(2), "{flag}");
+        assert!(stderr(&out).contains("needs --wait"), "{flag}: {}", stderr(&out));
+        assert!(out.stdout.is_empty(), "nothing was submitted");
+    }
+}
+
+#[test]
 fn a_token_is_required_when_configured() {
     let mut cluster = Cluster::with_token(Some("s3cret"));
     cluster.add_worker("w1", 1, &[]);
@@ -285,12 +301,18 @@ fn run_builds_the_c_example_on_an_embedded_cluster() {
         .arg("--out")
         .arg(&out_dir)
         .arg("--json")
+        .arg("--logs")
         .current_dir(dir.path())
         .output()
         .expect("drover run");
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let status: Value = serde_json::from_slice(&out.stdout).expect("status JSON");
     assert_eq!(status["state"], "succeeded");
+    // `--logs`: what the test printed, under its name; the compile jobs
+    // printed nothing and are left out.
+    let err = stderr(&out);
+    assert!(err.contains("--- test (succeeded) ---\nhello from drover: the answer is 42\n"), "{err}");
+    assert!(!err.contains("--- compile-main"), "{err}");
     // `test` is the only job nothing depends on: its output is exported.
     let output = std::fs::read_to_string(out_dir.join("test/output.txt")).expect("exported");
     assert!(output.contains("the answer is 42"), "{output}");
