@@ -62,6 +62,13 @@
 //! `max_bytes` while pins hold the space. A single blob or artifact larger
 //! than `max_bytes` is refused ([`CasError::TooLarge`]).
 //!
+//! A cache can also keep room on its filesystem ([`Cas::keep_free`]): the
+//! same eviction then goes on until the filesystem's free space, measured
+//! once per eviction pass, would be back at the reserve (the files of what
+//! is evicted are deleted just after), so a disk that other files fill does
+//! not leave the next jobs without room. Pins and the entry just added are
+//! spared here too.
+//!
 //! Blobs are never pinned: a path from [`Cas::blob_path`] stays valid until
 //! the blob is evicted. Callers needing it longer copy or hard-link it.
 //!
@@ -135,6 +142,21 @@ pub enum Durability {
     PowerLoss,
 }
 
+/// Room a cache keeps free on its filesystem ([`Cas::keep_free`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Reserve {
+    /// None: only `max_bytes` bounds the cache.
+    #[default]
+    Nothing,
+    /// This many bytes.
+    Bytes(u64),
+    /// This share of the filesystem's size, in percent (at most 100).
+    Percent(u8),
+}
+
+/// The room drover's caches keep free unless configured otherwise.
+pub const DEFAULT_KEEP_FREE: Reserve = Reserve::Percent(2);
+
 pub(crate) struct Inner {
     dir: PathBuf,
     durability: Durability,
@@ -163,6 +185,8 @@ struct State {
     /// of them skips the `mkdir` that would fail with "exists".
     fan_outs: [u64; 4],
     trash_seq: u64,
+    /// Room kept free on the filesystem.
+    reserve: Reserve,
 }
 
 impl Cas {
@@ -224,6 +248,20 @@ impl Cas {
         };
         cas.inner.drain(trash);
         Ok(cas)
+    }
+
+    /// Keeps `reserve` free on the cache's filesystem from now on (see the
+    /// crate doc, "Size and eviction"), evicting at once if it is short
+    /// (reported by [`Cas::take_evicted`]).
+    pub fn keep_free(&self, reserve: Reserve) {
+        let trash = {
+            let mut st = self.inner.lock();
+            st.reserve = reserve;
+            let evicted = self.inner.evict_locked(&mut st, None);
+            st.evicted.extend(evicted);
+            std::mem::take(&mut st.trash)
+        };
+        self.inner.drain(trash);
     }
 
     /// The cache's directory.
@@ -589,18 +627,38 @@ impl Inner {
         }
     }
 
-    /// Evicts LRU entries (except `protect`) until within `max_bytes`;
-    /// returns the evicted artifacts.
+    /// Evicts LRU entries (except `protect`) until within `max_bytes` and,
+    /// with a reserve, until what they free covers the filesystem's
+    /// shortfall; returns the evicted artifacts.
     fn evict_locked(&self, st: &mut State, protect: Option<Slot>) -> Vec<Key> {
         let mut evicted = Vec::new();
-        while st.index.used() > self.max_bytes {
+        let mut short = self.shortfall(st.reserve);
+        while st.index.used() > self.max_bytes || short > 0 {
             let Some(slot) = st.index.victim(protect) else { break };
+            let used = st.index.used();
             self.remove_locked(st, slot);
+            short = short.saturating_sub(used - st.index.used());
             if let Slot::Artifact(k) = slot {
                 evicted.push(k);
             }
         }
         evicted
+    }
+
+    /// How many bytes the filesystem lacks to keep the reserve free (0 if
+    /// none is kept, or the filesystem cannot be measured).
+    fn shortfall(&self, reserve: Reserve) -> u64 {
+        if reserve == Reserve::Nothing {
+            return 0;
+        }
+        let Ok(fs) = nix::sys::statvfs::statvfs(&self.dir) else { return 0 };
+        let unit = fs.fragment_size();
+        let keep = match reserve {
+            Reserve::Nothing => 0,
+            Reserve::Bytes(bytes) => bytes,
+            Reserve::Percent(percent) => fs.blocks().saturating_mul(unit) / 100 * u64::from(percent.min(100)),
+        };
+        keep.saturating_sub(fs.blocks_available().saturating_mul(unit))
     }
 
     fn pin(self: &Arc<Self>, id: &Key, used: bool) -> Option<ArtifactGuard> {

@@ -38,6 +38,9 @@ pub struct CoordinatorConfig {
     /// Size bound of the shared artifact cache that workers push outputs
     /// to and pull them from (least recently used outputs are dropped).
     pub artifact_cache_bytes: u64,
+    /// Room the source and shared caches keep free on their filesystem
+    /// (see [`drover_cas::Cas::keep_free`]).
+    pub cache_keep_free: drover_cas::Reserve,
     /// What a recorded input survives (default: a crash of the process).
     pub durability: Durability,
 }
@@ -53,6 +56,7 @@ impl CoordinatorConfig {
             source_cache_bytes: 20 << 30,
             max_blob: 4 << 30,
             artifact_cache_bytes: 10 << 30,
+            cache_keep_free: drover_cas::DEFAULT_KEEP_FREE,
             durability: Durability::default(),
         }
     }
@@ -136,6 +140,8 @@ pub async fn start(config: CoordinatorConfig) -> Result<Coordinator, Coordinator
     let store = Store::open_with(&config.data_dir.join("state.db"), config.durability)?;
     let blobs = Arc::new(Cas::open(&config.data_dir.join("sources"), config.source_cache_bytes)?);
     let cache = Arc::new(Cas::open(&config.data_dir.join("cache"), config.artifact_cache_bytes)?);
+    blobs.keep_free(config.cache_keep_free);
+    cache.keep_free(config.cache_keep_free);
     let shared = state::start(store, Solver::new(config.core.clone()))?;
     let app = api::App {
         shared,

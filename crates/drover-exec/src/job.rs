@@ -56,8 +56,9 @@ pub enum Outcome {
     /// The job was terminated ([`RunningJob::terminate`], or a stop signal
     /// someone else sent to the supervisor) before its commands were done.
     Cancelled,
-    /// A command could not be started (missing working directory, unopenable
-    /// log file, …), or the supervisor failed; the message says which.
+    /// A command could not be started (missing working directory, …), a log
+    /// could not be written (even after the commands ran: a full disk, say),
+    /// or the supervisor failed; the message says which.
     SpawnFailed(String),
 }
 

@@ -571,7 +571,9 @@ async fn run_commands(
             failed(None, format!("timed out after {}", humane(spec.timeout.unwrap_or_default())))
         }
         Outcome::Cancelled => failed(None, "cancelled".into()),
-        Outcome::SpawnFailed(message) => failed(None, format!("could not start: {message}")),
+        // The message says what failed: starting a command, writing a log
+        // (say a full disk, after the commands ran), or the supervisor.
+        Outcome::SpawnFailed(message) => failed(None, message),
     }
 }
 

@@ -54,6 +54,9 @@ pub struct WorkerConfig {
     /// Size bound of the artifact cache (least recently used artifacts are
     /// evicted beyond it).
     pub cache_bytes: u64,
+    /// Room the cache keeps free on its filesystem, evicting beyond
+    /// `cache_bytes` if it must (see [`drover_cas::Cas::keep_free`]).
+    pub cache_keep_free: drover_cas::Reserve,
     /// What a committed output survives before the run is reported (see
     /// [`drover_cas::Durability`]).
     pub durability: drover_cas::Durability,
@@ -319,6 +322,7 @@ pub async fn start(mut config: WorkerConfig) -> Result<Worker, WorkerError> {
     std::fs::set_permissions(&empty, std::os::unix::fs::PermissionsExt::from_mode(0o555))
         .map_err(dir_err(&empty))?;
     let cas = Arc::new(Cas::open_with(&config.dir.join("cache"), config.cache_bytes, config.durability)?);
+    cas.keep_free(config.cache_keep_free);
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|source| WorkerError::Listen { addr: config.listen, source })?;

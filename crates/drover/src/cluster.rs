@@ -53,6 +53,8 @@ struct ConfigFile {
 struct CacheSection {
     /// Size bound (`"10Gi"`).
     size: Option<String>,
+    /// Room kept free on the filesystem (`"5Gi"`, `"2%"`, `"0"`).
+    keep_free: Option<String>,
 }
 
 /// One `[[queues]]` table.
@@ -229,6 +231,9 @@ fn coordinator_config(args: &ServeArgs) -> anyhow::Result<CoordinatorConfig> {
         if let Some(size) = &file.cache.size {
             config.artifact_cache_bytes = units::size("[cache] size", size)?;
         }
+        if let Some(keep) = &file.cache.keep_free {
+            config.cache_keep_free = units::reserve("[cache] keep_free", keep)?;
+        }
         if let Err(errors) = core.validate() {
             anyhow::bail!(
                 "{}: invalid scheduler, queues or tiers:\n  {}",
@@ -302,6 +307,7 @@ fn worker_config(args: &WorkerArgs) -> anyhow::Result<WorkerConfig> {
         labels: labels(units::pairs("--labels", &args.labels)?),
         dir: args.cache.clone(),
         cache_bytes: units::size("--cache-size", &args.cache_size)?,
+        cache_keep_free: units::reserve("--cache-keep-free", &args.cache_keep_free)?,
         durability: match args.durability {
             crate::cli::DurabilityArg::ProcessCrash => drover_cas::Durability::ProcessCrash,
             crate::cli::DurabilityArg::PowerLoss => drover_cas::Durability::PowerLoss,
@@ -435,6 +441,7 @@ fn embedded_worker(state: &Path, i: u32, slots: u32, coordinator: &str) -> anyho
         labels: labels([("worker".to_owned(), format!("local-{i}"))].into()),
         dir: PathBuf::from(state).join(format!("worker-{i}")),
         cache_bytes: 10 << 30,
+        cache_keep_free: drover_cas::DEFAULT_KEEP_FREE,
         // Like the embedded coordinator's input log (`[store] durability`
         // at its default), the caches are made to survive a crash of this
         // process, not power loss: the workers re-list their caches when

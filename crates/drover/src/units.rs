@@ -13,6 +13,22 @@ pub(crate) fn size(what: &str, text: &str) -> anyhow::Result<u64> {
         .with_context(|| format!("bad {what} {text:?}"))
 }
 
+/// `2%` (of the filesystem), `5Gi`, or `0` (none): room a cache keeps free.
+pub(crate) fn reserve(what: &str, text: &str) -> anyhow::Result<drover_cas::Reserve> {
+    let reserve = match text.trim().strip_suffix('%') {
+        Some(percent) => match percent.trim().parse::<u8>() {
+            Ok(0) => drover_cas::Reserve::Nothing,
+            Ok(p) if p <= 100 => drover_cas::Reserve::Percent(p),
+            _ => bail!("bad {what} {text:?}: a share is a whole percentage from 0% to 100%"),
+        },
+        None => match size(what, text)? {
+            0 => drover_cas::Reserve::Nothing,
+            bytes => drover_cas::Reserve::Bytes(bytes),
+        },
+    };
+    Ok(reserve)
+}
+
 /// `2`, `0.5`, `500m`: millicores.
 pub(crate) fn cpu(text: &str) -> anyhow::Result<u64> {
     drover_graph::units::parse_cpu_str(text)
@@ -93,6 +109,23 @@ pub(crate) fn bytes(n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reserves_are_a_share_or_a_size() {
+        use drover_cas::Reserve;
+        assert_eq!(reserve("r", "2%").expect("valid"), Reserve::Percent(2));
+        assert_eq!(
+            reserve("r", crate::cli::DEFAULT_KEEP_FREE).expect("valid"),
+            drover_cas::DEFAULT_KEEP_FREE,
+            "the flag's default is the library's"
+        );
+        assert_eq!(reserve("r", "5Gi").expect("valid"), Reserve::Bytes(5 << 30));
+        assert_eq!(reserve("r", "0").expect("valid"), Reserve::Nothing);
+        assert_eq!(reserve("r", "0%").expect("valid"), Reserve::Nothing);
+        for bad in ["101%", "1.5%", "-1%", "lots"] {
+            assert!(reserve("--cache-keep-free", bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn sizes_read_as_people_write_them() {

@@ -1,9 +1,9 @@
 //! LRU eviction: the size bound, the order, pins, reporting, persistence of
-//! the order across a reopen.
+//! the order across a reopen, and the room kept free on the filesystem.
 
 use std::time::Duration;
 
-use drover_cas::{Cas, Key};
+use drover_cas::{Cas, Key, Reserve};
 
 use crate::util::{build, cas, key, tmp_is_empty, write};
 
@@ -97,4 +97,36 @@ fn last_use_survives_a_reopen() {
     assert_eq!(cas.take_evicted(), vec![key(2)]);
     assert_eq!(cas.artifacts(), vec![key(1), key(3)]);
     assert_eq!(cas.used_bytes(), 200);
+}
+
+#[test]
+fn a_reserve_the_filesystem_lacks_evicts_every_entry_it_may() {
+    let (_root, cas) = cas(1 << 20);
+    for id in 1..=3 {
+        sized(&cas, id, 100);
+    }
+    // Room the filesystem has: nothing to evict.
+    cas.keep_free(Reserve::Percent(0));
+    cas.keep_free(Reserve::Bytes(0));
+    assert!(cas.take_evicted().is_empty());
+    assert_eq!(cas.artifacts(), vec![key(1), key(2), key(3)]);
+    // All of it and more: everything unpinned goes at once.
+    let pinned = cas.artifact(&key(2)).unwrap();
+    cas.keep_free(Reserve::Percent(100));
+    assert_eq!(cas.take_evicted(), vec![key(1), key(3)]);
+    assert_eq!(cas.artifacts(), vec![key(2)]);
+    // The next commit is kept (it was just added); the pin still holds.
+    sized(&cas, 4, 100);
+    assert!(cas.take_evicted().is_empty());
+    drop(pinned);
+    cas.keep_free(Reserve::Bytes(u64::MAX));
+    sized(&cas, 5, 100);
+    assert_eq!(cas.take_evicted(), vec![key(2), key(4)]);
+    assert_eq!(cas.artifacts(), vec![key(5)]);
+    assert!(tmp_is_empty(&cas), "the evicted files are gone");
+    // Without a reserve, the size bound alone applies again.
+    cas.keep_free(Reserve::Nothing);
+    sized(&cas, 6, 100);
+    assert!(cas.take_evicted().is_empty());
+    assert_eq!(cas.artifacts(), vec![key(5), key(6)]);
 }

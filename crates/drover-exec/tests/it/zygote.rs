@@ -105,7 +105,9 @@ async fn a_killed_zygote_loses_its_jobs_without_survivors_and_is_replaced() {
         fx.processes().iter().filter(|p| p.cmdline == "sleep 1000").count() >= 3
     });
     // A second supervisor, idle once its job is over.
-    let mut short = supervisor.start(&Fixture::new().spec(&["true"])).await.expect("start");
+    // (Its fixture lives on: the job may enter its directory after `start`.)
+    let short_fx = Fixture::new();
+    let mut short = supervisor.start(&short_fx.spec(&["true"])).await.expect("start");
     assert_eq!(finish(&mut short).await, Outcome::Succeeded);
     let idle = short.pid() as i32;
     assert_ne!(idle, job.pid() as i32);
