@@ -63,11 +63,13 @@
 //! than `max_bytes` is refused ([`CasError::TooLarge`]).
 //!
 //! A cache can also keep room on its filesystem ([`Cas::keep_free`]): the
-//! same eviction then goes on until the filesystem's free space, measured
-//! once per eviction pass, would be back at the reserve (the files of what
-//! is evicted are deleted just after), so a disk that other files fill does
-//! not leave the next jobs without room. Pins and the entry just added are
-//! spared here too.
+//! same eviction then goes on until what it frees covers the filesystem's
+//! shortfall, so a disk that other files fill does not leave the next jobs
+//! without room (or until nothing is left to evict: the reserve may cost
+//! the whole cache). The free space is measured before each pass, outside
+//! the index lock; what earlier passes evicted but nobody has deleted yet
+//! counts as free. Sizes are the files' lengths, not the blocks they take.
+//! Pins and the entry just added are spared here too.
 //!
 //! Blobs are never pinned: a path from [`Cas::blob_path`] stays valid until
 //! the blob is evicted. Callers needing it longer copy or hard-link it.
@@ -154,8 +156,9 @@ pub enum Reserve {
     Percent(u8),
 }
 
-/// The room drover's caches keep free unless configured otherwise.
-pub const DEFAULT_KEEP_FREE: Reserve = Reserve::Percent(2);
+/// The room drover's caches keep free unless configured otherwise: 1 GiB
+/// (a share of the filesystem would be hundreds of gigabytes on a big one).
+pub const DEFAULT_KEEP_FREE: Reserve = Reserve::Bytes(1 << 30);
 
 pub(crate) struct Inner {
     dir: PathBuf,
@@ -166,6 +169,11 @@ pub(crate) struct Inner {
     /// The shared parts of every empty artifact.
     empty: EmptyStore,
     max_bytes: u64,
+    /// Room kept free on the filesystem. Read before the state lock is
+    /// taken (measuring the filesystem may block), never while it is held.
+    reserve: Mutex<Reserve>,
+    /// How the filesystem is measured (`statvfs`; a test may count instead).
+    measure: fn(&Path) -> Option<Space>,
     state: Mutex<State>,
     /// Holds the directory's lock for as long as the cache is open.
     _lock: File,
@@ -179,14 +187,40 @@ struct State {
     /// `take_evicted`.
     evicted: Vec<Key>,
     /// Paths under tmp/ to delete once the lock is released.
-    trash: Vec<PathBuf>,
+    trash: Trash,
     /// The fan-out directories under `artifacts/` made (or found) since the
     /// cache was opened, one bit per first byte of a key: a commit into one
     /// of them skips the `mkdir` that would fail with "exists".
     fan_outs: [u64; 4],
     trash_seq: u64,
-    /// Room kept free on the filesystem.
-    reserve: Reserve,
+    /// Bytes evicted whose files are not deleted yet (in some trash): the
+    /// filesystem does not count them free, an eviction pass does.
+    pending_free: u64,
+}
+
+/// Entries moved out of the cache, to delete once the lock is released.
+#[derive(Debug, Default)]
+struct Trash {
+    paths: Vec<PathBuf>,
+    /// Of which evicted bytes (counted in `State::pending_free` until the
+    /// files are deleted).
+    evicted: u64,
+}
+
+/// A filesystem's size and the room left on it, in bytes.
+#[derive(Debug, Clone, Copy)]
+struct Space {
+    total: u64,
+    available: u64,
+}
+
+/// The filesystem holding `dir`, by `statvfs` (`None` if it cannot be
+/// measured, or says it has no size).
+fn statvfs_space(dir: &Path) -> Option<Space> {
+    let fs = nix::sys::statvfs::statvfs(dir).ok()?;
+    let unit = fs.fragment_size();
+    let total = fs.blocks().saturating_mul(unit);
+    (total > 0).then(|| Space { total, available: fs.blocks_available().saturating_mul(unit) })
 }
 
 impl Cas {
@@ -235,6 +269,8 @@ impl Cas {
             tmp,
             empty,
             max_bytes,
+            reserve: Mutex::new(Reserve::Nothing),
+            measure: statvfs_space,
             state: Mutex::new(State::default()),
             _lock: lock,
         };
@@ -242,7 +278,7 @@ impl Cas {
         let cas = Cas { inner: Arc::new(inner) };
         let trash = {
             let mut st = cas.inner.lock();
-            let evicted = cas.inner.evict_locked(&mut st, None);
+            let evicted = cas.inner.evict_locked(&mut st, None, 0);
             st.evicted.extend(evicted);
             std::mem::take(&mut st.trash)
         };
@@ -254,10 +290,11 @@ impl Cas {
     /// crate doc, "Size and eviction"), evicting at once if it is short
     /// (reported by [`Cas::take_evicted`]).
     pub fn keep_free(&self, reserve: Reserve) {
+        *self.inner.reserve.lock().unwrap_or_else(PoisonError::into_inner) = reserve;
+        let short = self.inner.shortfall();
         let trash = {
             let mut st = self.inner.lock();
-            st.reserve = reserve;
-            let evicted = self.inner.evict_locked(&mut st, None);
+            let evicted = self.inner.evict_locked(&mut st, None, short);
             st.evicted.extend(evicted);
             std::mem::take(&mut st.trash)
         };
@@ -318,6 +355,7 @@ impl Cas {
         tmp.as_file().sync_all().ctx(|| format!("fsync {}", tmp_path.display()))?;
         let path = inner.blob_file(digest);
         let parent = path.parent().unwrap_or(&inner.blobs).to_path_buf();
+        let short = inner.shortfall();
         let trash = {
             let mut st = inner.lock();
             if st.index.touch_blob(digest) {
@@ -331,7 +369,7 @@ impl Cas {
                 source: e.error,
             })?;
             st.index.insert_blob(*digest, size, None);
-            let evicted = inner.evict_locked(&mut st, Some(Slot::Blob(*digest)));
+            let evicted = inner.evict_locked(&mut st, Some(Slot::Blob(*digest)), short);
             st.evicted.extend(evicted);
             std::mem::take(&mut st.trash)
         };
@@ -434,9 +472,10 @@ impl Cas {
     /// until `used_bytes() <= max_bytes`; returns the evicted artifacts. Keys
     /// returned here are not also reported by [`Cas::take_evicted`].
     pub fn evict(&self) -> Vec<Key> {
+        let short = self.inner.shortfall();
         let (evicted, trash) = {
             let mut st = self.inner.lock();
-            let evicted = self.inner.evict_locked(&mut st, None);
+            let evicted = self.inner.evict_locked(&mut st, None, short);
             (evicted, std::mem::take(&mut st.trash))
         };
         self.inner.drain(trash);
@@ -603,9 +642,13 @@ impl Inner {
     }
 
     /// Deletes trash, outside the lock.
-    fn drain(&self, trash: Vec<PathBuf>) {
-        for path in trash {
+    fn drain(&self, trash: Trash) {
+        for path in trash.paths {
             let _ = remove_path(&path);
+        }
+        if trash.evicted > 0 {
+            let mut st = self.lock();
+            st.pending_free = st.pending_free.saturating_sub(trash.evicted);
         }
     }
 
@@ -618,7 +661,7 @@ impl Inner {
         st.trash_seq += 1;
         let to = self.tmp.join(format!("trash-{}", st.trash_seq));
         match fs::rename(&from, &to) {
-            Ok(()) => st.trash.push(to),
+            Ok(()) => st.trash.paths.push(to),
             // Renaming failed (say tmp/ is unwritable): delete in place,
             // under the lock, so no later commit collides with it.
             Err(_) => {
@@ -627,17 +670,21 @@ impl Inner {
         }
     }
 
-    /// Evicts LRU entries (except `protect`) until within `max_bytes` and,
-    /// with a reserve, until what they free covers the filesystem's
-    /// shortfall; returns the evicted artifacts.
-    fn evict_locked(&self, st: &mut State, protect: Option<Slot>) -> Vec<Key> {
+    /// Evicts LRU entries (except `protect`) until within `max_bytes` and
+    /// until what they free covers `short`, the filesystem's shortfall
+    /// measured before the lock was taken (less what earlier passes evicted
+    /// and nobody deleted yet); returns the evicted artifacts.
+    fn evict_locked(&self, st: &mut State, protect: Option<Slot>, short: u64) -> Vec<Key> {
         let mut evicted = Vec::new();
-        let mut short = self.shortfall(st.reserve);
+        let mut short = short.saturating_sub(st.pending_free);
         while st.index.used() > self.max_bytes || short > 0 {
             let Some(slot) = st.index.victim(protect) else { break };
             let used = st.index.used();
             self.remove_locked(st, slot);
-            short = short.saturating_sub(used - st.index.used());
+            let freed = used - st.index.used();
+            short = short.saturating_sub(freed);
+            st.pending_free += freed;
+            st.trash.evicted += freed;
             if let Slot::Artifact(k) = slot {
                 evicted.push(k);
             }
@@ -646,19 +693,20 @@ impl Inner {
     }
 
     /// How many bytes the filesystem lacks to keep the reserve free (0 if
-    /// none is kept, or the filesystem cannot be measured).
-    fn shortfall(&self, reserve: Reserve) -> u64 {
+    /// none is kept, or the filesystem cannot be measured). Called without
+    /// the state lock.
+    fn shortfall(&self) -> u64 {
+        let reserve = *self.reserve.lock().unwrap_or_else(PoisonError::into_inner);
         if reserve == Reserve::Nothing {
             return 0;
         }
-        let Ok(fs) = nix::sys::statvfs::statvfs(&self.dir) else { return 0 };
-        let unit = fs.fragment_size();
+        let Some(space) = (self.measure)(&self.dir) else { return 0 };
         let keep = match reserve {
             Reserve::Nothing => 0,
             Reserve::Bytes(bytes) => bytes,
-            Reserve::Percent(percent) => fs.blocks().saturating_mul(unit) / 100 * u64::from(percent.min(100)),
+            Reserve::Percent(percent) => space.total / 100 * u64::from(percent.min(100)),
         };
-        keep.saturating_sub(fs.blocks_available().saturating_mul(unit))
+        keep.saturating_sub(space.available)
     }
 
     fn pin(self: &Arc<Self>, id: &Key, used: bool) -> Option<ArtifactGuard> {
@@ -683,7 +731,7 @@ impl Inner {
                 let to = self.tmp.join(format!("trash-{}", st.trash_seq));
                 let from = self.artifact_dir(id);
                 match fs::rename(&from, &to) {
-                    Ok(()) => st.trash.push(to),
+                    Ok(()) => st.trash.paths.push(to),
                     Err(_) => {
                         let _ = remove_path(&from);
                     }
@@ -815,6 +863,7 @@ impl Inner {
     ) -> Result<(ArtifactInfo, bool), CasError> {
         let dest = self.artifact_dir(id);
         let parent = dest.parent().unwrap_or(&self.artifacts).to_path_buf();
+        let short = self.shortfall();
         let trash = {
             let mut st = self.lock();
             if let Some(e) = st.index.artifact_entry(id) {
@@ -837,7 +886,7 @@ impl Inner {
             }
             place(&dest)?;
             st.index.insert_artifact(*id, info, None);
-            let evicted = self.evict_locked(&mut st, Some(Slot::Artifact(*id)));
+            let evicted = self.evict_locked(&mut st, Some(Slot::Artifact(*id)), short);
             st.evicted.extend(evicted);
             std::mem::take(&mut st.trash)
         };
@@ -960,4 +1009,66 @@ fn write_json<T: serde::Serialize>(path: &Path, value: &T) -> Result<(), CasErro
     let mut file = File::create(path).ctx(|| format!("create {}", path.display()))?;
     file.write_all(&bytes).ctx(|| format!("write {}", path.display()))?;
     file.sync_all().ctx(|| format!("fsync {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use super::*;
+
+    /// The free bytes of the counted filesystem below (of 1,000).
+    static AVAILABLE: AtomicU64 = AtomicU64::new(1_000);
+
+    fn counted(_: &Path) -> Option<Space> {
+        Some(Space { total: 1_000, available: AVAILABLE.load(Ordering::SeqCst) })
+    }
+
+    fn sized(cas: &Cas, id: u8) {
+        let writer = cas.begin_artifact(&Key([id; 32])).expect("begin");
+        fs::write(writer.dir().join("f"), [id; 100]).expect("write");
+        writer.commit().expect("commit");
+    }
+
+    #[test]
+    fn a_reserve_evicts_what_covers_the_shortfall_in_lru_order_and_spares_pins() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cas = Cas::open(dir.path(), 1 << 20).expect("open");
+        Arc::get_mut(&mut cas.inner).expect("the only handle").measure = counted;
+        for id in 1..=5 {
+            sized(&cas, id);
+        }
+        let pinned = cas.artifact(&Key([2; 32])).expect("held");
+        // 100 bytes free, 350 wanted: 250 short, so the three least recently
+        // used unpinned artifacts go (300 bytes), not 2 (pinned) nor 5.
+        AVAILABLE.store(100, Ordering::SeqCst);
+        cas.keep_free(Reserve::Bytes(350));
+        let gone: Vec<Key> = [1, 3, 4].map(|id| Key([id; 32])).to_vec();
+        assert_eq!(cas.take_evicted(), gone);
+        assert_eq!(cas.artifacts(), vec![Key([2; 32]), Key([5; 32])]);
+        assert_eq!(cas.inner.lock().pending_free, 0, "deleted, so no longer pending");
+        // The room is back: a commit evicts nothing.
+        AVAILABLE.store(400, Ordering::SeqCst);
+        sized(&cas, 6);
+        assert!(cas.take_evicted().is_empty());
+        // A share of the filesystem: 50% of 1,000 with 400 free is 100
+        // short: the least recently used unpinned artifact goes.
+        cas.keep_free(Reserve::Percent(50));
+        assert_eq!(cas.take_evicted(), vec![Key([5; 32])]);
+        drop(pinned);
+    }
+
+    #[test]
+    fn evicted_bytes_not_yet_deleted_count_as_free() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cas = Cas::open(dir.path(), 1 << 20).expect("open");
+        for id in 1..=3 {
+            sized(&cas, id);
+        }
+        let mut st = cas.inner.lock();
+        st.pending_free = 150;
+        // 200 short, of which 150 are being deleted: one artifact covers it.
+        assert_eq!(cas.inner.evict_locked(&mut st, None, 200), vec![Key([1; 32])]);
+        assert_eq!((st.pending_free, st.trash.evicted), (250, 100));
+    }
 }

@@ -257,22 +257,28 @@ async fn job_log(
         return Err(bad("stream must be stdout or stderr (the build stage), pull, fetch or push"));
     }
     let job = name.clone();
+    // Where it ran, if it did; only if not, whether the build has the job
+    // (a status costs time linear in the build).
     let location = app
         .shared
         .query(move |s| {
-            let has_job = s.build_status(id).map(|status| status.jobs.iter().any(|j| j.name == job));
-            (has_job, s.run_location(id, &job))
+            let location = s.run_location(id, &job);
+            let has_job = match location {
+                Some(_) => Some(true),
+                None => s.build_status(id).map(|status| status.jobs.iter().any(|j| j.name == job)),
+            };
+            (has_job, location)
         })
         .await?;
     let (url, run) = match location {
-        (None, _) => return Err(ApiError(StatusCode::NOT_FOUND, format!("no build {id}"))),
-        (Some(false), _) => {
+        (_, Some(loc)) => loc,
+        (None, None) => return Err(ApiError(StatusCode::NOT_FOUND, format!("no build {id}"))),
+        (Some(false), None) => {
             return Err(ApiError(StatusCode::NOT_FOUND, format!("build {id} has no job {name:?}")));
         }
         (Some(true), None) => {
             return Err(ApiError(StatusCode::NOT_FOUND, format!("job {name} of build {id} has not run")));
         }
-        (Some(true), Some(loc)) => loc,
     };
     let follow = if q.follow { "&follow=true" } else { "" };
     let stream =

@@ -19,27 +19,102 @@
 //! leaves the command to the shell, so a plain command's words are exactly
 //! what the shell would have passed, and its result the same:
 //!
-//! - a program found nowhere on `PATH` ends the command with exit code 127
-//!   and one that cannot be executed (no permission, a directory) with 126,
-//!   each with a line on standard error, as the shell does;
+//! - a program found nowhere on `PATH` (or found there only as files that
+//!   cannot be executed) ends the command with exit code 127, and a path
+//!   (a name with `/`) that cannot be executed (no permission, a directory)
+//!   with 126, each with a line on standard error, as dash counts them;
 //! - an executable file that is not a binary or a `#!` script (the kernel
 //!   says `ENOEXEC`) is left to the shell, which runs it as a script.
 //!
 //! What differs: a command killed by a signal is reported as killed by that
 //! signal, where the shell would have turned it into exit code 128 + the
-//! signal's number.
+//! signal's number; and a shell that sets variables of its own (bash's
+//! `SHLVL` and `_`) does not set them.
 
 use std::path::{Path, PathBuf};
 
-/// Shell keywords and builtins (dash's, POSIX's and bash's usual ones): a
-/// command starting with one of these always goes to the shell.
+/// Shell keywords and builtins (dash's, POSIX's and bash's): a command
+/// starting with one of these always goes to the shell. (`!`, `[` and `[[`
+/// need no entry: their characters are not plain.)
 const SHELL_WORDS: &[&str] = &[
-    "!", ".", ":", "[", "[[", "alias", "bg", "break", "builtin", "case", "cd", "chdir", "command",
-    "continue", "declare", "do", "done", "echo", "elif", "else", "esac", "eval", "exec", "exit", "export",
-    "false", "fc", "fg", "fi", "for", "function", "getopts", "hash", "if", "in", "jobs", "kill", "let",
-    "local", "printf", "pwd", "read", "readonly", "return", "select", "set", "shift", "source", "test",
-    "then", "time", "times", "trap", "true", "type", "typeset", "ulimit", "umask", "unalias", "unset",
-    "until", "wait", "while",
+    ".",
+    ":",
+    "alias",
+    "bg",
+    "bind",
+    "break",
+    "builtin",
+    "caller",
+    "case",
+    "cd",
+    "chdir",
+    "command",
+    "compgen",
+    "complete",
+    "compopt",
+    "continue",
+    "coproc",
+    "declare",
+    "dirs",
+    "disown",
+    "do",
+    "done",
+    "echo",
+    "elif",
+    "else",
+    "enable",
+    "esac",
+    "eval",
+    "exec",
+    "exit",
+    "export",
+    "false",
+    "fc",
+    "fg",
+    "fi",
+    "for",
+    "function",
+    "getopts",
+    "hash",
+    "help",
+    "history",
+    "if",
+    "in",
+    "jobs",
+    "kill",
+    "let",
+    "local",
+    "logout",
+    "mapfile",
+    "popd",
+    "printf",
+    "pushd",
+    "pwd",
+    "read",
+    "readarray",
+    "readonly",
+    "return",
+    "select",
+    "set",
+    "shift",
+    "shopt",
+    "source",
+    "suspend",
+    "test",
+    "then",
+    "time",
+    "times",
+    "trap",
+    "true",
+    "type",
+    "typeset",
+    "ulimit",
+    "umask",
+    "unalias",
+    "unset",
+    "until",
+    "wait",
+    "while",
 ];
 
 /// Whether `byte` may appear in a plain command's word.

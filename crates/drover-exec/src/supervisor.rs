@@ -863,7 +863,9 @@ fn spawn_command(
         let program = words[0];
         let args = words.iter().map(|w| cstring((*w).to_owned())).collect::<Result<Vec<_>, _>>()?;
         let mut env = env.clone();
-        env.insert("PWD".to_owned(), working_directory(env.get("PWD")));
+        if let Some(pwd) = working_directory(env.get("PWD")) {
+            env.insert("PWD".to_owned(), pwd);
+        }
         let envp = env_strings(&env)?;
         let mut refused = None;
         for candidate in plain::candidates(program, env.get("PATH").map_or("", String::as_str)) {
@@ -877,9 +879,16 @@ fn spawn_command(
                 Err(e) => refused = Some(e),
             }
         }
+        // As dash counts it: 126 for a path that cannot run, 127 for a name
+        // no directory of `PATH` has a runnable file for.
+        let path = env.get("PATH").map_or("", String::as_str);
         return Ok(match refused {
-            Some(e) => Started::Failed(126, format!("drover: {program}: {}", e.desc())),
-            None => Started::Failed(127, format!("drover: {program}: not found")),
+            Some(e) if program.contains('/') => {
+                Started::Failed(126, format!("drover: {program}: {}", e.desc()))
+            }
+            Some(e) => Started::Failed(127, format!("drover: {program}: {} (PATH={path})", e.desc())),
+            None if program.contains('/') => Started::Failed(127, format!("drover: {program}: not found")),
+            None => Started::Failed(127, format!("drover: {program}: not found (PATH={path})")),
         });
     }
     spawn_shell(command, env_strings(env)?, io)
@@ -905,16 +914,18 @@ fn spawn_shell(command: &str, envp: Vec<CString>, io: [&File; 3]) -> Result<Star
 
 /// `PWD` for a command the supervisor starts itself, as the shell would set
 /// it: the given one if it is an absolute name of the working directory,
-/// else the working directory's physical path.
-fn working_directory(given: Option<&String>) -> String {
-    let here = std::env::current_dir().map(|d| d.to_string_lossy().into_owned()).unwrap_or_default();
+/// else the working directory's physical path (`None`: leave it as given,
+/// the working directory has no name to give).
+fn working_directory(given: Option<&String>) -> Option<String> {
     let same = |a: &Path, b: &Path| match (a.metadata(), b.metadata()) {
         (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
         _ => false,
     };
     match given {
-        Some(pwd) if Path::new(pwd).is_absolute() && same(Path::new(pwd), Path::new(".")) => pwd.clone(),
-        _ => here,
+        Some(pwd) if Path::new(pwd).is_absolute() && same(Path::new(pwd), Path::new(".")) => {
+            Some(pwd.clone())
+        }
+        _ => std::env::current_dir().ok().map(|d| d.to_string_lossy().into_owned()),
     }
 }
 

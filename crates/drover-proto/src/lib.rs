@@ -120,7 +120,8 @@ pub struct JobDef {
     /// Content ID (blake3 of commands, environment, resources, sources and
     /// dependency IDs).
     pub id: Hash32,
-    /// Shell commands, run in order with `sh -c`; placeholders unrendered.
+    /// Shell commands, run in order with `sh -c` (a plain one without the
+    /// shell: see drover-exec); placeholders unrendered.
     pub commands: Vec<String>,
     /// Environment variables (placeholders allowed in values).
     pub env: BTreeMap<String, String>,

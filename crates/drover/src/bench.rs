@@ -437,9 +437,8 @@ async fn queues(dir: &Path, seconds: u64) -> Result<Vec<Row>, Failure> {
     let http = cluster.http();
     let mut ids = Vec::new();
     for (name, _) in WEIGHTS {
-        let jobs: Vec<_> = (0..n)
-            .map(|i| (format!("{name}{i}"), Vec::new(), format!("sleep 0.{JOB_MS:03}; : {name} {i}")))
-            .collect();
+        let jobs: Vec<_> =
+            (0..n).map(|i| (format!("{name}{i}"), Vec::new(), format!("sleep 0.{JOB_MS:03}"))).collect();
         let loaded = build_file(dir, &format!("queues-{name}"), &jobs)?;
         let options = client::Options {
             tenant: name.into(),

@@ -6,15 +6,15 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+/// `--cache-keep-free`'s default (`drover_cas::DEFAULT_KEEP_FREE`).
+pub(crate) const DEFAULT_KEEP_FREE: &str = "1Gi";
+
 /// drover: a distributed scheduler for build and CI work.
 ///
 /// Builds are graphs of jobs (shell commands with sources, dependencies and
 /// outputs) read from a build file. `drover run` builds on an embedded
 /// cluster in this process; `drover serve` and `drover worker` start a real
 /// one, and `drover submit` sends builds to it.
-/// `--cache-keep-free`'s default (`drover_cas::DEFAULT_KEEP_FREE`).
-pub(crate) const DEFAULT_KEEP_FREE: &str = "2%";
-
 #[derive(Debug, Parser)]
 #[command(version, about, long_about, propagate_version = true)]
 pub(crate) struct Cli {
@@ -202,8 +202,8 @@ pub(crate) struct WorkerArgs {
     pub(crate) cache_size: String,
     /// Room the cache keeps free on its filesystem, as a size (`5Gi`) or a
     /// share of the filesystem (`2%`); when other files take the disk, the
-    /// cache evicts its least recently used artifacts below --cache-size to
-    /// keep it. `0` turns it off.
+    /// cache evicts its least recently used entries below --cache-size to
+    /// keep it (all of them, if that is not enough). `0` turns it off.
     #[arg(long, default_value = DEFAULT_KEEP_FREE, value_name = "SIZE|PERCENT")]
     pub(crate) cache_keep_free: String,
     /// What a job's output survives once the worker reports it: a crash of

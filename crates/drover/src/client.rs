@@ -211,7 +211,7 @@ async fn finish(
         export(http, base, loaded, status, out).await?;
     }
     if args.logs {
-        print_logs(http, base, status).await?;
+        print_logs(http, base, status).await;
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(status).map_err(anyhow::Error::from)?);
@@ -232,15 +232,22 @@ async fn finish(
 }
 
 /// `--logs`: what each job that ran in the build wrote, on standard error.
-async fn print_logs(http: &Http, base: &str, status: &BuildStatus) -> Result<(), Failure> {
+/// A log that cannot be had (its worker is gone, or no longer keeps it) is
+/// said so, and changes nothing else.
+async fn print_logs(http: &Http, base: &str, status: &BuildStatus) {
     use drover_proto::JobState;
-    for job in status.jobs.iter().filter(|j| matches!(j.state, JobState::Succeeded | JobState::Failed)) {
+    let ran = |j: &&drover_proto::JobStatus| {
+        matches!(j.state, JobState::Succeeded | JobState::Failed)
+            || (j.state == JobState::Cancelled && j.attempts > 0)
+    };
+    for job in status.jobs.iter().filter(ran) {
         let mut text = Vec::new();
         for stream in ["stdout", "stderr"] {
             let url = api(base, &format!("/v1/builds/{}/jobs/{}/log?stream={stream}", status.id, job.name));
-            let mut body = http.get_stream(&url).await.map_err(reach(base))?;
-            while let Some(chunk) = body.next().await {
-                text.extend_from_slice(&chunk.context("a job's log stream broke")?);
+            if let Err(e) = read_log(http, &url, &mut text).await {
+                eprintln!("--- {} ({}): its log is not available: {e} ---", job.name, job.state);
+                text.clear();
+                break;
             }
         }
         if !text.is_empty() {
@@ -249,6 +256,14 @@ async fn print_logs(http: &Http, base: &str, status: &BuildStatus) -> Result<(),
             }
             eprint!("--- {} ({}) ---\n{}", job.name, job.state, String::from_utf8_lossy(&text));
         }
+    }
+}
+
+/// Appends the log at `url` to `text`.
+async fn read_log(http: &Http, url: &str, text: &mut Vec<u8>) -> anyhow::Result<()> {
+    let mut body = http.get_stream(url).await?;
+    while let Some(chunk) = body.next().await {
+        text.extend_from_slice(&chunk.context("the log stream broke")?);
     }
     Ok(())
 }

@@ -95,10 +95,14 @@ pub(crate) fn bytes(n: u64) -> String {
     }
     let mut value = n as f64 / 1024.0;
     let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
+    // Rounded as it will be printed, so that 1,048,575 bytes is 1 MiB, not
+    // 1024 KiB.
+    let shown = |v: f64| if v >= 100.0 { v.round() } else { (v * 10.0).round() / 10.0 };
+    while shown(value) >= 1024.0 && unit < UNITS.len() - 1 {
         value /= 1024.0;
         unit += 1;
     }
+    let value = shown(value);
     if value >= 100.0 || value.fract() == 0.0 {
         format!("{value:.0} {}", UNITS[unit])
     } else {
@@ -114,6 +118,7 @@ mod tests {
     fn reserves_are_a_share_or_a_size() {
         use drover_cas::Reserve;
         assert_eq!(reserve("r", "2%").expect("valid"), Reserve::Percent(2));
+        assert_eq!(reserve("r", "1Gi").expect("valid"), Reserve::Bytes(1 << 30));
         assert_eq!(
             reserve("r", crate::cli::DEFAULT_KEEP_FREE).expect("valid"),
             drover_cas::DEFAULT_KEEP_FREE,
@@ -135,6 +140,9 @@ mod tests {
         assert_eq!(bytes(1536), "1.5 KiB");
         assert_eq!(bytes(25_276_510_208), "23.5 GiB");
         assert_eq!(bytes(3 << 50), "3 PiB");
+        assert_eq!(bytes(1_048_575), "1 MiB", "rounded before the unit is chosen");
+        assert_eq!(bytes(102_348), "99.9 KiB");
+        assert_eq!(bytes(102_390), "100 KiB");
     }
 
     #[test]
