@@ -22,6 +22,7 @@ use crate::idmap::{IdMap, IdSet};
 use crate::policy::{Policy, QueueKey, TenantKey, VictimTier};
 use crate::queue::{ClassIdx, Era, JobIdx, JobKey, Queue, TenantIdx};
 use crate::quota::{Amounts, QueueIdx, Queues};
+use crate::readers::Readers;
 use crate::resources::{ClassKey, TokenIdx, WorkerResources};
 use crate::rng::SplitMix64;
 use crate::types::{
@@ -125,7 +126,9 @@ struct Worker {
     first: Queue,
     second: Queue,
     held: IdSet,
-    runs: BTreeSet<RunId>,
+    /// Its runs in flight, in ID order (a new run has the highest ID yet, so
+    /// it goes last).
+    runs: Vec<RunId>,
     /// A job this worker is draining resources for.
     reserved: Option<JobIdx>,
 }
@@ -301,7 +304,9 @@ pub struct Scheduler {
     eras: Vec<Era>,
     free_jobs: Vec<JobIdx>,
     job_index: IdMap<JobIdx>,
-    runs: BTreeMap<RunId, Run>,
+    /// Hashed: nothing visits the runs in order (the invariant checks sort
+    /// them).
+    runs: IdMap<Run, RunId>,
     /// Runs suspended by an eviction that wait to be resumed, oldest run
     /// first (a cancelled one leaves: it is only being stopped).
     suspended: BTreeSet<RunId>,
@@ -324,10 +329,12 @@ pub struct Scheduler {
     gangs: BTreeMap<GangIdx, Gang>,
     gang_index: BTreeMap<String, GangIdx>,
     next_gang: GangIdx,
-    /// Artifact → live workers holding it.
-    holders: IdMap<BTreeSet<WorkerIdx>>,
-    /// Artifact → queued jobs in their dependency stage (or later) that read it.
-    dependents: IdMap<BTreeSet<JobIdx>>,
+    /// Artifact → live workers holding it, in index order (most artifacts
+    /// have one to three holders: a sorted vector, not a tree).
+    holders: IdMap<Vec<WorkerIdx>>,
+    /// Artifact → queued jobs in their dependency stage (or later) that read
+    /// it; left lazily (see `readers.rs`).
+    dependents: IdMap<Readers>,
     /// Jobs waiting for a capable worker.
     unplaceable: BTreeSet<JobIdx>,
 
@@ -427,7 +434,7 @@ impl Scheduler {
             eras: Vec::new(),
             free_jobs: Vec::new(),
             job_index: IdMap::default(),
-            runs: BTreeMap::new(),
+            runs: IdMap::default(),
             suspended: BTreeSet::new(),
             global: Queue::with_heads(),
             holders: IdMap::default(),
@@ -543,8 +550,8 @@ impl Scheduler {
                 JobStatus::Queued { queues, reserved_on: job.reserved_on.map(wid) }
             }
             JobState::Unplaceable => JobStatus::WaitingForWorker(self.unplaceable_reason(job.class)),
-            JobState::Assigned(run) => JobStatus::Assigned { worker: wid(self.runs[&run].worker), run },
-            JobState::Running(run) => JobStatus::Running { worker: wid(self.runs[&run].worker), run },
+            JobState::Assigned(run) => JobStatus::Assigned { worker: wid(self.run(run).worker), run },
+            JobState::Running(run) => JobStatus::Running { worker: wid(self.run(run).worker), run },
         };
         Some(JobView { status, waiters: job.waiters.clone(), attempts: job.attempts })
     }
@@ -683,7 +690,7 @@ impl Scheduler {
     /// stopping).
     pub fn worker_runs(&self, worker: WorkerId) -> Vec<RunId> {
         match self.worker_index.get(&worker) {
-            Some(&w) => self.workers[w as usize].runs.iter().copied().collect(),
+            Some(&w) => self.workers[w as usize].runs.to_vec(),
             None => Vec::new(),
         }
     }
@@ -931,7 +938,7 @@ impl Scheduler {
                     first: Queue::default(),
                     second: Queue::default(),
                     held: IdSet::default(),
-                    runs: BTreeSet::new(),
+                    runs: Vec::new(),
                     reserved: None,
                 });
                 self.worker_index.insert(id, w);
@@ -1128,13 +1135,13 @@ impl Scheduler {
             }
             JobState::Assigned(run) => {
                 self.orphan_run(run);
-                let worker = self.workers[self.runs[&run].worker as usize].id;
+                let worker = self.workers[self.run(run).worker as usize].id;
                 self.decisions.push(Decision::Drop { worker, run });
                 CancelStage::Assigned
             }
             JobState::Running(run) => {
                 self.orphan_run(run);
-                let worker = self.workers[self.runs[&run].worker as usize].id;
+                let worker = self.workers[self.run(run).worker as usize].id;
                 self.decisions.push(Decision::Stop { worker, run });
                 CancelStage::Running
             }
@@ -1158,7 +1165,9 @@ impl Scheduler {
     fn release_run(&mut self, run: RunId, r: &Run) {
         let key = &self.classes[r.class as usize].key;
         let worker = &mut self.workers[r.worker as usize];
-        worker.runs.remove(&run);
+        if let Some(pos) = worker.runs.iter().position(|&x| x == run) {
+            worker.runs.remove(pos);
+        }
         if r.suspended.is_some() {
             worker.res.resume(key);
         }
@@ -1218,7 +1227,10 @@ impl Scheduler {
         if !self.workers[w as usize].held.insert(a) {
             return;
         }
-        self.holders.entry_or_default(a).insert(w);
+        let ws = self.holders.entry_or_default(a);
+        if let Err(pos) = ws.binary_search(&w) {
+            ws.insert(pos, w);
+        }
         // Rule 1: a pending job is in the first queue of every holder of its
         // result, whatever its stage.
         if let Some(&j) = self.job_index.get(&a)
@@ -1229,7 +1241,7 @@ impl Scheduler {
         // Rule 2, live: jobs already in their dependency stage (or later) gain
         // the new holder of one of their dependencies.
         if let Some(readers) = self.dependents.get(&a) {
-            let readers: Vec<JobIdx> = readers.iter().copied().collect();
+            let readers: Vec<JobIdx> = readers.live(live_entry(&self.eras)).collect();
             for j in readers {
                 self.add_place(j, Place::Second(w));
             }
@@ -1248,7 +1260,7 @@ impl Scheduler {
             self.leave_cache_stage_if_uncached(j);
         }
         if let Some(readers) = self.dependents.get(&a) {
-            let readers: Vec<JobIdx> = readers.iter().copied().collect();
+            let readers: Vec<JobIdx> = readers.live(live_entry(&self.eras)).collect();
             for j in readers {
                 let held = &self.workers[w as usize].held;
                 if !self.job(j).deps.iter().any(|d| held.contains(d)) {
@@ -1260,7 +1272,9 @@ impl Scheduler {
 
     fn forget_holder(&mut self, w: WorkerIdx, a: JobId) {
         if let Some(ws) = self.holders.get_mut(&a) {
-            ws.remove(&w);
+            if let Ok(pos) = ws.binary_search(&w) {
+                ws.remove(pos);
+            }
             if ws.is_empty() {
                 self.holders.remove(&a);
             }
@@ -1301,8 +1315,7 @@ impl Scheduler {
             self.gangs.get_mut(&g).expect("live gang").queued.insert((key, j));
             return;
         }
-        let holders: Vec<WorkerIdx> =
-            self.holders.get(&id).map(|ws| ws.iter().copied().collect()).unwrap_or_default();
+        let holders: Vec<WorkerIdx> = self.holders.get(&id).cloned().unwrap_or_default();
         for &w in &holders {
             self.add_place(j, Place::First(w));
         }
@@ -1322,8 +1335,9 @@ impl Scheduler {
         job.indexed = true;
         let deps = std::mem::take(&mut job.deps);
         let mut holders = BTreeSet::new();
+        let era = self.eras[j as usize];
         for d in deps.iter() {
-            self.dependents.entry_or_default(*d).insert(j);
+            self.dependents.entry_or_default(*d).push(j, era);
             if let Some(ws) = self.holders.get(d) {
                 holders.extend(ws.iter().copied());
             }
@@ -1562,16 +1576,18 @@ impl Scheduler {
         self.clear_timer(j);
         let job = self.jobs[j as usize].as_mut().expect("live job");
         if std::mem::take(&mut job.indexed) {
-            let deps = std::mem::take(&mut job.deps);
-            for d in deps.iter() {
-                if let Some(readers) = self.dependents.get_mut(d) {
-                    readers.remove(&j);
+            // Its entries among the readers of its dependencies died with
+            // the era (see `readers.rs`): only counted here.
+            let Scheduler { jobs, dependents, eras, .. } = self;
+            for d in jobs[j as usize].as_ref().expect("live job").deps.iter() {
+                let readers = dependents.get_mut(d).expect("a reader is indexed under each dependency");
+                if readers.left() {
+                    readers.compact(live_entry(eras));
                     if readers.is_empty() {
-                        self.dependents.remove(d);
+                        dependents.remove(d);
                     }
                 }
             }
-            self.job_mut(j).deps = deps;
         }
         if let Some(w) = self.job_mut(j).reserved_on.take() {
             self.workers[w as usize].reserved = None;
@@ -1984,7 +2000,7 @@ impl Scheduler {
             preempt.clear();
             reclaim.clear();
             for &run in &worker.runs {
-                let r = &self.runs[&run];
+                let r = self.run(run);
                 // A suspended run holds no slot or CPU to give.
                 let Some(v) = r.job.filter(|_| r.suspended.is_none()) else { continue };
                 let victim = self.job(v);
@@ -2128,7 +2144,7 @@ impl Scheduler {
         let mut res = self.workers[w as usize].res.clone();
         let mut freed = Amounts::default();
         for run in victims {
-            let r = &self.runs[run];
+            let r = self.run(*run);
             let key = &self.classes[r.class as usize].key;
             if !r.started || !key.tokens.is_empty() {
                 return false;
@@ -2168,7 +2184,7 @@ impl Scheduler {
     fn resume_suspended(&mut self) {
         let waiting: Vec<RunId> = self.suspended.iter().copied().collect();
         for run in waiting {
-            let r = &self.runs[&run];
+            let r = self.run(run);
             let (w, tenant, class) = (r.worker, r.tenant, r.class);
             let worker = &self.workers[w as usize];
             let key = &self.classes[class as usize].key;
@@ -2447,7 +2463,7 @@ impl Scheduler {
         self.quotas.dirty = requests_changed;
         let worker = &mut self.workers[w as usize];
         worker.res.take(&self.classes[class as usize].key);
-        worker.runs.insert(run);
+        worker.runs.push(run);
         let worker_id = worker.id;
         self.runs.insert(
             run,
@@ -2530,6 +2546,10 @@ impl Scheduler {
         self.classes.push(Class { key: key.clone(), amounts, capable });
         self.class_index.insert(key, c);
         c
+    }
+
+    fn run(&self, run: RunId) -> &Run {
+        self.runs.get(&run).expect("run in flight")
     }
 
     fn job(&self, j: JobIdx) -> &Job {

@@ -6,7 +6,7 @@
 //! suspended runs holding their memory and tokens but not their slots and
 //! CPU.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::{JobState, Place, Scheduler, Stage, TimerSlot, WorkerIdx, live_entry};
 use crate::quota::Amounts;
@@ -17,7 +17,10 @@ impl Scheduler {
     /// Cost is linear in the state: for tests and debugging, not the hot path.
     pub fn check_invariants(&self) -> Result<(), String> {
         let mut used: BTreeMap<u32, WorkerResources> = BTreeMap::new();
-        for (run_id, run) in &self.runs {
+        let runs = self.runs.sorted();
+        let mut per_worker: BTreeMap<u32, usize> = BTreeMap::new();
+        for &(run_id, run) in &runs {
+            *per_worker.entry(run.worker).or_default() += 1;
             let worker = &self.workers[run.worker as usize];
             if !worker.alive {
                 return Err(format!("run {run_id:?} is on lost worker {:?}", worker.id));
@@ -74,7 +77,7 @@ impl Scheduler {
             {
                 return Err(format!("worker {:?} usage does not match its runs", worker.id));
             }
-            if worker.runs.len() != self.runs.values().filter(|r| r.worker == w).count() {
+            if worker.runs.len() != per_worker.get(&w).copied().unwrap_or(0) {
                 return Err(format!("worker {:?} lists runs that are not in flight", worker.id));
             }
             if self.hungry.contains(&w) != (worker.alive && res.free_slot()) {
@@ -174,6 +177,36 @@ impl Scheduler {
             if job.waiters.is_empty() {
                 return Err(format!("job {} has no waiter", job.id));
             }
+        }
+        // Holders: sorted lists of live workers that hold the artifact.
+        for (a, ws) in self.holders.sorted() {
+            if ws.is_empty() || !ws.windows(2).all(|p| p[0] < p[1]) {
+                return Err(format!("the holders of artifact {a} are not a sorted list: {ws:?}"));
+            }
+            if ws.iter().any(|&w| !self.workers[w as usize].held.contains(a)) {
+                return Err(format!("artifact {a} lists a holder that does not hold it"));
+            }
+        }
+        // Readers (see `readers.rs`): each live entry is a queued job in its
+        // dependency stage (or later) that reads the artifact, listed once;
+        // every such job is listed under each dependency; dead entries are
+        // counted and bounded.
+        let mut readers = BTreeSet::new();
+        for (a, list) in self.dependents.sorted() {
+            if !list.dead_agree(live_entry(&self.eras)) {
+                return Err(format!("the readers of artifact {a} count their dead entries wrong"));
+            }
+            for j in list.live(live_entry(&self.eras)) {
+                let job = self.jobs[j as usize].as_ref().ok_or("a live reader is a freed job")?;
+                if !job.indexed || !job.deps.contains(a) || !readers.insert((j, *a)) {
+                    return Err(format!("job {} is listed wrongly among the readers of {a}", job.id));
+                }
+            }
+        }
+        let indexed: usize =
+            self.jobs.iter().flatten().filter(|job| job.indexed).map(|job| job.deps.len()).sum();
+        if indexed != readers.len() {
+            return Err(format!("{indexed} dependencies of indexed jobs, {} live readers", readers.len()));
         }
         // Dead entries (see `queue.rs`, "Leaving the local queues lazily")
         // are counted as such, and only local queues have any.
@@ -306,7 +339,7 @@ impl Scheduler {
             }
         }
         let mut tenants = vec![Amounts::default(); self.tenants.len()];
-        for run in self.runs.values() {
+        for &(_, run) in &runs {
             let leaf = self.tenants[run.tenant as usize].queue;
             let mut held = self.classes[run.class as usize].amounts;
             if run.suspended.is_some() {
