@@ -12,11 +12,12 @@
 //!
 //! A queue is one ordered map keyed by (tenant, class, job order), so adding
 //! a job is one descent, and a tenant's first job of each class is one
-//! descent per class. The global queue, which holds most of the backlog,
-//! also keeps the first job of each (tenant, class) in a small map of its
-//! own ([`Queue::with_heads`]): a draw then reads a tenant's fronts there
-//! with one descent into a map that stays in cache, instead of one descent
-//! per class into the big one.
+//! descent and a short walk along the tenant's entries (they are adjacent).
+//! The global queue, which holds most of the backlog, also keeps the first
+//! job of each (tenant, class) in a small map of its own
+//! ([`Queue::with_heads`]): a draw then reads a tenant's fronts there with
+//! one descent into a map that stays in cache, instead of one into the big
+//! one.
 //!
 //! **Leaving the local queues lazily.** A queued job sits in several queues
 //! at once (the first queues of the holders of its result, the second
@@ -66,6 +67,10 @@ const FIRST_KEY: JobKey = JobKey { order: [0; 2], seq: 0 };
 /// Dead entries a queue tolerates before it is swept, whatever its size.
 const SWEEP_AFTER: usize = 32;
 
+/// Entries of a class [`Queue::fronts`] walks past after the class's first
+/// live job before it descends again to the next class instead.
+const PASS_OVER: u32 = 8;
+
 /// One queue: the global queue, or one of a worker's two local queues.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Queue {
@@ -81,7 +86,7 @@ pub(crate) struct Queue {
 
 impl Queue {
     /// A queue that also indexes the first job of each (tenant, class): for
-    /// a big queue, where that saves a descent per class on every draw. Its
+    /// a big queue, where that saves a descent on every draw. Its
     /// jobs must leave it eagerly ([`Queue::remove`]), never by
     /// [`Queue::left`].
     pub(crate) fn with_heads() -> Queue {
@@ -162,8 +167,11 @@ impl Queue {
     }
 
     /// The first live job of each class `tenant` has here, in class order,
-    /// into `out`; dead entries met on the way are dropped. One descent per
-    /// class (and one more per dead entry); with heads, one descent in all.
+    /// into `out`; dead entries met on the way are dropped. With heads, one
+    /// descent into the heads index. Without, one descent, then a walk along
+    /// the tenant's entries (they are adjacent), passing over the rest of a
+    /// class once it gave its first live job; a class with more than a few
+    /// entries left is passed over with one more descent instead.
     pub(crate) fn fronts(
         &mut self,
         tenant: TenantIdx,
@@ -176,21 +184,37 @@ impl Queue {
             }
             return;
         }
-        let mut from = (tenant, 0, FIRST_KEY);
-        while let Some((&slot, &(j, era))) = self.jobs.range(from..).next() {
-            let (t, class, key) = slot;
-            if t != tenant {
-                return;
+        let mut dead = Vec::new();
+        let mut from = Some((tenant, 0, FIRST_KEY));
+        'descend: while let Some(start) = from.take() {
+            // The class whose first live job was given, and how many of its
+            // later entries were passed over since.
+            let (mut given, mut passed) = (None, 0);
+            for (&slot, &(j, era)) in self.jobs.range(start..) {
+                let (t, class, key) = slot;
+                if t != tenant {
+                    break 'descend;
+                }
+                if given == Some(class) {
+                    passed += 1;
+                    if passed == PASS_OVER {
+                        from = class.checked_add(1).map(|next| (tenant, next, FIRST_KEY));
+                        continue 'descend;
+                    }
+                    continue;
+                }
+                if !live(j, era) {
+                    dead.push(slot);
+                    continue;
+                }
+                out(class, key, j);
+                (given, passed) = (Some(class), 0);
             }
-            if !live(j, era) {
-                self.jobs.remove(&slot);
-                self.stale -= 1;
-                self.classes[class as usize] -= 1;
-                continue;
-            }
-            out(class, key, j);
-            let Some(next) = class.checked_add(1) else { return };
-            from = (tenant, next, FIRST_KEY);
+        }
+        for slot in dead {
+            self.jobs.remove(&slot);
+            self.stale -= 1;
+            self.classes[slot.1 as usize] -= 1;
         }
     }
 
@@ -336,6 +360,21 @@ mod tests {
         }
         assert_eq!(fronts(&mut headed, 2, &none), vec![(0, 40)]);
         assert_eq!(fronts(&mut headed, 1, &none), vec![]);
+    }
+
+    #[test]
+    fn fronts_pass_over_a_long_class_with_a_new_descent() {
+        let mut q = Queue::default();
+        for seq in 0..20 {
+            q.insert(0, 1, key(0, seq), seq as JobIdx, 0);
+        }
+        q.insert(1, 1, key(0, 50), 50, 0);
+        q.insert(3, 1, key(0, 51), 51, 0);
+        q.insert(0, 2, key(0, 52), 52, 0);
+        let dead = BTreeSet::from([0, 1, 51]);
+        assert!(!q.left() && !q.left() && !q.left());
+        assert_eq!(fronts(&mut q, 1, &dead), vec![(0, 2), (1, 50)]);
+        assert_eq!(q.entries(), 20, "the dead entries at the fronts went, the rest stay");
     }
 
     #[test]
