@@ -1,6 +1,6 @@
 //! Queues: the global queue and each worker's two local queues.
 //!
-//! A [`Queue`] files its jobs by tenant, then by job class (a class is a
+//! A queue files its jobs by tenant, then by job class (a class is a
 //! distinct combination of resource request, exclusive tokens and required
 //! labels), then in the tenant's job order. Which tenant goes next is not the
 //! queue's business: the scheduler keeps one order of all tenants with queued
@@ -10,14 +10,15 @@
 //! however many queues hold its jobs; and a worker looks at each class of a
 //! tenant with one resource check, not at every job.
 //!
-//! A queue is one ordered map keyed by (tenant, class, job order), so adding
-//! a job is one descent, and a tenant's first job of each class is one
-//! descent and a short walk along the tenant's entries (they are adjacent).
-//! The global queue, which holds most of the backlog, also keeps the first
-//! job of each (tenant, class) in a small map of its own
-//! ([`Queue::with_heads`]): a draw then reads a tenant's fronts there with
-//! one descent into a map that stays in cache, instead of one into the big
-//! one.
+//! A local queue ([`Queue`]) is one ordered map keyed by (tenant, class,
+//! job order), so adding a job is one descent, and a tenant's first job of
+//! each class is one descent and a short walk along the tenant's entries.
+//! The global queue ([`GlobalQueue`]), which holds most of the backlog, is
+//! one small ordered map of (tenant, class) groups, each with its first job
+//! at hand and its jobs in an ordered map of their own: a draw reads a
+//! tenant's fronts with one descent into the small map, which stays in
+//! cache, and a job leaving descends only into its own group's map, a few
+//! levels shallower than one map of the whole backlog would be.
 //!
 //! **Leaving the local queues lazily.** A queued job sits in several queues
 //! at once (the first queues of the holders of its result, the second
@@ -33,9 +34,11 @@
 //! live ones is swept in one pass ([`Queue::compact`]), so they never take
 //! more than half again the room of the live ones. Nothing outside this
 //! module sees a dead entry: every reader passes a liveness test. The
-//! global queue leaves eagerly, so its heads index is always exact.
+//! global queue leaves eagerly, so the first job of each of its groups is
+//! always exact.
 
 use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 
 /// Index of an interned job class.
 pub(crate) type ClassIdx = u32;
@@ -71,28 +74,18 @@ const SWEEP_AFTER: usize = 32;
 /// live job before it descends again to the next class instead.
 const PASS_OVER: u32 = 8;
 
-/// One queue: the global queue, or one of a worker's two local queues.
+/// One of a worker's two local queues.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Queue {
     jobs: BTreeMap<Slot, (JobIdx, Era)>,
     /// Dead entries (see the module doc).
     stale: usize,
-    /// With [`Queue::with_heads`]: the first job of each (tenant, class).
-    heads: Option<BTreeMap<(TenantIdx, ClassIdx), (JobKey, JobIdx)>>,
     /// Entries (dead ones included) per class: a draw skips the walk when
     /// no class it could take has any.
     classes: Vec<u32>,
 }
 
 impl Queue {
-    /// A queue that also indexes the first job of each (tenant, class): for
-    /// a big queue, where that saves a descent on every draw. Its
-    /// jobs must leave it eagerly ([`Queue::remove`]), never by
-    /// [`Queue::left`].
-    pub(crate) fn with_heads() -> Queue {
-        Queue { heads: Some(BTreeMap::new()), ..Queue::default() }
-    }
-
     /// Files `job`, of era `era`. A dead entry the job left at the same slot
     /// comes back to life.
     pub(crate) fn insert(&mut self, class: ClassIdx, tenant: TenantIdx, key: JobKey, job: JobIdx, era: Era) {
@@ -105,12 +98,6 @@ impl Queue {
             }
             self.classes[c] += 1;
         }
-        if let Some(heads) = &mut self.heads {
-            let head = heads.entry((tenant, class)).or_insert((key, job));
-            if key < head.0 {
-                *head = (key, job);
-            }
-        }
     }
 
     /// Removes one live job's entry; true if it was there.
@@ -119,19 +106,6 @@ impl Queue {
             return false;
         }
         self.classes[class as usize] -= 1;
-        if let Some(heads) = &mut self.heads
-            && heads.get(&(tenant, class)).is_some_and(|head| head.0 == key)
-        {
-            // The next job of the class, if any, heads it now.
-            match self.jobs.range((tenant, class, key)..).next() {
-                Some((&(t, c, next), &(j, _))) if (t, c) == (tenant, class) => {
-                    heads.insert((tenant, class), (next, j));
-                }
-                _ => {
-                    heads.remove(&(tenant, class));
-                }
-            }
-        }
         true
     }
 
@@ -143,7 +117,6 @@ impl Queue {
     /// One of this queue's entries died: its job left the queues. True when
     /// it is time to [`Queue::compact`].
     pub(crate) fn left(&mut self) -> bool {
-        debug_assert!(self.heads.is_none(), "a queue with heads is left eagerly");
         self.stale += 1;
         self.stale >= SWEEP_AFTER && self.stale * 3 > self.jobs.len()
     }
@@ -167,9 +140,8 @@ impl Queue {
     }
 
     /// The first live job of each class `tenant` has here, in class order,
-    /// into `out`; dead entries met on the way are dropped. With heads, one
-    /// descent into the heads index. Without, one descent, then a walk along
-    /// the tenant's entries (they are adjacent), passing over the rest of a
+    /// into `out`; dead entries met on the way are dropped. One descent,
+    /// then a walk along the tenant's entries (they are adjacent), passing over the rest of a
     /// class once it gave its first live job; a class with more than a few
     /// entries left is passed over with one more descent instead.
     pub(crate) fn fronts(
@@ -178,12 +150,6 @@ impl Queue {
         live: impl Fn(JobIdx, Era) -> bool,
         mut out: impl FnMut(ClassIdx, JobKey, JobIdx),
     ) {
-        if let Some(heads) = &self.heads {
-            for (&(_, class), &(key, j)) in heads.range((tenant, 0)..=(tenant, ClassIdx::MAX)) {
-                out(class, key, j);
-            }
-            return;
-        }
         let mut dead = Vec::new();
         let mut from = Some((tenant, 0, FIRST_KEY));
         'descend: while let Some(start) = from.take() {
@@ -218,28 +184,6 @@ impl Queue {
         }
     }
 
-    /// Like [`Queue::fronts`], without dropping dead entries (they are
-    /// stepped over).
-    pub(crate) fn peek_fronts(
-        &self,
-        tenant: TenantIdx,
-        live: impl Fn(JobIdx, Era) -> bool,
-    ) -> impl Iterator<Item = (ClassIdx, JobKey, JobIdx)> {
-        let mut from = Some(0);
-        std::iter::from_fn(move || {
-            let class = from?;
-            let mut entries = self.jobs.range((tenant, class, FIRST_KEY)..);
-            let (&(t, c, key), &(j, _)) =
-                entries.find(|&(&(t, _, _), &(j, era))| t != tenant || live(j, era))?;
-            if t != tenant {
-                from = None;
-                return None;
-            }
-            from = c.checked_add(1);
-            Some((c, key, j))
-        })
-    }
-
     /// Every live job here, in tenant, class and job order.
     pub(crate) fn jobs(&self, live: impl Fn(JobIdx, Era) -> bool) -> impl Iterator<Item = JobIdx> {
         self.jobs.iter().filter(move |&(_, &(j, era))| live(j, era)).map(|(_, &(j, _))| j)
@@ -249,9 +193,6 @@ impl Queue {
     pub(crate) fn take_all(&mut self, live: impl Fn(JobIdx, Era) -> bool) -> Vec<(TenantIdx, JobIdx)> {
         self.stale = 0;
         self.classes.clear();
-        if let Some(heads) = &mut self.heads {
-            heads.clear();
-        }
         std::mem::take(&mut self.jobs)
             .into_iter()
             .filter(|&(_, (j, era))| live(j, era))
@@ -276,16 +217,108 @@ impl Queue {
         }
         counts == self.classes
     }
+}
 
-    /// Whether the heads index (if kept) names exactly each (tenant,
-    /// class)'s first job (for the invariant checks).
-    pub(crate) fn heads_agree(&self) -> bool {
-        let Some(heads) = &self.heads else { return true };
-        let mut firsts: BTreeMap<(TenantIdx, ClassIdx), (JobKey, JobIdx)> = BTreeMap::new();
-        for (&(t, c, key), &(j, _)) in &self.jobs {
-            firsts.entry((t, c)).or_insert((key, j));
+/// The jobs of one (tenant, class) in the global queue.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Group {
+    /// The first of `jobs`, at hand for a draw.
+    first: (JobKey, JobIdx),
+    jobs: BTreeMap<JobKey, JobIdx>,
+}
+
+/// The global queue: jobs any worker may take. Its jobs leave it eagerly
+/// ([`GlobalQueue::remove`]); see the module doc for its layout.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct GlobalQueue {
+    groups: BTreeMap<(TenantIdx, ClassIdx), Group>,
+    /// Jobs in all groups.
+    len: usize,
+    /// Jobs per class: a draw skips the walk when no class it could take
+    /// has any.
+    classes: Vec<u32>,
+}
+
+impl GlobalQueue {
+    /// Files `job`.
+    pub(crate) fn insert(&mut self, class: ClassIdx, tenant: TenantIdx, key: JobKey, job: JobIdx) {
+        match self.groups.entry((tenant, class)) {
+            Entry::Vacant(e) => {
+                e.insert(Group { first: (key, job), jobs: BTreeMap::from([(key, job)]) });
+            }
+            Entry::Occupied(mut e) => {
+                let group = e.get_mut();
+                if group.jobs.insert(key, job).is_some() {
+                    return;
+                }
+                if key < group.first.0 {
+                    group.first = (key, job);
+                }
+            }
         }
-        firsts == *heads
+        self.len += 1;
+        let c = class as usize;
+        if self.classes.len() <= c {
+            self.classes.resize(c + 1, 0);
+        }
+        self.classes[c] += 1;
+    }
+
+    /// Removes a job; true if it was there.
+    pub(crate) fn remove(&mut self, class: ClassIdx, tenant: TenantIdx, key: JobKey) -> bool {
+        let Entry::Occupied(mut e) = self.groups.entry((tenant, class)) else { return false };
+        let group = e.get_mut();
+        if group.jobs.remove(&key).is_none() {
+            return false;
+        }
+        if group.first.0 == key {
+            // The next job of the group, if any, heads it now.
+            match group.jobs.first_key_value() {
+                Some((&next, &j)) => group.first = (next, j),
+                None => {
+                    e.remove();
+                }
+            }
+        }
+        self.len -= 1;
+        self.classes[class as usize] -= 1;
+        true
+    }
+
+    /// Jobs queued here.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether any job is of this class.
+    pub(crate) fn has_class(&self, class: ClassIdx) -> bool {
+        self.classes.get(class as usize).is_some_and(|&n| n > 0)
+    }
+
+    /// The first job of each class `tenant` has here, in class order: one
+    /// descent.
+    pub(crate) fn fronts(&self, tenant: TenantIdx) -> impl Iterator<Item = (ClassIdx, JobKey, JobIdx)> {
+        let groups = self.groups.range((tenant, 0)..=(tenant, ClassIdx::MAX));
+        groups.map(|(&(_, class), group)| (class, group.first.0, group.first.1))
+    }
+
+    /// Every job here, in tenant, class and job order.
+    pub(crate) fn jobs(&self) -> impl Iterator<Item = JobIdx> {
+        self.groups.values().flat_map(|group| group.jobs.values().copied())
+    }
+
+    /// Whether the count, the counts per class and each group's first job
+    /// match the jobs, and no group is empty (for the invariant checks).
+    pub(crate) fn agrees(&self) -> bool {
+        let mut counts = vec![0u32; self.classes.len()];
+        for (&(_, class), group) in &self.groups {
+            let Some(n) = counts.get_mut(class as usize) else { return false };
+            *n += group.jobs.len() as u32;
+            if group.jobs.first_key_value() != Some((&group.first.0, &group.first.1)) {
+                return false;
+            }
+        }
+        counts == self.classes && self.groups.values().map(|g| g.jobs.len()).sum::<usize>() == self.len
     }
 }
 
@@ -329,9 +362,9 @@ mod tests {
     }
 
     #[test]
-    fn a_queue_with_heads_gives_the_same_fronts() {
+    fn the_global_queue_gives_the_same_fronts() {
         let none = BTreeSet::new();
-        let (mut plain, mut headed) = (Queue::default(), Queue::with_heads());
+        let (mut local, mut global) = (Queue::default(), GlobalQueue::default());
         let ops: [(bool, ClassIdx, TenantIdx, JobKey, JobIdx); 9] = [
             (true, 2, 1, key(0, 1), 10),
             (true, 0, 1, key(0, 2), 20),
@@ -343,23 +376,25 @@ mod tests {
             (false, 0, 1, key(0, 2), 20),
             (false, 0, 1, key(9, 5), 50),
         ];
+        let global_fronts = |q: &GlobalQueue, t| q.fronts(t).map(|(c, _, j)| (c, j)).collect::<Vec<_>>();
         for (add, class, tenant, k, j) in ops {
-            for q in [&mut plain, &mut headed] {
-                if add {
-                    q.insert(class, tenant, k, j, 0);
-                } else {
-                    assert!(q.remove(class, tenant, k));
-                }
+            if add {
+                local.insert(class, tenant, k, j, 0);
+                global.insert(class, tenant, k, j);
+            } else {
+                assert!(local.remove(class, tenant, k) && global.remove(class, tenant, k));
+                assert!(!global.remove(class, tenant, k), "already gone");
             }
-            assert!(headed.heads_agree(), "after {add} {class} {tenant} {j}");
+            assert!(global.agrees(), "after {add} {class} {tenant} {j}");
+            assert_eq!(global.len(), local.len());
+            assert_eq!(global.jobs().collect::<Vec<_>>(), local.jobs(live(&none)).collect::<Vec<_>>());
             for t in [1, 2, 3] {
-                assert_eq!(fronts(&mut plain, t, &none), fronts(&mut headed, t, &none));
-                let peeked: Vec<_> = headed.peek_fronts(t, live(&none)).map(|(c, _, j)| (c, j)).collect();
-                assert_eq!(peeked, fronts(&mut headed, t, &none));
+                assert_eq!(fronts(&mut local, t, &none), global_fronts(&global, t));
             }
         }
-        assert_eq!(fronts(&mut headed, 2, &none), vec![(0, 40)]);
-        assert_eq!(fronts(&mut headed, 1, &none), vec![]);
+        assert_eq!(global_fronts(&global, 2), vec![(0, 40)]);
+        assert_eq!(global_fronts(&global, 1), vec![]);
+        assert!(!global.has_class(2) && global.has_class(0));
     }
 
     #[test]
@@ -404,8 +439,7 @@ mod tests {
         assert!(!q.left() && !q.left(), "two dead entries are no reason to sweep");
         assert_eq!(q.len(), 1);
         assert_eq!(q.jobs(live(&dead)).collect::<Vec<_>>(), vec![2]);
-        assert_eq!(q.peek_fronts(1, live(&dead)).map(|(c, _, j)| (c, j)).collect::<Vec<_>>(), vec![(0, 2)]);
-        assert_eq!(q.entries(), 3, "peeking drops nothing");
+        assert_eq!(q.entries(), 3, "counting drops nothing");
         assert_eq!(
             fronts(&mut q, 1, &dead),
             vec![(0, 2)],

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::idmap::{IdMap, IdSet};
 use crate::policy::{Policy, QueueKey, TenantKey, VictimTier};
-use crate::queue::{ClassIdx, Era, JobIdx, JobKey, Queue, TenantIdx};
+use crate::queue::{ClassIdx, Era, GlobalQueue, JobIdx, JobKey, Queue, TenantIdx};
 use crate::quota::{Amounts, QueueIdx, Queues};
 use crate::readers::Readers;
 use crate::resources::{ClassKey, TokenIdx, WorkerResources};
@@ -311,7 +311,7 @@ pub struct Scheduler {
     /// first (a cancelled one leaves: it is only being stopped).
     suspended: BTreeSet<RunId>,
 
-    global: Queue,
+    global: GlobalQueue,
     /// The queue tree with quotas and deserved shares.
     quotas: Queues,
     /// Capacity of the live workers.
@@ -436,7 +436,7 @@ impl Scheduler {
             job_index: IdMap::default(),
             runs: IdMap::default(),
             suspended: BTreeSet::new(),
-            global: Queue::with_heads(),
+            global: GlobalQueue::default(),
             holders: IdMap::default(),
             dependents: IdMap::default(),
             unplaceable: BTreeSet::new(),
@@ -1363,7 +1363,11 @@ impl Scheduler {
         }
         job.places.push(place);
         let (class, tenant, key, era) = (job.class, job.tenant, job.key, self.eras[j as usize]);
-        self.queue_mut(place).insert(class, tenant, key, j, era);
+        match place {
+            Place::Global => self.global.insert(class, tenant, key, j),
+            Place::First(w) => self.workers[w as usize].first.insert(class, tenant, key, j, era),
+            Place::Second(w) => self.workers[w as usize].second.insert(class, tenant, key, j, era),
+        }
         self.placed(tenant, true);
         match place {
             Place::Global => self.global_dirty = true,
@@ -1528,16 +1532,13 @@ impl Scheduler {
         let Some(pos) = job.places.iter().position(|p| *p == place) else { return };
         job.places.swap_remove(pos);
         let (class, tenant, key) = (job.class, job.tenant, job.key);
-        if self.queue_mut(place).remove(class, tenant, key) {
+        let removed = match place {
+            Place::Global => self.global.remove(class, tenant, key),
+            Place::First(w) => self.workers[w as usize].first.remove(class, tenant, key),
+            Place::Second(w) => self.workers[w as usize].second.remove(class, tenant, key),
+        };
+        if removed {
             self.placed(tenant, false);
-        }
-    }
-
-    fn queue_mut(&mut self, place: Place) -> &mut Queue {
-        match place {
-            Place::Global => &mut self.global,
-            Place::First(w) => &mut self.workers[w as usize].first,
-            Place::Second(w) => &mut self.workers[w as usize].second,
         }
     }
 
@@ -1959,7 +1960,7 @@ impl Scheduler {
     fn starving_job(&self, q: QueueIdx) -> Option<JobIdx> {
         let &(_, tenant) = self.orders[q as usize].first()?;
         self.global
-            .peek_fronts(tenant, live_entry(&self.eras))
+            .fronts(tenant)
             .filter(|&(_, _, j)| self.job(j).reserved_on.is_none() && self.job(j).gang.is_none())
             .min_by_key(|&(_, key, _)| key)
             .map(|(_, _, j)| j)
@@ -2327,9 +2328,9 @@ impl Scheduler {
         // no tenant has anything for it, and the walk below would visit
         // every tenant to find that out. (A worker holding a reservation, or
         // with little room left, draws often for nothing.)
-        let queues = [&worker.first, &worker.second, &self.global];
-        if !usable.iter().enumerate().any(|(c, &ok)| ok && queues.iter().any(|q| q.has_class(c as ClassIdx)))
-        {
+        let queued =
+            |c: ClassIdx| worker.first.has_class(c) || worker.second.has_class(c) || self.global.has_class(c);
+        if !usable.iter().enumerate().any(|(c, &ok)| ok && queued(c as ClassIdx)) {
             return None;
         }
         let quotas = self.quotas.active();
@@ -2435,14 +2436,10 @@ impl Scheduler {
     fn live_fronts(&mut self, w: WorkerIdx, tenant: TenantIdx, out: &mut Vec<Front>) {
         let Scheduler { global, workers, eras, .. } = self;
         let worker = &mut workers[w as usize];
-        let queues = [
-            (Place::First(w), &mut worker.first),
-            (Place::Second(w), &mut worker.second),
-            (Place::Global, global),
-        ];
-        for (place, queue) in queues {
+        for (place, queue) in [(Place::First(w), &mut worker.first), (Place::Second(w), &mut worker.second)] {
             queue.fronts(tenant, live_entry(eras), |class, key, j| out.push((place, class, key, j)));
         }
+        out.extend(global.fronts(tenant).map(|(class, key, j)| (Place::Global, class, key, j)));
     }
 
     fn assign(&mut self, w: WorkerIdx, j: JobIdx) {

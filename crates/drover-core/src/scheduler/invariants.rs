@@ -208,11 +208,9 @@ impl Scheduler {
         if indexed != readers.len() {
             return Err(format!("{indexed} dependencies of indexed jobs, {} live readers", readers.len()));
         }
-        // Dead entries (see `queue.rs`, "Leaving the local queues lazily")
-        // are counted as such, and only local queues have any.
-        let queues =
-            std::iter::once(&self.global).chain(self.workers.iter().flat_map(|w| [&w.first, &w.second]));
-        for queue in queues {
+        // Dead entries in the local queues (see `queue.rs`, "Leaving the
+        // local queues lazily") are counted as such; the global queue has none.
+        for queue in self.workers.iter().flat_map(|w| [&w.first, &w.second]) {
             let live = queue.jobs(live_entry(&self.eras)).count();
             if live != queue.len() {
                 return Err(format!(
@@ -225,11 +223,14 @@ impl Scheduler {
                 return Err("a queue's entries per class are counted wrong".to_owned());
             }
         }
-        if self.global.entries() != self.global.len() {
-            return Err("the global queue holds dead entries".to_owned());
+        if !self.global.agrees() {
+            return Err("the global queue's counts or first jobs are wrong".to_owned());
         }
-        if !self.global.heads_agree() {
-            return Err("the global queue's first jobs are indexed wrong".to_owned());
+        for j in self.global.jobs() {
+            let job = self.jobs[j as usize].as_ref().ok_or("the global queue holds a freed job")?;
+            if !job.places.contains(&Place::Global) {
+                return Err(format!("job {} is in the global queue but does not list it", job.id));
+            }
         }
         let in_queues: usize =
             self.global.len() + self.workers.iter().map(|w| w.first.len() + w.second.len()).sum::<usize>();
