@@ -861,12 +861,23 @@ impl Scheduler {
         }
     }
 
+    /// Renews a live worker's lease on a report from it.
     fn renew_lease(&mut self, w: WorkerIdx) {
+        let lease = self.now.after(self.config.lease_timeout);
+        // A report in the same millisecond as the last renewal moves nothing
+        // (at a high event rate, most reports).
+        if self.workers[w as usize].lease != lease {
+            self.arm_lease(w, lease);
+        }
+    }
+
+    /// Sets the worker's lease to end at `lease`, armed in the timers.
+    fn arm_lease(&mut self, w: WorkerIdx, lease: Millis) {
         // Leases are renewed often (every report): their old entries go at
         // once rather than pile up dead for a whole lease.
         let worker = &mut self.workers[w as usize];
         self.timers.remove(&(worker.lease, TimerSlot::Lease(w)));
-        worker.lease = self.now.after(self.config.lease_timeout);
+        worker.lease = lease;
         self.timers.insert((worker.lease, TimerSlot::Lease(w)));
     }
 
@@ -951,7 +962,9 @@ impl Scheduler {
         }
         self.set_capabilities(w, true);
         withdrawn.retain(|&c| self.classes[c as usize].capable == 0);
-        self.renew_lease(w);
+        // Armed whatever the old value: a worker that comes back after being
+        // lost has no timer entry left.
+        self.arm_lease(w, self.now.after(self.config.lease_timeout));
         self.update_hungry(w);
         self.dirty.insert(w);
         // The list is the worker's whole cache: what it held before and no
