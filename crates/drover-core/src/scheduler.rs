@@ -356,6 +356,8 @@ pub struct Scheduler {
     /// With placement weights: dirty workers taken out of `dirty`, best
     /// score last (empty between steps).
     ranked: Vec<WorkerIdx>,
+    /// A draw's working lists (empty between draws).
+    draw_buffers: DrawBuffers,
 
     decisions: Vec<Decision>,
 }
@@ -393,6 +395,35 @@ struct Preemptor {
     priority: i32,
     /// Its tenant's dominant share with the job, in millionths.
     share: u64,
+}
+
+/// A draw's working lists, kept between draws so that a draw allocates
+/// nothing (empty between draws).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct DrawBuffers {
+    /// Per class: could the worker take it (or reserve room for it) now?
+    usable: Vec<bool>,
+    /// The active leaf queues, in queue order.
+    leaves: Vec<QueueKey>,
+    /// The current tenant's first job of each class in each worker queue.
+    fronts: Vec<Front>,
+    /// The current tenant's best fitting job in each worker queue.
+    fitting: Vec<Offer>,
+    /// Tenants the first quota phase found nothing for this worker at all
+    /// (every front of a class it cannot run, or too big and not
+    /// reservable): the second phase, which only admits more, skips them
+    /// instead of reading their fronts again.
+    barren: Vec<TenantIdx>,
+}
+
+impl DrawBuffers {
+    fn clear(&mut self) {
+        self.usable.clear();
+        self.leaves.clear();
+        self.fronts.clear();
+        self.fitting.clear();
+        self.barren.clear();
+    }
 }
 
 /// What a worker's draw came up with.
@@ -445,6 +476,7 @@ impl Scheduler {
             dirty: BTreeSet::new(),
             global_dirty: false,
             ranked: Vec::new(),
+            draw_buffers: DrawBuffers::default(),
             decisions: Vec::new(),
         }
     }
@@ -2324,19 +2356,24 @@ impl Scheduler {
     /// queue offers every tenant's jobs. Each step costs one lookup per
     /// worker queue.
     fn draw(&mut self, w: WorkerIdx) -> Option<Pick> {
+        let mut buffers = std::mem::take(&mut self.draw_buffers);
+        let pick = self.draw_with(w, &mut buffers);
+        buffers.clear();
+        self.draw_buffers = buffers;
+        pick
+    }
+
+    /// [`Self::draw`], with its working lists in `buffers`.
+    fn draw_with(&mut self, w: WorkerIdx, buffers: &mut DrawBuffers) -> Option<Pick> {
+        let DrawBuffers { usable, leaves, fronts, fitting, barren } = buffers;
         let worker = &self.workers[w as usize];
         let reserved_key = worker.reserved.map(|j| &self.classes[self.job(j).class as usize].key);
         // The classes this worker could take, or reserve room for, now: those
         // it can run, and with a reservation only those that fit beside it.
-        let usable: Vec<bool> = self
-            .classes
-            .iter()
-            .enumerate()
-            .map(|(c, class)| {
-                worker.capable.get(c).copied().unwrap_or(false)
-                    && (reserved_key.is_none() || worker.res.fits(&class.key, reserved_key))
-            })
-            .collect();
+        usable.extend(self.classes.iter().enumerate().map(|(c, class)| {
+            worker.capable.get(c).copied().unwrap_or(false)
+                && (reserved_key.is_none() || worker.res.fits(&class.key, reserved_key))
+        }));
         // If no usable class has a job in any of the worker's three queues,
         // no tenant has anything for it, and the walk below would visit
         // every tenant to find that out. (A worker holding a reservation, or
@@ -2347,22 +2384,13 @@ impl Scheduler {
             return None;
         }
         let quotas = self.quotas.active();
-        let leaves = self.leaf_order();
+        leaves.extend(self.queue_order.iter().copied());
         // With quotas (and proportion), first only what keeps every queue
         // within its deserved share; then, so that no slot idles, what stays
         // within capabilities.
         let phases: &[bool] = if quotas && self.policy.proportion { &[true, false] } else { &[false] };
-        // The current tenant's first job of each class in each worker queue,
-        // and its best fitting job in each.
-        let mut fronts: Vec<Front> = Vec::new();
-        let mut fitting: Vec<Offer> = Vec::new();
-        // Tenants the first phase found nothing for this worker at all
-        // (every front of a class it cannot run, or too big and not
-        // reservable): the second phase, which only admits more, skips
-        // them instead of reading their fronts again.
-        let mut barren: Vec<TenantIdx> = Vec::new();
         for &within_deserved in phases {
-            for &(_, q) in &leaves {
+            for &(_, q) in leaves.iter() {
                 // Every job takes a slot: a queue without room for one more
                 // has nothing to offer in this phase.
                 if quotas && !self.quotas.admits(q, Amounts::new(1, 0, 0), within_deserved) {
@@ -2383,17 +2411,17 @@ impl Scheduler {
                     // A tenant with no queued job of a usable class has no
                     // front worth reading.
                     let queued = &self.tenants[key.1 as usize].classes;
-                    if !queued.iter().zip(&usable).any(|(&n, &ok)| n > 0 && ok) {
+                    if !queued.iter().zip(usable.iter()).any(|(&n, &ok)| n > 0 && ok) {
                         continue;
                     }
                     fronts.clear();
-                    self.live_fronts(w, key.1, &mut fronts);
+                    self.live_fronts(w, key.1, fronts);
                     let worker = &self.workers[w as usize];
                     let reserved_key = worker.reserved.map(|j| &self.classes[self.job(j).class as usize].key);
                     fitting.clear();
                     let mut reserve = None;
                     let mut promising = false;
-                    for &(place, class, key, j) in &fronts {
+                    for &(place, class, key, j) in fronts.iter() {
                         if !worker.capable.get(class as usize).copied().unwrap_or(false) {
                             continue;
                         }

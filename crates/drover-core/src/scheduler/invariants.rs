@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{JobState, Place, Scheduler, Stage, TimerSlot, WorkerIdx, live_entry};
+use super::{DrawBuffers, JobState, Place, Scheduler, Stage, TimerSlot, WorkerIdx, live_entry};
 use crate::quota::Amounts;
 use crate::resources::WorkerResources;
 
@@ -380,6 +380,9 @@ impl Scheduler {
             if worker.alive && !self.timers.contains(&(worker.lease, TimerSlot::Lease(w as WorkerIdx))) {
                 return Err(format!("worker {:?} has no lease timer", worker.id));
             }
+        }
+        if self.draw_buffers != DrawBuffers::default() {
+            return Err("a draw left its working lists behind".to_owned());
         }
         self.check_no_idle_worker_could_work()
     }
