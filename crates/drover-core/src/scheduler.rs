@@ -300,7 +300,7 @@ pub struct Scheduler {
     /// when the slot's job leaves the queues and when the slot is freed, so
     /// an entry never outlives its job's stay in the queues or names the
     /// slot's next job. Kept apart from the jobs so that a sweep's liveness
-    /// test reads four bytes per entry, not a job.
+    /// test reads eight bytes per entry, not a job.
     eras: Vec<Era>,
     free_jobs: Vec<JobIdx>,
     job_index: IdMap<JobIdx>,
