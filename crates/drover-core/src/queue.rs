@@ -10,9 +10,15 @@
 //! however many queues hold its jobs; and a worker looks at each class of a
 //! tenant with one resource check, not at every job.
 //!
-//! A local queue ([`Queue`]) is one ordered map keyed by (tenant, class,
-//! job order), so adding a job is one descent, and a tenant's first job of
-//! each class is one descent and a short walk along the tenant's entries.
+//! A local queue ([`Queue`]) is a small ordered map of tenants, each with
+//! its entries in class then job order: a sorted vector while they are few
+//! (a worker's local queue holds a few of most tenants' jobs), an ordered
+//! map of their own once they are many (so that filing one stays a descent).
+//! A draw reads a tenant's fronts with one descent into the map of tenants,
+//! whose keys are four bytes, and a walk along the tenant's entries in a
+//! cache line or two, where one map keyed by (tenant, class, job order)
+//! took a descent through nodes of 32-byte keys.
+//!
 //! The global queue ([`GlobalQueue`]), which holds most of the backlog, is
 //! one small ordered map of (tenant, class) groups, each with its first job
 //! at hand and its jobs in an ordered map of their own: a draw reads a
@@ -38,7 +44,7 @@
 //! always exact.
 
 use std::collections::BTreeMap;
-use std::collections::btree_map::Entry;
+use std::collections::btree_map;
 
 /// Index of an interned job class.
 pub(crate) type ClassIdx = u32;
@@ -61,23 +67,166 @@ pub(crate) struct JobKey {
     pub(crate) seq: u64,
 }
 
-/// Where a job is filed in a queue: its tenant, its class, then its order
-/// among that tenant's jobs of the class.
-type Slot = (TenantIdx, ClassIdx, JobKey);
-
 const FIRST_KEY: JobKey = JobKey { order: [0; 2], seq: 0 };
 
 /// Dead entries a queue tolerates before it is swept, whatever its size.
 const SWEEP_AFTER: usize = 32;
 
-/// Entries of a class [`Queue::fronts`] walks past after the class's first
-/// live job before it descends again to the next class instead.
+/// Most entries a tenant keeps in a sorted vector in one local queue; beyond
+/// that, an ordered map (so that filing one stays a descent, not a shift of
+/// the whole vector).
+const FEW: usize = 32;
+
+/// Entries of a class [`Queue::fronts`] walks past in a tenant's ordered
+/// map after the class's first live job before it descends again to the
+/// next class instead.
 const PASS_OVER: u32 = 8;
+
+/// One entry of a local queue: a job of the tenant, with its slot's era.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Entry {
+    class: ClassIdx,
+    job: JobIdx,
+    key: JobKey,
+    era: Era,
+}
+
+/// A tenant's entries in one local queue, in class then job order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Entries {
+    /// At most [`FEW`]: a draw reads them in a cache line or two.
+    Few(Vec<Entry>),
+    Many(BTreeMap<(ClassIdx, JobKey), (JobIdx, Era)>),
+}
+
+impl Entries {
+    /// Files an entry; false if it was there already (a dead entry of the
+    /// same job, which comes back to life).
+    fn insert(&mut self, e: Entry) -> bool {
+        match self {
+            Entries::Few(v) => match v.binary_search_by(|x| (x.class, x.key).cmp(&(e.class, e.key))) {
+                Ok(i) => {
+                    v[i] = e;
+                    false
+                }
+                Err(i) => {
+                    v.insert(i, e);
+                    if v.len() > FEW {
+                        let map = v.iter().map(|x| ((x.class, x.key), (x.job, x.era))).collect();
+                        *self = Entries::Many(map);
+                    }
+                    true
+                }
+            },
+            Entries::Many(m) => m.insert((e.class, e.key), (e.job, e.era)).is_none(),
+        }
+    }
+
+    /// Takes an entry out; true if it was there.
+    fn remove(&mut self, class: ClassIdx, key: JobKey) -> bool {
+        match self {
+            Entries::Few(v) => match v.binary_search_by(|x| (x.class, x.key).cmp(&(class, key))) {
+                Ok(i) => {
+                    v.remove(i);
+                    true
+                }
+                Err(_) => false,
+            },
+            Entries::Many(m) => m.remove(&(class, key)).is_some(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        match self {
+            Entries::Few(v) => v.is_empty(),
+            Entries::Many(m) => m.is_empty(),
+        }
+    }
+
+    /// Every entry, in class then job order.
+    fn iter(&self) -> Box<dyn Iterator<Item = Entry> + '_> {
+        match self {
+            Entries::Few(v) => Box::new(v.iter().copied()),
+            Entries::Many(m) => {
+                Box::new(m.iter().map(|(&(class, key), &(job, era))| Entry { class, job, key, era }))
+            }
+        }
+    }
+
+    /// Keeps the entries `keep` accepts.
+    fn retain(&mut self, mut keep: impl FnMut(&Entry) -> bool) {
+        match self {
+            Entries::Few(v) => v.retain(|e| keep(e)),
+            Entries::Many(m) => {
+                m.retain(|&(class, key), &mut (job, era)| keep(&Entry { class, job, key, era }));
+            }
+        }
+    }
+
+    /// The first live entry of each class, into `out`; the dead entries in
+    /// front of one are dropped, each passed to `dropped`.
+    fn fronts(
+        &mut self,
+        live: impl Fn(JobIdx, Era) -> bool,
+        mut out: impl FnMut(ClassIdx, JobKey, JobIdx),
+        mut dropped: impl FnMut(ClassIdx),
+    ) {
+        match self {
+            Entries::Few(v) => {
+                let mut i = 0;
+                while i < v.len() {
+                    let e = v[i];
+                    if !live(e.job, e.era) {
+                        v.remove(i);
+                        dropped(e.class);
+                        continue;
+                    }
+                    out(e.class, e.key, e.job);
+                    // On to the next class.
+                    i += v[i..].partition_point(|x| x.class == e.class);
+                }
+            }
+            Entries::Many(m) => {
+                let mut dead = Vec::new();
+                let mut from = Some((0, FIRST_KEY));
+                'descend: while let Some(start) = from.take() {
+                    // The class whose first live job was given, and how many
+                    // of its later entries were passed over since.
+                    let (mut given, mut passed) = (None, 0);
+                    for (&slot, &(j, era)) in m.range(start..) {
+                        let (class, key) = slot;
+                        if given == Some(class) {
+                            passed += 1;
+                            if passed == PASS_OVER {
+                                from = class.checked_add(1).map(|next| (next, FIRST_KEY));
+                                continue 'descend;
+                            }
+                            continue;
+                        }
+                        if !live(j, era) {
+                            dead.push(slot);
+                            continue;
+                        }
+                        out(class, key, j);
+                        (given, passed) = (Some(class), 0);
+                    }
+                }
+                for slot in dead {
+                    m.remove(&slot);
+                    dropped(slot.0);
+                }
+            }
+        }
+    }
+}
 
 /// One of a worker's two local queues.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Queue {
-    jobs: BTreeMap<Slot, (JobIdx, Era)>,
+    /// Each tenant's entries (a tenant with none is not listed).
+    tenants: BTreeMap<TenantIdx, Entries>,
+    /// Entries, dead ones included.
+    entries: usize,
     /// Dead entries (see the module doc).
     stale: usize,
     /// Entries (dead ones included) per class: a draw skips the walk when
@@ -89,9 +238,11 @@ impl Queue {
     /// Files `job`, of era `era`. A dead entry the job left at the same slot
     /// comes back to life.
     pub(crate) fn insert(&mut self, class: ClassIdx, tenant: TenantIdx, key: JobKey, job: JobIdx, era: Era) {
-        if self.jobs.insert((tenant, class, key), (job, era)).is_some() {
+        let entries = self.tenants.entry(tenant).or_insert_with(|| Entries::Few(Vec::new()));
+        if !entries.insert(Entry { class, job, key, era }) {
             self.stale -= 1;
         } else {
+            self.entries += 1;
             let c = class as usize;
             if self.classes.len() <= c {
                 self.classes.resize(c + 1, 0);
@@ -102,35 +253,45 @@ impl Queue {
 
     /// Removes one live job's entry; true if it was there.
     pub(crate) fn remove(&mut self, class: ClassIdx, tenant: TenantIdx, key: JobKey) -> bool {
-        if self.jobs.remove(&(tenant, class, key)).is_none() {
+        let Some(entries) = self.tenants.get_mut(&tenant) else { return false };
+        if !entries.remove(class, key) {
             return false;
         }
+        if entries.is_empty() {
+            self.tenants.remove(&tenant);
+        }
+        self.entries -= 1;
         self.classes[class as usize] -= 1;
         true
     }
 
     /// Live entries.
     pub(crate) fn len(&self) -> usize {
-        self.jobs.len() - self.stale
+        self.entries - self.stale
     }
 
     /// One of this queue's entries died: its job left the queues. True when
     /// it is time to [`Queue::compact`].
     pub(crate) fn left(&mut self) -> bool {
         self.stale += 1;
-        self.stale >= SWEEP_AFTER && self.stale * 3 > self.jobs.len()
+        self.stale >= SWEEP_AFTER && self.stale * 3 > self.entries
     }
 
     /// Drops every dead entry.
     pub(crate) fn compact(&mut self, live: impl Fn(JobIdx, Era) -> bool) {
-        let classes = &mut self.classes;
-        self.jobs.retain(|&(_, class, _), &mut (j, era)| {
-            let keep = live(j, era);
-            if !keep {
-                classes[class as usize] -= 1;
-            }
-            keep
+        let (classes, removed) = (&mut self.classes, &mut 0);
+        self.tenants.retain(|_, entries| {
+            entries.retain(|e| {
+                let keep = live(e.job, e.era);
+                if !keep {
+                    classes[e.class as usize] -= 1;
+                    *removed += 1;
+                }
+                keep
+            });
+            !entries.is_empty()
         });
+        self.entries -= *removed;
         self.stale = 0;
     }
 
@@ -140,82 +301,78 @@ impl Queue {
     }
 
     /// The first live job of each class `tenant` has here, in class order,
-    /// into `out`; dead entries met on the way are dropped. One descent,
-    /// then a walk along the tenant's entries (they are adjacent), passing over the rest of a
-    /// class once it gave its first live job; a class with more than a few
-    /// entries left is passed over with one more descent instead.
+    /// into `out`; dead entries met on the way are dropped. One descent into
+    /// the map of tenants, then a walk along the tenant's few entries (or,
+    /// for a tenant with many, a descent into its own map and a walk that
+    /// passes over the rest of a class once it gave its first live job,
+    /// descending again after a few).
     pub(crate) fn fronts(
         &mut self,
         tenant: TenantIdx,
         live: impl Fn(JobIdx, Era) -> bool,
-        mut out: impl FnMut(ClassIdx, JobKey, JobIdx),
+        out: impl FnMut(ClassIdx, JobKey, JobIdx),
     ) {
-        let mut dead = Vec::new();
-        let mut from = Some((tenant, 0, FIRST_KEY));
-        'descend: while let Some(start) = from.take() {
-            // The class whose first live job was given, and how many of its
-            // later entries were passed over since.
-            let (mut given, mut passed) = (None, 0);
-            for (&slot, &(j, era)) in self.jobs.range(start..) {
-                let (t, class, key) = slot;
-                if t != tenant {
-                    break 'descend;
-                }
-                if given == Some(class) {
-                    passed += 1;
-                    if passed == PASS_OVER {
-                        from = class.checked_add(1).map(|next| (tenant, next, FIRST_KEY));
-                        continue 'descend;
-                    }
-                    continue;
-                }
-                if !live(j, era) {
-                    dead.push(slot);
-                    continue;
-                }
-                out(class, key, j);
-                (given, passed) = (Some(class), 0);
-            }
+        let Some(entries) = self.tenants.get_mut(&tenant) else { return };
+        let (classes, dropped) = (&mut self.classes, &mut 0);
+        entries.fronts(live, out, |class| {
+            classes[class as usize] -= 1;
+            *dropped += 1;
+        });
+        if entries.is_empty() {
+            self.tenants.remove(&tenant);
         }
-        for slot in dead {
-            self.jobs.remove(&slot);
-            self.stale -= 1;
-            self.classes[slot.1 as usize] -= 1;
-        }
+        self.entries -= *dropped;
+        self.stale -= *dropped;
     }
 
     /// Every live job here, in tenant, class and job order.
     pub(crate) fn jobs(&self, live: impl Fn(JobIdx, Era) -> bool) -> impl Iterator<Item = JobIdx> {
-        self.jobs.iter().filter(move |&(_, &(j, era))| live(j, era)).map(|(_, &(j, _))| j)
+        self.tenants.values().flat_map(Entries::iter).filter(move |e| live(e.job, e.era)).map(|e| e.job)
     }
 
     /// Empties the queue, returning its live jobs with their tenants.
     pub(crate) fn take_all(&mut self, live: impl Fn(JobIdx, Era) -> bool) -> Vec<(TenantIdx, JobIdx)> {
         self.stale = 0;
+        self.entries = 0;
         self.classes.clear();
-        std::mem::take(&mut self.jobs)
-            .into_iter()
-            .filter(|&(_, (j, era))| live(j, era))
-            .map(|((t, _, _), (j, _))| (t, j))
-            .collect()
+        let tenants = std::mem::take(&mut self.tenants);
+        let mut all = Vec::new();
+        for (t, entries) in &tenants {
+            all.extend(entries.iter().filter(|e| live(e.job, e.era)).map(|e| (*t, e.job)));
+        }
+        all
     }
 
     /// Entries, dead ones included (for the invariant checks).
     pub(crate) fn entries(&self) -> usize {
-        self.jobs.len()
+        self.entries
     }
 
-    /// Whether the per-class counts match the entries (for the invariant
+    /// Whether the counts of entries, in all and per class, match the
+    /// entries, no tenant is listed without entries, and each tenant's few
+    /// entries are a sorted vector of at most [`FEW`] (for the invariant
     /// checks).
     pub(crate) fn classes_agree(&self) -> bool {
         let mut counts = vec![0u32; self.classes.len()];
-        for &(_, class, _) in self.jobs.keys() {
-            match counts.get_mut(class as usize) {
-                Some(n) => *n += 1,
-                None => return false,
+        let mut total = 0;
+        for entries in self.tenants.values() {
+            if entries.is_empty() {
+                return false;
+            }
+            if let Entries::Few(v) = entries
+                && (v.len() > FEW || !v.windows(2).all(|p| (p[0].class, p[0].key) < (p[1].class, p[1].key)))
+            {
+                return false;
+            }
+            for e in entries.iter() {
+                match counts.get_mut(e.class as usize) {
+                    Some(n) => *n += 1,
+                    None => return false,
+                }
+                total += 1;
             }
         }
-        counts == self.classes
+        counts == self.classes && total == self.entries
     }
 }
 
@@ -243,10 +400,10 @@ impl GlobalQueue {
     /// Files `job`.
     pub(crate) fn insert(&mut self, class: ClassIdx, tenant: TenantIdx, key: JobKey, job: JobIdx) {
         match self.groups.entry((tenant, class)) {
-            Entry::Vacant(e) => {
+            btree_map::Entry::Vacant(e) => {
                 e.insert(Group { first: (key, job), jobs: BTreeMap::from([(key, job)]) });
             }
-            Entry::Occupied(mut e) => {
+            btree_map::Entry::Occupied(mut e) => {
                 let group = e.get_mut();
                 if group.jobs.insert(key, job).is_some() {
                     return;
@@ -266,7 +423,7 @@ impl GlobalQueue {
 
     /// Removes a job; true if it was there.
     pub(crate) fn remove(&mut self, class: ClassIdx, tenant: TenantIdx, key: JobKey) -> bool {
-        let Entry::Occupied(mut e) = self.groups.entry((tenant, class)) else { return false };
+        let btree_map::Entry::Occupied(mut e) = self.groups.entry((tenant, class)) else { return false };
         let group = e.get_mut();
         if group.jobs.remove(&key).is_none() {
             return false;
@@ -398,18 +555,33 @@ mod tests {
     }
 
     #[test]
-    fn fronts_pass_over_a_long_class_with_a_new_descent() {
-        let mut q = Queue::default();
-        for seq in 0..20 {
-            q.insert(0, 1, key(0, seq), seq as JobIdx, 0);
+    fn few_or_many_entries_give_the_same_fronts() {
+        // A tenant with few entries keeps them in a vector, one with more
+        // than `FEW` in a map (and a class with many is passed over with a
+        // new descent): the fronts and the dead entries dropped are the same.
+        for n in [20, FEW as u64 + 10] {
+            let mut q = Queue::default();
+            for seq in 0..n {
+                q.insert(0, 1, key(0, seq), seq as JobIdx, 0);
+            }
+            q.insert(1, 1, key(0, 100), 100, 0);
+            q.insert(3, 1, key(0, 101), 101, 0);
+            q.insert(3, 1, key(0, 102), 102, 0);
+            q.insert(0, 2, key(0, 103), 103, 0);
+            let many = matches!(q.tenants[&1], Entries::Many(_));
+            assert_eq!(many, n > FEW as u64, "{n} entries");
+            let dead = BTreeSet::from([0, 1, 101]);
+            assert!(!q.left() && !q.left() && !q.left());
+            assert_eq!(fronts(&mut q, 1, &dead), vec![(0, 2), (1, 100), (3, 102)]);
+            assert_eq!(q.entries() as u64, n + 1, "the dead entries at the fronts went, the rest stay");
+            assert!(q.classes_agree() && q.len() == q.entries());
+            for seq in 2..n {
+                assert!(q.remove(0, 1, key(0, seq)));
+            }
+            assert!(q.remove(1, 1, key(0, 100)) && q.remove(3, 1, key(0, 102)));
+            assert!(!q.tenants.contains_key(&1), "a tenant without entries is not listed");
+            assert_eq!(fronts(&mut q, 2, &dead), vec![(0, 103)]);
         }
-        q.insert(1, 1, key(0, 50), 50, 0);
-        q.insert(3, 1, key(0, 51), 51, 0);
-        q.insert(0, 2, key(0, 52), 52, 0);
-        let dead = BTreeSet::from([0, 1, 51]);
-        assert!(!q.left() && !q.left() && !q.left());
-        assert_eq!(fronts(&mut q, 1, &dead), vec![(0, 2), (1, 50)]);
-        assert_eq!(q.entries(), 20, "the dead entries at the fronts went, the rest stay");
     }
 
     #[test]
