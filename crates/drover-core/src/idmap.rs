@@ -1,11 +1,13 @@
-//! Hashed indexes by [`JobId`] that cannot be iterated in hash order.
+//! Hashed indexes by [`JobId`] (and [`RunId`]) that cannot be iterated in
+//! hash order.
 //!
 //! The scheduler looks jobs and artifacts up by their 32-byte content ID on
-//! every event (dedup, artifact holders, readers of a dependency). In an
-//! ordered map each such lookup is a descent through a handful of nodes,
-//! each a run of 32-byte comparisons and most of them cache misses; a hash
+//! every event (dedup, artifact holders, readers of a dependency), and runs
+//! by their ID on every report from a worker. In an ordered map each such
+//! lookup is a descent through a handful of nodes, most of them cache
+//! misses (and, for job IDs, each a run of 32-byte comparisons); a hash
 //! table answers with one or two. A job ID is already a digest, so hashing
-//! it is a few multiplications.
+//! it is a few multiplications; a run ID is one word.
 //!
 //! The core must never let hash order reach a decision (see ARCHITECTURE.md,
 //! "Architecture invariants"). [`IdMap`] and [`IdSet`] therefore offer
@@ -18,9 +20,11 @@
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
-use std::hash::{BuildHasher, Hasher};
+use std::hash::{BuildHasher, Hash, Hasher};
 
 use crate::types::JobId;
+#[cfg(doc)]
+use crate::types::RunId;
 
 /// Hashes a [`JobId`]: all 32 bytes folded, 8 at a time, with a multiply per
 /// word. Fixed, so the table's layout (never observed) is reproducible too.
@@ -41,6 +45,10 @@ impl Hasher for IdHasher {
         for &b in chunks.remainder() {
             self.state = (self.state.rotate_left(8) ^ u64::from(b)).wrapping_mul(MIX);
         }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.state = (self.state.rotate_left(23) ^ n).wrapping_mul(MIX);
     }
 
     fn write_usize(&mut self, n: usize) {
@@ -66,42 +74,50 @@ impl BuildHasher for IdHash {
     }
 }
 
-/// A map from job ID to `V`: lookups, insertion and removal; no iteration
-/// except in ID order ([`IdMap::sorted`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct IdMap<V> {
-    map: HashMap<JobId, V, IdHash>,
+/// A map from job ID (or another ID, `K`) to `V`: lookups, insertion and
+/// removal; no iteration except in ID order ([`IdMap::sorted`]).
+#[derive(Clone, Debug)]
+pub(crate) struct IdMap<V, K = JobId> {
+    map: HashMap<K, V, IdHash>,
 }
 
-impl<V> Default for IdMap<V> {
+impl<V: PartialEq, K: Eq + Hash> PartialEq for IdMap<V, K> {
+    fn eq(&self, other: &Self) -> bool {
+        self.map == other.map
+    }
+}
+
+impl<V: Eq, K: Eq + Hash> Eq for IdMap<V, K> {}
+
+impl<V, K> Default for IdMap<V, K> {
     fn default() -> Self {
         IdMap { map: HashMap::default() }
     }
 }
 
-impl<V> IdMap<V> {
-    pub(crate) fn get(&self, id: &JobId) -> Option<&V> {
+impl<V, K: Copy + Ord + Hash> IdMap<V, K> {
+    pub(crate) fn get(&self, id: &K) -> Option<&V> {
         self.map.get(id)
     }
 
-    pub(crate) fn get_mut(&mut self, id: &JobId) -> Option<&mut V> {
+    pub(crate) fn get_mut(&mut self, id: &K) -> Option<&mut V> {
         self.map.get_mut(id)
     }
 
-    pub(crate) fn contains(&self, id: &JobId) -> bool {
+    pub(crate) fn contains(&self, id: &K) -> bool {
         self.map.contains_key(id)
     }
 
-    pub(crate) fn insert(&mut self, id: JobId, value: V) -> Option<V> {
+    pub(crate) fn insert(&mut self, id: K, value: V) -> Option<V> {
         self.map.insert(id, value)
     }
 
-    pub(crate) fn remove(&mut self, id: &JobId) -> Option<V> {
+    pub(crate) fn remove(&mut self, id: &K) -> Option<V> {
         self.map.remove(id)
     }
 
     /// The value under `id`, inserted as `V::default()` if absent.
-    pub(crate) fn entry_or_default(&mut self, id: JobId) -> &mut V
+    pub(crate) fn entry_or_default(&mut self, id: K) -> &mut V
     where
         V: Default,
     {
@@ -116,8 +132,8 @@ impl<V> IdMap<V> {
     }
 
     /// Every entry, in ID order (costs a sort: not for hot paths).
-    pub(crate) fn sorted(&self) -> Vec<(&JobId, &V)> {
-        let mut all: Vec<(&JobId, &V)> = self.map.iter().collect();
+    pub(crate) fn sorted(&self) -> Vec<(&K, &V)> {
+        let mut all: Vec<(&K, &V)> = self.map.iter().collect();
         all.sort_unstable_by_key(|(id, _)| **id);
         all
     }

@@ -21,6 +21,7 @@ mod idmap;
 mod policy;
 mod queue;
 mod quota;
+mod readers;
 mod resources;
 mod rng;
 mod scheduler;

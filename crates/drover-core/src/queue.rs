@@ -1,6 +1,6 @@
 //! Queues: the global queue and each worker's two local queues.
 //!
-//! A [`Queue`] files its jobs by tenant, then by job class (a class is a
+//! A queue files its jobs by tenant, then by job class (a class is a
 //! distinct combination of resource request, exclusive tokens and required
 //! labels), then in the tenant's job order. Which tenant goes next is not the
 //! queue's business: the scheduler keeps one order of all tenants with queued
@@ -10,13 +10,21 @@
 //! however many queues hold its jobs; and a worker looks at each class of a
 //! tenant with one resource check, not at every job.
 //!
-//! A queue is one ordered map keyed by (tenant, class, job order), so adding
-//! a job is one descent, and a tenant's first job of each class is one
-//! descent per class. The global queue, which holds most of the backlog,
-//! also keeps the first job of each (tenant, class) in a small map of its
-//! own ([`Queue::with_heads`]): a draw then reads a tenant's fronts there
-//! with one descent into a map that stays in cache, instead of one descent
-//! per class into the big one.
+//! A local queue ([`Queue`]) is a small ordered map of tenants, each with
+//! its entries in class then job order: a sorted vector while they are few
+//! (a worker's local queue holds a few of most tenants' jobs), an ordered
+//! map of their own once they are many (so that filing one stays a descent).
+//! A draw reads a tenant's fronts with one descent into the map of tenants,
+//! whose keys are four bytes, and a walk along the tenant's entries in a
+//! cache line or two, where one map keyed by (tenant, class, job order)
+//! took a descent through nodes of 32-byte keys.
+//!
+//! The global queue ([`GlobalQueue`]), which holds most of the backlog, is
+//! one small ordered map of (tenant, class) groups, each with its first job
+//! at hand and its jobs in an ordered map of their own: a draw reads a
+//! tenant's fronts with one descent into the small map, which stays in
+//! cache, and a job leaving descends only into its own group's map, a few
+//! levels shallower than one map of the whole backlog would be.
 //!
 //! **Leaving the local queues lazily.** A queued job sits in several queues
 //! at once (the first queues of the holders of its result, the second
@@ -32,9 +40,11 @@
 //! live ones is swept in one pass ([`Queue::compact`]), so they never take
 //! more than half again the room of the live ones. Nothing outside this
 //! module sees a dead entry: every reader passes a liveness test. The
-//! global queue leaves eagerly, so its heads index is always exact.
+//! global queue leaves eagerly, so the first job of each of its groups is
+//! always exact.
 
 use std::collections::BTreeMap;
+use std::collections::btree_map;
 
 /// Index of an interned job class.
 pub(crate) type ClassIdx = u32;
@@ -57,102 +67,231 @@ pub(crate) struct JobKey {
     pub(crate) seq: u64,
 }
 
-/// Where a job is filed in a queue: its tenant, its class, then its order
-/// among that tenant's jobs of the class.
-type Slot = (TenantIdx, ClassIdx, JobKey);
-
 const FIRST_KEY: JobKey = JobKey { order: [0; 2], seq: 0 };
 
 /// Dead entries a queue tolerates before it is swept, whatever its size.
 const SWEEP_AFTER: usize = 32;
 
-/// One queue: the global queue, or one of a worker's two local queues.
+/// Most entries a tenant keeps in a sorted vector in one local queue; beyond
+/// that, an ordered map (so that filing one stays a descent, not a shift of
+/// the whole vector).
+const FEW: usize = 32;
+
+/// Entries of a class [`Queue::fronts`] walks past in a tenant's ordered
+/// map after the class's first live job before it descends again to the
+/// next class instead.
+const PASS_OVER: u32 = 8;
+
+/// One entry of a local queue: a job of the tenant, with its slot's era.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Entry {
+    class: ClassIdx,
+    job: JobIdx,
+    key: JobKey,
+    era: Era,
+}
+
+/// A tenant's entries in one local queue, in class then job order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Entries {
+    /// At most [`FEW`]: a draw reads them in a cache line or two.
+    Few(Vec<Entry>),
+    Many(BTreeMap<(ClassIdx, JobKey), (JobIdx, Era)>),
+}
+
+impl Entries {
+    /// Files an entry; false if it was there already (a dead entry of the
+    /// same job, which comes back to life).
+    fn insert(&mut self, e: Entry) -> bool {
+        match self {
+            Entries::Few(v) => match v.binary_search_by(|x| (x.class, x.key).cmp(&(e.class, e.key))) {
+                Ok(i) => {
+                    v[i] = e;
+                    false
+                }
+                Err(i) => {
+                    v.insert(i, e);
+                    if v.len() > FEW {
+                        let map = v.iter().map(|x| ((x.class, x.key), (x.job, x.era))).collect();
+                        *self = Entries::Many(map);
+                    }
+                    true
+                }
+            },
+            Entries::Many(m) => m.insert((e.class, e.key), (e.job, e.era)).is_none(),
+        }
+    }
+
+    /// Takes an entry out; true if it was there.
+    fn remove(&mut self, class: ClassIdx, key: JobKey) -> bool {
+        match self {
+            Entries::Few(v) => match v.binary_search_by(|x| (x.class, x.key).cmp(&(class, key))) {
+                Ok(i) => {
+                    v.remove(i);
+                    true
+                }
+                Err(_) => false,
+            },
+            Entries::Many(m) => m.remove(&(class, key)).is_some(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        match self {
+            Entries::Few(v) => v.is_empty(),
+            Entries::Many(m) => m.is_empty(),
+        }
+    }
+
+    /// Every entry, in class then job order.
+    fn iter(&self) -> Box<dyn Iterator<Item = Entry> + '_> {
+        match self {
+            Entries::Few(v) => Box::new(v.iter().copied()),
+            Entries::Many(m) => {
+                Box::new(m.iter().map(|(&(class, key), &(job, era))| Entry { class, job, key, era }))
+            }
+        }
+    }
+
+    /// Keeps the entries `keep` accepts.
+    fn retain(&mut self, mut keep: impl FnMut(&Entry) -> bool) {
+        match self {
+            Entries::Few(v) => v.retain(|e| keep(e)),
+            Entries::Many(m) => {
+                m.retain(|&(class, key), &mut (job, era)| keep(&Entry { class, job, key, era }));
+            }
+        }
+    }
+
+    /// The first live entry of each class, into `out`; the dead entries in
+    /// front of one are dropped, each passed to `dropped`.
+    fn fronts(
+        &mut self,
+        live: impl Fn(JobIdx, Era) -> bool,
+        mut out: impl FnMut(ClassIdx, JobKey, JobIdx),
+        mut dropped: impl FnMut(ClassIdx),
+    ) {
+        match self {
+            Entries::Few(v) => {
+                let mut i = 0;
+                while i < v.len() {
+                    let e = v[i];
+                    if !live(e.job, e.era) {
+                        v.remove(i);
+                        dropped(e.class);
+                        continue;
+                    }
+                    out(e.class, e.key, e.job);
+                    // On to the next class.
+                    i += v[i..].partition_point(|x| x.class == e.class);
+                }
+            }
+            Entries::Many(m) => {
+                let mut dead = Vec::new();
+                let mut from = Some((0, FIRST_KEY));
+                'descend: while let Some(start) = from.take() {
+                    // The class whose first live job was given, and how many
+                    // of its later entries were passed over since.
+                    let (mut given, mut passed) = (None, 0);
+                    for (&slot, &(j, era)) in m.range(start..) {
+                        let (class, key) = slot;
+                        if given == Some(class) {
+                            passed += 1;
+                            if passed == PASS_OVER {
+                                from = class.checked_add(1).map(|next| (next, FIRST_KEY));
+                                continue 'descend;
+                            }
+                            continue;
+                        }
+                        if !live(j, era) {
+                            dead.push(slot);
+                            continue;
+                        }
+                        out(class, key, j);
+                        (given, passed) = (Some(class), 0);
+                    }
+                }
+                for slot in dead {
+                    m.remove(&slot);
+                    dropped(slot.0);
+                }
+            }
+        }
+    }
+}
+
+/// One of a worker's two local queues.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Queue {
-    jobs: BTreeMap<Slot, (JobIdx, Era)>,
+    /// Each tenant's entries (a tenant with none is not listed).
+    tenants: BTreeMap<TenantIdx, Entries>,
+    /// Entries, dead ones included.
+    entries: usize,
     /// Dead entries (see the module doc).
     stale: usize,
-    /// With [`Queue::with_heads`]: the first job of each (tenant, class).
-    heads: Option<BTreeMap<(TenantIdx, ClassIdx), (JobKey, JobIdx)>>,
     /// Entries (dead ones included) per class: a draw skips the walk when
     /// no class it could take has any.
     classes: Vec<u32>,
 }
 
 impl Queue {
-    /// A queue that also indexes the first job of each (tenant, class): for
-    /// a big queue, where that saves a descent per class on every draw. Its
-    /// jobs must leave it eagerly ([`Queue::remove`]), never by
-    /// [`Queue::left`].
-    pub(crate) fn with_heads() -> Queue {
-        Queue { heads: Some(BTreeMap::new()), ..Queue::default() }
-    }
-
     /// Files `job`, of era `era`. A dead entry the job left at the same slot
     /// comes back to life.
     pub(crate) fn insert(&mut self, class: ClassIdx, tenant: TenantIdx, key: JobKey, job: JobIdx, era: Era) {
-        if self.jobs.insert((tenant, class, key), (job, era)).is_some() {
+        let entries = self.tenants.entry(tenant).or_insert_with(|| Entries::Few(Vec::new()));
+        if !entries.insert(Entry { class, job, key, era }) {
             self.stale -= 1;
         } else {
+            self.entries += 1;
             let c = class as usize;
             if self.classes.len() <= c {
                 self.classes.resize(c + 1, 0);
             }
             self.classes[c] += 1;
         }
-        if let Some(heads) = &mut self.heads {
-            let head = heads.entry((tenant, class)).or_insert((key, job));
-            if key < head.0 {
-                *head = (key, job);
-            }
-        }
     }
 
     /// Removes one live job's entry; true if it was there.
     pub(crate) fn remove(&mut self, class: ClassIdx, tenant: TenantIdx, key: JobKey) -> bool {
-        if self.jobs.remove(&(tenant, class, key)).is_none() {
+        let Some(entries) = self.tenants.get_mut(&tenant) else { return false };
+        if !entries.remove(class, key) {
             return false;
         }
-        self.classes[class as usize] -= 1;
-        if let Some(heads) = &mut self.heads
-            && heads.get(&(tenant, class)).is_some_and(|head| head.0 == key)
-        {
-            // The next job of the class, if any, heads it now.
-            match self.jobs.range((tenant, class, key)..).next() {
-                Some((&(t, c, next), &(j, _))) if (t, c) == (tenant, class) => {
-                    heads.insert((tenant, class), (next, j));
-                }
-                _ => {
-                    heads.remove(&(tenant, class));
-                }
-            }
+        if entries.is_empty() {
+            self.tenants.remove(&tenant);
         }
+        self.entries -= 1;
+        self.classes[class as usize] -= 1;
         true
     }
 
     /// Live entries.
     pub(crate) fn len(&self) -> usize {
-        self.jobs.len() - self.stale
+        self.entries - self.stale
     }
 
     /// One of this queue's entries died: its job left the queues. True when
     /// it is time to [`Queue::compact`].
     pub(crate) fn left(&mut self) -> bool {
-        debug_assert!(self.heads.is_none(), "a queue with heads is left eagerly");
         self.stale += 1;
-        self.stale >= SWEEP_AFTER && self.stale * 3 > self.jobs.len()
+        self.stale >= SWEEP_AFTER && self.stale * 3 > self.entries
     }
 
     /// Drops every dead entry.
     pub(crate) fn compact(&mut self, live: impl Fn(JobIdx, Era) -> bool) {
-        let classes = &mut self.classes;
-        self.jobs.retain(|&(_, class, _), &mut (j, era)| {
-            let keep = live(j, era);
-            if !keep {
-                classes[class as usize] -= 1;
-            }
-            keep
+        let (classes, removed) = (&mut self.classes, &mut 0);
+        self.tenants.retain(|_, entries| {
+            entries.retain(|e| {
+                let keep = live(e.job, e.era);
+                if !keep {
+                    classes[e.class as usize] -= 1;
+                    *removed += 1;
+                }
+                keep
+            });
+            !entries.is_empty()
         });
+        self.entries -= *removed;
         self.stale = 0;
     }
 
@@ -162,106 +301,181 @@ impl Queue {
     }
 
     /// The first live job of each class `tenant` has here, in class order,
-    /// into `out`; dead entries met on the way are dropped. One descent per
-    /// class (and one more per dead entry); with heads, one descent in all.
+    /// into `out`; dead entries met on the way are dropped. One descent into
+    /// the map of tenants, then a walk along the tenant's few entries (or,
+    /// for a tenant with many, a descent into its own map and a walk that
+    /// passes over the rest of a class once it gave its first live job,
+    /// descending again after a few).
     pub(crate) fn fronts(
         &mut self,
         tenant: TenantIdx,
         live: impl Fn(JobIdx, Era) -> bool,
-        mut out: impl FnMut(ClassIdx, JobKey, JobIdx),
+        out: impl FnMut(ClassIdx, JobKey, JobIdx),
     ) {
-        if let Some(heads) = &self.heads {
-            for (&(_, class), &(key, j)) in heads.range((tenant, 0)..=(tenant, ClassIdx::MAX)) {
-                out(class, key, j);
-            }
-            return;
+        let Some(entries) = self.tenants.get_mut(&tenant) else { return };
+        let (classes, dropped) = (&mut self.classes, &mut 0);
+        entries.fronts(live, out, |class| {
+            classes[class as usize] -= 1;
+            *dropped += 1;
+        });
+        if entries.is_empty() {
+            self.tenants.remove(&tenant);
         }
-        let mut from = (tenant, 0, FIRST_KEY);
-        while let Some((&slot, &(j, era))) = self.jobs.range(from..).next() {
-            let (t, class, key) = slot;
-            if t != tenant {
-                return;
-            }
-            if !live(j, era) {
-                self.jobs.remove(&slot);
-                self.stale -= 1;
-                self.classes[class as usize] -= 1;
-                continue;
-            }
-            out(class, key, j);
-            let Some(next) = class.checked_add(1) else { return };
-            from = (tenant, next, FIRST_KEY);
-        }
-    }
-
-    /// Like [`Queue::fronts`], without dropping dead entries (they are
-    /// stepped over).
-    pub(crate) fn peek_fronts(
-        &self,
-        tenant: TenantIdx,
-        live: impl Fn(JobIdx, Era) -> bool,
-    ) -> impl Iterator<Item = (ClassIdx, JobKey, JobIdx)> {
-        let mut from = Some(0);
-        std::iter::from_fn(move || {
-            let class = from?;
-            let mut entries = self.jobs.range((tenant, class, FIRST_KEY)..);
-            let (&(t, c, key), &(j, _)) =
-                entries.find(|&(&(t, _, _), &(j, era))| t != tenant || live(j, era))?;
-            if t != tenant {
-                from = None;
-                return None;
-            }
-            from = c.checked_add(1);
-            Some((c, key, j))
-        })
+        self.entries -= *dropped;
+        self.stale -= *dropped;
     }
 
     /// Every live job here, in tenant, class and job order.
     pub(crate) fn jobs(&self, live: impl Fn(JobIdx, Era) -> bool) -> impl Iterator<Item = JobIdx> {
-        self.jobs.iter().filter(move |&(_, &(j, era))| live(j, era)).map(|(_, &(j, _))| j)
+        self.tenants.values().flat_map(Entries::iter).filter(move |e| live(e.job, e.era)).map(|e| e.job)
     }
 
     /// Empties the queue, returning its live jobs with their tenants.
     pub(crate) fn take_all(&mut self, live: impl Fn(JobIdx, Era) -> bool) -> Vec<(TenantIdx, JobIdx)> {
         self.stale = 0;
+        self.entries = 0;
         self.classes.clear();
-        if let Some(heads) = &mut self.heads {
-            heads.clear();
+        let tenants = std::mem::take(&mut self.tenants);
+        let mut all = Vec::new();
+        for (t, entries) in &tenants {
+            all.extend(entries.iter().filter(|e| live(e.job, e.era)).map(|e| (*t, e.job)));
         }
-        std::mem::take(&mut self.jobs)
-            .into_iter()
-            .filter(|&(_, (j, era))| live(j, era))
-            .map(|((t, _, _), (j, _))| (t, j))
-            .collect()
+        all
     }
 
     /// Entries, dead ones included (for the invariant checks).
     pub(crate) fn entries(&self) -> usize {
-        self.jobs.len()
+        self.entries
     }
 
-    /// Whether the per-class counts match the entries (for the invariant
+    /// Whether the counts of entries, in all and per class, match the
+    /// entries, no tenant is listed without entries, and each tenant's few
+    /// entries are a sorted vector of at most [`FEW`] (for the invariant
     /// checks).
     pub(crate) fn classes_agree(&self) -> bool {
         let mut counts = vec![0u32; self.classes.len()];
-        for &(_, class, _) in self.jobs.keys() {
-            match counts.get_mut(class as usize) {
-                Some(n) => *n += 1,
-                None => return false,
+        let mut total = 0;
+        for entries in self.tenants.values() {
+            if entries.is_empty() {
+                return false;
+            }
+            if let Entries::Few(v) = entries
+                && (v.len() > FEW || !v.windows(2).all(|p| (p[0].class, p[0].key) < (p[1].class, p[1].key)))
+            {
+                return false;
+            }
+            for e in entries.iter() {
+                match counts.get_mut(e.class as usize) {
+                    Some(n) => *n += 1,
+                    None => return false,
+                }
+                total += 1;
             }
         }
-        counts == self.classes
+        counts == self.classes && total == self.entries
+    }
+}
+
+/// The jobs of one (tenant, class) in the global queue.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Group {
+    /// The first of `jobs`, at hand for a draw.
+    first: (JobKey, JobIdx),
+    jobs: BTreeMap<JobKey, JobIdx>,
+}
+
+/// The global queue: jobs any worker may take. Its jobs leave it eagerly
+/// ([`GlobalQueue::remove`]); see the module doc for its layout.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct GlobalQueue {
+    groups: BTreeMap<(TenantIdx, ClassIdx), Group>,
+    /// Jobs in all groups.
+    len: usize,
+    /// Jobs per class: a draw skips the walk when no class it could take
+    /// has any.
+    classes: Vec<u32>,
+}
+
+impl GlobalQueue {
+    /// Files `job`.
+    pub(crate) fn insert(&mut self, class: ClassIdx, tenant: TenantIdx, key: JobKey, job: JobIdx) {
+        match self.groups.entry((tenant, class)) {
+            btree_map::Entry::Vacant(e) => {
+                e.insert(Group { first: (key, job), jobs: BTreeMap::from([(key, job)]) });
+            }
+            btree_map::Entry::Occupied(mut e) => {
+                let group = e.get_mut();
+                if group.jobs.insert(key, job).is_some() {
+                    return;
+                }
+                if key < group.first.0 {
+                    group.first = (key, job);
+                }
+            }
+        }
+        self.len += 1;
+        let c = class as usize;
+        if self.classes.len() <= c {
+            self.classes.resize(c + 1, 0);
+        }
+        self.classes[c] += 1;
     }
 
-    /// Whether the heads index (if kept) names exactly each (tenant,
-    /// class)'s first job (for the invariant checks).
-    pub(crate) fn heads_agree(&self) -> bool {
-        let Some(heads) = &self.heads else { return true };
-        let mut firsts: BTreeMap<(TenantIdx, ClassIdx), (JobKey, JobIdx)> = BTreeMap::new();
-        for (&(t, c, key), &(j, _)) in &self.jobs {
-            firsts.entry((t, c)).or_insert((key, j));
+    /// Removes a job; true if it was there.
+    pub(crate) fn remove(&mut self, class: ClassIdx, tenant: TenantIdx, key: JobKey) -> bool {
+        let btree_map::Entry::Occupied(mut e) = self.groups.entry((tenant, class)) else { return false };
+        let group = e.get_mut();
+        if group.jobs.remove(&key).is_none() {
+            return false;
         }
-        firsts == *heads
+        if group.first.0 == key {
+            // The next job of the group, if any, heads it now.
+            match group.jobs.first_key_value() {
+                Some((&next, &j)) => group.first = (next, j),
+                None => {
+                    e.remove();
+                }
+            }
+        }
+        self.len -= 1;
+        self.classes[class as usize] -= 1;
+        true
+    }
+
+    /// Jobs queued here.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether any job is of this class.
+    pub(crate) fn has_class(&self, class: ClassIdx) -> bool {
+        self.classes.get(class as usize).is_some_and(|&n| n > 0)
+    }
+
+    /// The first job of each class `tenant` has here, in class order: one
+    /// descent.
+    pub(crate) fn fronts(&self, tenant: TenantIdx) -> impl Iterator<Item = (ClassIdx, JobKey, JobIdx)> {
+        let groups = self.groups.range((tenant, 0)..=(tenant, ClassIdx::MAX));
+        groups.map(|(&(_, class), group)| (class, group.first.0, group.first.1))
+    }
+
+    /// Every job here, in tenant, class and job order.
+    pub(crate) fn jobs(&self) -> impl Iterator<Item = JobIdx> {
+        self.groups.values().flat_map(|group| group.jobs.values().copied())
+    }
+
+    /// Whether the count, the counts per class and each group's first job
+    /// match the jobs, and no group is empty (for the invariant checks).
+    pub(crate) fn agrees(&self) -> bool {
+        let mut counts = vec![0u32; self.classes.len()];
+        for (&(_, class), group) in &self.groups {
+            let Some(n) = counts.get_mut(class as usize) else { return false };
+            *n += group.jobs.len() as u32;
+            if group.jobs.first_key_value() != Some((&group.first.0, &group.first.1)) {
+                return false;
+            }
+        }
+        counts == self.classes && self.groups.values().map(|g| g.jobs.len()).sum::<usize>() == self.len
     }
 }
 
@@ -305,9 +519,9 @@ mod tests {
     }
 
     #[test]
-    fn a_queue_with_heads_gives_the_same_fronts() {
+    fn the_global_queue_gives_the_same_fronts() {
         let none = BTreeSet::new();
-        let (mut plain, mut headed) = (Queue::default(), Queue::with_heads());
+        let (mut local, mut global) = (Queue::default(), GlobalQueue::default());
         let ops: [(bool, ClassIdx, TenantIdx, JobKey, JobIdx); 9] = [
             (true, 2, 1, key(0, 1), 10),
             (true, 0, 1, key(0, 2), 20),
@@ -319,23 +533,55 @@ mod tests {
             (false, 0, 1, key(0, 2), 20),
             (false, 0, 1, key(9, 5), 50),
         ];
+        let global_fronts = |q: &GlobalQueue, t| q.fronts(t).map(|(c, _, j)| (c, j)).collect::<Vec<_>>();
         for (add, class, tenant, k, j) in ops {
-            for q in [&mut plain, &mut headed] {
-                if add {
-                    q.insert(class, tenant, k, j, 0);
-                } else {
-                    assert!(q.remove(class, tenant, k));
-                }
+            if add {
+                local.insert(class, tenant, k, j, 0);
+                global.insert(class, tenant, k, j);
+            } else {
+                assert!(local.remove(class, tenant, k) && global.remove(class, tenant, k));
+                assert!(!global.remove(class, tenant, k), "already gone");
             }
-            assert!(headed.heads_agree(), "after {add} {class} {tenant} {j}");
+            assert!(global.agrees(), "after {add} {class} {tenant} {j}");
+            assert_eq!(global.len(), local.len());
+            assert_eq!(global.jobs().collect::<Vec<_>>(), local.jobs(live(&none)).collect::<Vec<_>>());
             for t in [1, 2, 3] {
-                assert_eq!(fronts(&mut plain, t, &none), fronts(&mut headed, t, &none));
-                let peeked: Vec<_> = headed.peek_fronts(t, live(&none)).map(|(c, _, j)| (c, j)).collect();
-                assert_eq!(peeked, fronts(&mut headed, t, &none));
+                assert_eq!(fronts(&mut local, t, &none), global_fronts(&global, t));
             }
         }
-        assert_eq!(fronts(&mut headed, 2, &none), vec![(0, 40)]);
-        assert_eq!(fronts(&mut headed, 1, &none), vec![]);
+        assert_eq!(global_fronts(&global, 2), vec![(0, 40)]);
+        assert_eq!(global_fronts(&global, 1), vec![]);
+        assert!(!global.has_class(2) && global.has_class(0));
+    }
+
+    #[test]
+    fn few_or_many_entries_give_the_same_fronts() {
+        // A tenant with few entries keeps them in a vector, one with more
+        // than `FEW` in a map (and a class with many is passed over with a
+        // new descent): the fronts and the dead entries dropped are the same.
+        for n in [20, FEW as u64 + 10] {
+            let mut q = Queue::default();
+            for seq in 0..n {
+                q.insert(0, 1, key(0, seq), seq as JobIdx, 0);
+            }
+            q.insert(1, 1, key(0, 100), 100, 0);
+            q.insert(3, 1, key(0, 101), 101, 0);
+            q.insert(3, 1, key(0, 102), 102, 0);
+            q.insert(0, 2, key(0, 103), 103, 0);
+            let many = matches!(q.tenants[&1], Entries::Many(_));
+            assert_eq!(many, n > FEW as u64, "{n} entries");
+            let dead = BTreeSet::from([0, 1, 101]);
+            assert!(!q.left() && !q.left() && !q.left());
+            assert_eq!(fronts(&mut q, 1, &dead), vec![(0, 2), (1, 100), (3, 102)]);
+            assert_eq!(q.entries() as u64, n + 1, "the dead entries at the fronts went, the rest stay");
+            assert!(q.classes_agree() && q.len() == q.entries());
+            for seq in 2..n {
+                assert!(q.remove(0, 1, key(0, seq)));
+            }
+            assert!(q.remove(1, 1, key(0, 100)) && q.remove(3, 1, key(0, 102)));
+            assert!(!q.tenants.contains_key(&1), "a tenant without entries is not listed");
+            assert_eq!(fronts(&mut q, 2, &dead), vec![(0, 103)]);
+        }
     }
 
     #[test]
@@ -365,8 +611,7 @@ mod tests {
         assert!(!q.left() && !q.left(), "two dead entries are no reason to sweep");
         assert_eq!(q.len(), 1);
         assert_eq!(q.jobs(live(&dead)).collect::<Vec<_>>(), vec![2]);
-        assert_eq!(q.peek_fronts(1, live(&dead)).map(|(c, _, j)| (c, j)).collect::<Vec<_>>(), vec![(0, 2)]);
-        assert_eq!(q.entries(), 3, "peeking drops nothing");
+        assert_eq!(q.entries(), 3, "counting drops nothing");
         assert_eq!(
             fronts(&mut q, 1, &dead),
             vec![(0, 2)],

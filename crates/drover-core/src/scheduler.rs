@@ -20,8 +20,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::idmap::{IdMap, IdSet};
 use crate::policy::{Policy, QueueKey, TenantKey, VictimTier};
-use crate::queue::{ClassIdx, Era, JobIdx, JobKey, Queue, TenantIdx};
+use crate::queue::{ClassIdx, Era, GlobalQueue, JobIdx, JobKey, Queue, TenantIdx};
 use crate::quota::{Amounts, QueueIdx, Queues};
+use crate::readers::Readers;
 use crate::resources::{ClassKey, TokenIdx, WorkerResources};
 use crate::rng::SplitMix64;
 use crate::types::{
@@ -125,7 +126,9 @@ struct Worker {
     first: Queue,
     second: Queue,
     held: IdSet,
-    runs: BTreeSet<RunId>,
+    /// Its runs in flight, in ID order (a new run has the highest ID yet, so
+    /// it goes last).
+    runs: Vec<RunId>,
     /// A job this worker is draining resources for.
     reserved: Option<JobIdx>,
 }
@@ -297,16 +300,18 @@ pub struct Scheduler {
     /// when the slot's job leaves the queues and when the slot is freed, so
     /// an entry never outlives its job's stay in the queues or names the
     /// slot's next job. Kept apart from the jobs so that a sweep's liveness
-    /// test reads four bytes per entry, not a job.
+    /// test reads eight bytes per entry, not a job.
     eras: Vec<Era>,
     free_jobs: Vec<JobIdx>,
     job_index: IdMap<JobIdx>,
-    runs: BTreeMap<RunId, Run>,
+    /// Hashed: nothing visits the runs in order (the invariant checks sort
+    /// them).
+    runs: IdMap<Run, RunId>,
     /// Runs suspended by an eviction that wait to be resumed, oldest run
     /// first (a cancelled one leaves: it is only being stopped).
     suspended: BTreeSet<RunId>,
 
-    global: Queue,
+    global: GlobalQueue,
     /// The queue tree with quotas and deserved shares.
     quotas: Queues,
     /// Capacity of the live workers.
@@ -324,10 +329,12 @@ pub struct Scheduler {
     gangs: BTreeMap<GangIdx, Gang>,
     gang_index: BTreeMap<String, GangIdx>,
     next_gang: GangIdx,
-    /// Artifact → live workers holding it.
-    holders: IdMap<BTreeSet<WorkerIdx>>,
-    /// Artifact → queued jobs in their dependency stage (or later) that read it.
-    dependents: IdMap<BTreeSet<JobIdx>>,
+    /// Artifact → live workers holding it, in index order (most artifacts
+    /// have one to three holders: a sorted vector, not a tree).
+    holders: IdMap<Vec<WorkerIdx>>,
+    /// Artifact → queued jobs in their dependency stage (or later) that read
+    /// it; left lazily (see `readers.rs`).
+    dependents: IdMap<Readers>,
     /// Jobs waiting for a capable worker.
     unplaceable: BTreeSet<JobIdx>,
 
@@ -349,6 +356,8 @@ pub struct Scheduler {
     /// With placement weights: dirty workers taken out of `dirty`, best
     /// score last (empty between steps).
     ranked: Vec<WorkerIdx>,
+    /// A draw's working lists (empty between draws).
+    draw_buffers: DrawBuffers,
 
     decisions: Vec<Decision>,
 }
@@ -386,6 +395,35 @@ struct Preemptor {
     priority: i32,
     /// Its tenant's dominant share with the job, in millionths.
     share: u64,
+}
+
+/// A draw's working lists, kept between draws so that a draw allocates
+/// nothing (empty between draws).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct DrawBuffers {
+    /// Per class: could the worker take it (or reserve room for it) now?
+    usable: Vec<bool>,
+    /// The active leaf queues, in queue order.
+    leaves: Vec<QueueKey>,
+    /// The current tenant's first job of each class in each worker queue.
+    fronts: Vec<Front>,
+    /// The current tenant's best fitting job in each worker queue.
+    fitting: Vec<Offer>,
+    /// Tenants the first quota phase found nothing for this worker at all
+    /// (every front of a class it cannot run, or too big and not
+    /// reservable): the second phase, which only admits more, skips them
+    /// instead of reading their fronts again.
+    barren: Vec<TenantIdx>,
+}
+
+impl DrawBuffers {
+    fn clear(&mut self) {
+        self.usable.clear();
+        self.leaves.clear();
+        self.fronts.clear();
+        self.fitting.clear();
+        self.barren.clear();
+    }
 }
 
 /// What a worker's draw came up with.
@@ -427,9 +465,9 @@ impl Scheduler {
             eras: Vec::new(),
             free_jobs: Vec::new(),
             job_index: IdMap::default(),
-            runs: BTreeMap::new(),
+            runs: IdMap::default(),
             suspended: BTreeSet::new(),
-            global: Queue::with_heads(),
+            global: GlobalQueue::default(),
             holders: IdMap::default(),
             dependents: IdMap::default(),
             unplaceable: BTreeSet::new(),
@@ -438,6 +476,7 @@ impl Scheduler {
             dirty: BTreeSet::new(),
             global_dirty: false,
             ranked: Vec::new(),
+            draw_buffers: DrawBuffers::default(),
             decisions: Vec::new(),
         }
     }
@@ -543,8 +582,8 @@ impl Scheduler {
                 JobStatus::Queued { queues, reserved_on: job.reserved_on.map(wid) }
             }
             JobState::Unplaceable => JobStatus::WaitingForWorker(self.unplaceable_reason(job.class)),
-            JobState::Assigned(run) => JobStatus::Assigned { worker: wid(self.runs[&run].worker), run },
-            JobState::Running(run) => JobStatus::Running { worker: wid(self.runs[&run].worker), run },
+            JobState::Assigned(run) => JobStatus::Assigned { worker: wid(self.run(run).worker), run },
+            JobState::Running(run) => JobStatus::Running { worker: wid(self.run(run).worker), run },
         };
         Some(JobView { status, waiters: job.waiters.clone(), attempts: job.attempts })
     }
@@ -683,7 +722,7 @@ impl Scheduler {
     /// stopping).
     pub fn worker_runs(&self, worker: WorkerId) -> Vec<RunId> {
         match self.worker_index.get(&worker) {
-            Some(&w) => self.workers[w as usize].runs.iter().copied().collect(),
+            Some(&w) => self.workers[w as usize].runs.to_vec(),
             None => Vec::new(),
         }
     }
@@ -854,12 +893,23 @@ impl Scheduler {
         }
     }
 
+    /// Renews a live worker's lease on a report from it.
     fn renew_lease(&mut self, w: WorkerIdx) {
+        let lease = self.now.after(self.config.lease_timeout);
+        // A report in the same millisecond as the last renewal moves nothing
+        // (at a high event rate, most reports).
+        if self.workers[w as usize].lease != lease {
+            self.arm_lease(w, lease);
+        }
+    }
+
+    /// Sets the worker's lease to end at `lease`, armed in the timers.
+    fn arm_lease(&mut self, w: WorkerIdx, lease: Millis) {
         // Leases are renewed often (every report): their old entries go at
         // once rather than pile up dead for a whole lease.
         let worker = &mut self.workers[w as usize];
         self.timers.remove(&(worker.lease, TimerSlot::Lease(w)));
-        worker.lease = self.now.after(self.config.lease_timeout);
+        worker.lease = lease;
         self.timers.insert((worker.lease, TimerSlot::Lease(w)));
     }
 
@@ -931,7 +981,7 @@ impl Scheduler {
                     first: Queue::default(),
                     second: Queue::default(),
                     held: IdSet::default(),
-                    runs: BTreeSet::new(),
+                    runs: Vec::new(),
                     reserved: None,
                 });
                 self.worker_index.insert(id, w);
@@ -944,7 +994,9 @@ impl Scheduler {
         }
         self.set_capabilities(w, true);
         withdrawn.retain(|&c| self.classes[c as usize].capable == 0);
-        self.renew_lease(w);
+        // Armed whatever the old value: a worker that comes back after being
+        // lost has no timer entry left.
+        self.arm_lease(w, self.now.after(self.config.lease_timeout));
         self.update_hungry(w);
         self.dirty.insert(w);
         // The list is the worker's whole cache: what it held before and no
@@ -1128,13 +1180,13 @@ impl Scheduler {
             }
             JobState::Assigned(run) => {
                 self.orphan_run(run);
-                let worker = self.workers[self.runs[&run].worker as usize].id;
+                let worker = self.workers[self.run(run).worker as usize].id;
                 self.decisions.push(Decision::Drop { worker, run });
                 CancelStage::Assigned
             }
             JobState::Running(run) => {
                 self.orphan_run(run);
-                let worker = self.workers[self.runs[&run].worker as usize].id;
+                let worker = self.workers[self.run(run).worker as usize].id;
                 self.decisions.push(Decision::Stop { worker, run });
                 CancelStage::Running
             }
@@ -1158,7 +1210,9 @@ impl Scheduler {
     fn release_run(&mut self, run: RunId, r: &Run) {
         let key = &self.classes[r.class as usize].key;
         let worker = &mut self.workers[r.worker as usize];
-        worker.runs.remove(&run);
+        if let Some(pos) = worker.runs.iter().position(|&x| x == run) {
+            worker.runs.remove(pos);
+        }
         if r.suspended.is_some() {
             worker.res.resume(key);
         }
@@ -1218,7 +1272,10 @@ impl Scheduler {
         if !self.workers[w as usize].held.insert(a) {
             return;
         }
-        self.holders.entry_or_default(a).insert(w);
+        let ws = self.holders.entry_or_default(a);
+        if let Err(pos) = ws.binary_search(&w) {
+            ws.insert(pos, w);
+        }
         // Rule 1: a pending job is in the first queue of every holder of its
         // result, whatever its stage.
         if let Some(&j) = self.job_index.get(&a)
@@ -1229,7 +1286,7 @@ impl Scheduler {
         // Rule 2, live: jobs already in their dependency stage (or later) gain
         // the new holder of one of their dependencies.
         if let Some(readers) = self.dependents.get(&a) {
-            let readers: Vec<JobIdx> = readers.iter().copied().collect();
+            let readers: Vec<JobIdx> = readers.live(live_entry(&self.eras)).collect();
             for j in readers {
                 self.add_place(j, Place::Second(w));
             }
@@ -1248,7 +1305,7 @@ impl Scheduler {
             self.leave_cache_stage_if_uncached(j);
         }
         if let Some(readers) = self.dependents.get(&a) {
-            let readers: Vec<JobIdx> = readers.iter().copied().collect();
+            let readers: Vec<JobIdx> = readers.live(live_entry(&self.eras)).collect();
             for j in readers {
                 let held = &self.workers[w as usize].held;
                 if !self.job(j).deps.iter().any(|d| held.contains(d)) {
@@ -1260,7 +1317,9 @@ impl Scheduler {
 
     fn forget_holder(&mut self, w: WorkerIdx, a: JobId) {
         if let Some(ws) = self.holders.get_mut(&a) {
-            ws.remove(&w);
+            if let Ok(pos) = ws.binary_search(&w) {
+                ws.remove(pos);
+            }
             if ws.is_empty() {
                 self.holders.remove(&a);
             }
@@ -1301,8 +1360,7 @@ impl Scheduler {
             self.gangs.get_mut(&g).expect("live gang").queued.insert((key, j));
             return;
         }
-        let holders: Vec<WorkerIdx> =
-            self.holders.get(&id).map(|ws| ws.iter().copied().collect()).unwrap_or_default();
+        let holders: Vec<WorkerIdx> = self.holders.get(&id).cloned().unwrap_or_default();
         for &w in &holders {
             self.add_place(j, Place::First(w));
         }
@@ -1322,8 +1380,9 @@ impl Scheduler {
         job.indexed = true;
         let deps = std::mem::take(&mut job.deps);
         let mut holders = BTreeSet::new();
+        let era = self.eras[j as usize];
         for d in deps.iter() {
-            self.dependents.entry_or_default(*d).insert(j);
+            self.dependents.entry_or_default(*d).push(j, era);
             if let Some(ws) = self.holders.get(d) {
                 holders.extend(ws.iter().copied());
             }
@@ -1349,7 +1408,11 @@ impl Scheduler {
         }
         job.places.push(place);
         let (class, tenant, key, era) = (job.class, job.tenant, job.key, self.eras[j as usize]);
-        self.queue_mut(place).insert(class, tenant, key, j, era);
+        match place {
+            Place::Global => self.global.insert(class, tenant, key, j),
+            Place::First(w) => self.workers[w as usize].first.insert(class, tenant, key, j, era),
+            Place::Second(w) => self.workers[w as usize].second.insert(class, tenant, key, j, era),
+        }
         self.placed(tenant, true);
         match place {
             Place::Global => self.global_dirty = true,
@@ -1514,16 +1577,13 @@ impl Scheduler {
         let Some(pos) = job.places.iter().position(|p| *p == place) else { return };
         job.places.swap_remove(pos);
         let (class, tenant, key) = (job.class, job.tenant, job.key);
-        if self.queue_mut(place).remove(class, tenant, key) {
+        let removed = match place {
+            Place::Global => self.global.remove(class, tenant, key),
+            Place::First(w) => self.workers[w as usize].first.remove(class, tenant, key),
+            Place::Second(w) => self.workers[w as usize].second.remove(class, tenant, key),
+        };
+        if removed {
             self.placed(tenant, false);
-        }
-    }
-
-    fn queue_mut(&mut self, place: Place) -> &mut Queue {
-        match place {
-            Place::Global => &mut self.global,
-            Place::First(w) => &mut self.workers[w as usize].first,
-            Place::Second(w) => &mut self.workers[w as usize].second,
         }
     }
 
@@ -1562,16 +1622,18 @@ impl Scheduler {
         self.clear_timer(j);
         let job = self.jobs[j as usize].as_mut().expect("live job");
         if std::mem::take(&mut job.indexed) {
-            let deps = std::mem::take(&mut job.deps);
-            for d in deps.iter() {
-                if let Some(readers) = self.dependents.get_mut(d) {
-                    readers.remove(&j);
+            // Its entries among the readers of its dependencies died with
+            // the era (see `readers.rs`): only counted here.
+            let Scheduler { jobs, dependents, eras, .. } = self;
+            for d in jobs[j as usize].as_ref().expect("live job").deps.iter() {
+                let readers = dependents.get_mut(d).expect("a reader is indexed under each dependency");
+                if readers.left() {
+                    readers.compact(live_entry(eras));
                     if readers.is_empty() {
-                        self.dependents.remove(d);
+                        dependents.remove(d);
                     }
                 }
             }
-            self.job_mut(j).deps = deps;
         }
         if let Some(w) = self.job_mut(j).reserved_on.take() {
             self.workers[w as usize].reserved = None;
@@ -1943,7 +2005,7 @@ impl Scheduler {
     fn starving_job(&self, q: QueueIdx) -> Option<JobIdx> {
         let &(_, tenant) = self.orders[q as usize].first()?;
         self.global
-            .peek_fronts(tenant, live_entry(&self.eras))
+            .fronts(tenant)
             .filter(|&(_, _, j)| self.job(j).reserved_on.is_none() && self.job(j).gang.is_none())
             .min_by_key(|&(_, key, _)| key)
             .map(|(_, _, j)| j)
@@ -1984,7 +2046,7 @@ impl Scheduler {
             preempt.clear();
             reclaim.clear();
             for &run in &worker.runs {
-                let r = &self.runs[&run];
+                let r = self.run(run);
                 // A suspended run holds no slot or CPU to give.
                 let Some(v) = r.job.filter(|_| r.suspended.is_none()) else { continue };
                 let victim = self.job(v);
@@ -2128,7 +2190,7 @@ impl Scheduler {
         let mut res = self.workers[w as usize].res.clone();
         let mut freed = Amounts::default();
         for run in victims {
-            let r = &self.runs[run];
+            let r = self.run(*run);
             let key = &self.classes[r.class as usize].key;
             if !r.started || !key.tokens.is_empty() {
                 return false;
@@ -2168,7 +2230,7 @@ impl Scheduler {
     fn resume_suspended(&mut self) {
         let waiting: Vec<RunId> = self.suspended.iter().copied().collect();
         for run in waiting {
-            let r = &self.runs[&run];
+            let r = self.run(run);
             let (w, tenant, class) = (r.worker, r.tenant, r.class);
             let worker = &self.workers[w as usize];
             let key = &self.classes[class as usize].key;
@@ -2294,45 +2356,41 @@ impl Scheduler {
     /// queue offers every tenant's jobs. Each step costs one lookup per
     /// worker queue.
     fn draw(&mut self, w: WorkerIdx) -> Option<Pick> {
+        let mut buffers = std::mem::take(&mut self.draw_buffers);
+        let pick = self.draw_with(w, &mut buffers);
+        buffers.clear();
+        self.draw_buffers = buffers;
+        pick
+    }
+
+    /// [`Self::draw`], with its working lists in `buffers`.
+    fn draw_with(&mut self, w: WorkerIdx, buffers: &mut DrawBuffers) -> Option<Pick> {
+        let DrawBuffers { usable, leaves, fronts, fitting, barren } = buffers;
         let worker = &self.workers[w as usize];
         let reserved_key = worker.reserved.map(|j| &self.classes[self.job(j).class as usize].key);
         // The classes this worker could take, or reserve room for, now: those
         // it can run, and with a reservation only those that fit beside it.
-        let usable: Vec<bool> = self
-            .classes
-            .iter()
-            .enumerate()
-            .map(|(c, class)| {
-                worker.capable.get(c).copied().unwrap_or(false)
-                    && (reserved_key.is_none() || worker.res.fits(&class.key, reserved_key))
-            })
-            .collect();
+        usable.extend(self.classes.iter().enumerate().map(|(c, class)| {
+            worker.capable.get(c).copied().unwrap_or(false)
+                && (reserved_key.is_none() || worker.res.fits(&class.key, reserved_key))
+        }));
         // If no usable class has a job in any of the worker's three queues,
         // no tenant has anything for it, and the walk below would visit
         // every tenant to find that out. (A worker holding a reservation, or
         // with little room left, draws often for nothing.)
-        let queues = [&worker.first, &worker.second, &self.global];
-        if !usable.iter().enumerate().any(|(c, &ok)| ok && queues.iter().any(|q| q.has_class(c as ClassIdx)))
-        {
+        let queued =
+            |c: ClassIdx| worker.first.has_class(c) || worker.second.has_class(c) || self.global.has_class(c);
+        if !usable.iter().enumerate().any(|(c, &ok)| ok && queued(c as ClassIdx)) {
             return None;
         }
         let quotas = self.quotas.active();
-        let leaves = self.leaf_order();
+        leaves.extend(self.queue_order.iter().copied());
         // With quotas (and proportion), first only what keeps every queue
         // within its deserved share; then, so that no slot idles, what stays
         // within capabilities.
         let phases: &[bool] = if quotas && self.policy.proportion { &[true, false] } else { &[false] };
-        // The current tenant's first job of each class in each worker queue,
-        // and its best fitting job in each.
-        let mut fronts: Vec<Front> = Vec::new();
-        let mut fitting: Vec<Offer> = Vec::new();
-        // Tenants the first phase found nothing for this worker at all
-        // (every front of a class it cannot run, or too big and not
-        // reservable): the second phase, which only admits more, skips
-        // them instead of reading their fronts again.
-        let mut barren: Vec<TenantIdx> = Vec::new();
         for &within_deserved in phases {
-            for &(_, q) in &leaves {
+            for &(_, q) in leaves.iter() {
                 // Every job takes a slot: a queue without room for one more
                 // has nothing to offer in this phase.
                 if quotas && !self.quotas.admits(q, Amounts::new(1, 0, 0), within_deserved) {
@@ -2353,17 +2411,17 @@ impl Scheduler {
                     // A tenant with no queued job of a usable class has no
                     // front worth reading.
                     let queued = &self.tenants[key.1 as usize].classes;
-                    if !queued.iter().zip(&usable).any(|(&n, &ok)| n > 0 && ok) {
+                    if !queued.iter().zip(usable.iter()).any(|(&n, &ok)| n > 0 && ok) {
                         continue;
                     }
                     fronts.clear();
-                    self.live_fronts(w, key.1, &mut fronts);
+                    self.live_fronts(w, key.1, fronts);
                     let worker = &self.workers[w as usize];
                     let reserved_key = worker.reserved.map(|j| &self.classes[self.job(j).class as usize].key);
                     fitting.clear();
                     let mut reserve = None;
                     let mut promising = false;
-                    for &(place, class, key, j) in &fronts {
+                    for &(place, class, key, j) in fronts.iter() {
                         if !worker.capable.get(class as usize).copied().unwrap_or(false) {
                             continue;
                         }
@@ -2419,14 +2477,10 @@ impl Scheduler {
     fn live_fronts(&mut self, w: WorkerIdx, tenant: TenantIdx, out: &mut Vec<Front>) {
         let Scheduler { global, workers, eras, .. } = self;
         let worker = &mut workers[w as usize];
-        let queues = [
-            (Place::First(w), &mut worker.first),
-            (Place::Second(w), &mut worker.second),
-            (Place::Global, global),
-        ];
-        for (place, queue) in queues {
+        for (place, queue) in [(Place::First(w), &mut worker.first), (Place::Second(w), &mut worker.second)] {
             queue.fronts(tenant, live_entry(eras), |class, key, j| out.push((place, class, key, j)));
         }
+        out.extend(global.fronts(tenant).map(|(class, key, j)| (Place::Global, class, key, j)));
     }
 
     fn assign(&mut self, w: WorkerIdx, j: JobIdx) {
@@ -2447,7 +2501,7 @@ impl Scheduler {
         self.quotas.dirty = requests_changed;
         let worker = &mut self.workers[w as usize];
         worker.res.take(&self.classes[class as usize].key);
-        worker.runs.insert(run);
+        worker.runs.push(run);
         let worker_id = worker.id;
         self.runs.insert(
             run,
@@ -2530,6 +2584,10 @@ impl Scheduler {
         self.classes.push(Class { key: key.clone(), amounts, capable });
         self.class_index.insert(key, c);
         c
+    }
+
+    fn run(&self, run: RunId) -> &Run {
+        self.runs.get(&run).expect("run in flight")
     }
 
     fn job(&self, j: JobIdx) -> &Job {

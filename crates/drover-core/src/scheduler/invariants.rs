@@ -6,9 +6,9 @@
 //! suspended runs holding their memory and tokens but not their slots and
 //! CPU.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use super::{JobState, Place, Scheduler, Stage, TimerSlot, WorkerIdx, live_entry};
+use super::{DrawBuffers, JobState, Place, Scheduler, Stage, TimerSlot, WorkerIdx, live_entry};
 use crate::quota::Amounts;
 use crate::resources::WorkerResources;
 
@@ -17,7 +17,10 @@ impl Scheduler {
     /// Cost is linear in the state: for tests and debugging, not the hot path.
     pub fn check_invariants(&self) -> Result<(), String> {
         let mut used: BTreeMap<u32, WorkerResources> = BTreeMap::new();
-        for (run_id, run) in &self.runs {
+        let runs = self.runs.sorted();
+        let mut per_worker: BTreeMap<u32, usize> = BTreeMap::new();
+        for &(run_id, run) in &runs {
+            *per_worker.entry(run.worker).or_default() += 1;
             let worker = &self.workers[run.worker as usize];
             if !worker.alive {
                 return Err(format!("run {run_id:?} is on lost worker {:?}", worker.id));
@@ -74,7 +77,7 @@ impl Scheduler {
             {
                 return Err(format!("worker {:?} usage does not match its runs", worker.id));
             }
-            if worker.runs.len() != self.runs.values().filter(|r| r.worker == w).count() {
+            if worker.runs.len() != per_worker.get(&w).copied().unwrap_or(0) {
                 return Err(format!("worker {:?} lists runs that are not in flight", worker.id));
             }
             if self.hungry.contains(&w) != (worker.alive && res.free_slot()) {
@@ -175,11 +178,39 @@ impl Scheduler {
                 return Err(format!("job {} has no waiter", job.id));
             }
         }
-        // Dead entries (see `queue.rs`, "Leaving the local queues lazily")
-        // are counted as such, and only local queues have any.
-        let queues =
-            std::iter::once(&self.global).chain(self.workers.iter().flat_map(|w| [&w.first, &w.second]));
-        for queue in queues {
+        // Holders: sorted lists of live workers that hold the artifact.
+        for (a, ws) in self.holders.sorted() {
+            if ws.is_empty() || !ws.windows(2).all(|p| p[0] < p[1]) {
+                return Err(format!("the holders of artifact {a} are not a sorted list: {ws:?}"));
+            }
+            if ws.iter().any(|&w| !self.workers[w as usize].held.contains(a)) {
+                return Err(format!("artifact {a} lists a holder that does not hold it"));
+            }
+        }
+        // Readers (see `readers.rs`): each live entry is a queued job in its
+        // dependency stage (or later) that reads the artifact, listed once;
+        // every such job is listed under each dependency; dead entries are
+        // counted and bounded.
+        let mut readers = BTreeSet::new();
+        for (a, list) in self.dependents.sorted() {
+            if !list.dead_agree(live_entry(&self.eras)) {
+                return Err(format!("the readers of artifact {a} count their dead entries wrong"));
+            }
+            for j in list.live(live_entry(&self.eras)) {
+                let job = self.jobs[j as usize].as_ref().ok_or("a live reader is a freed job")?;
+                if !job.indexed || !job.deps.contains(a) || !readers.insert((j, *a)) {
+                    return Err(format!("job {} is listed wrongly among the readers of {a}", job.id));
+                }
+            }
+        }
+        let indexed: usize =
+            self.jobs.iter().flatten().filter(|job| job.indexed).map(|job| job.deps.len()).sum();
+        if indexed != readers.len() {
+            return Err(format!("{indexed} dependencies of indexed jobs, {} live readers", readers.len()));
+        }
+        // Dead entries in the local queues (see `queue.rs`, "Leaving the
+        // local queues lazily") are counted as such; the global queue has none.
+        for queue in self.workers.iter().flat_map(|w| [&w.first, &w.second]) {
             let live = queue.jobs(live_entry(&self.eras)).count();
             if live != queue.len() {
                 return Err(format!(
@@ -192,11 +223,14 @@ impl Scheduler {
                 return Err("a queue's entries per class are counted wrong".to_owned());
             }
         }
-        if self.global.entries() != self.global.len() {
-            return Err("the global queue holds dead entries".to_owned());
+        if !self.global.agrees() {
+            return Err("the global queue's counts or first jobs are wrong".to_owned());
         }
-        if !self.global.heads_agree() {
-            return Err("the global queue's first jobs are indexed wrong".to_owned());
+        for j in self.global.jobs() {
+            let job = self.jobs[j as usize].as_ref().ok_or("the global queue holds a freed job")?;
+            if !job.places.contains(&Place::Global) {
+                return Err(format!("job {} is in the global queue but does not list it", job.id));
+            }
         }
         let in_queues: usize =
             self.global.len() + self.workers.iter().map(|w| w.first.len() + w.second.len()).sum::<usize>();
@@ -306,7 +340,7 @@ impl Scheduler {
             }
         }
         let mut tenants = vec![Amounts::default(); self.tenants.len()];
-        for run in self.runs.values() {
+        for &(_, run) in &runs {
             let leaf = self.tenants[run.tenant as usize].queue;
             let mut held = self.classes[run.class as usize].amounts;
             if run.suspended.is_some() {
@@ -346,6 +380,9 @@ impl Scheduler {
             if worker.alive && !self.timers.contains(&(worker.lease, TimerSlot::Lease(w as WorkerIdx))) {
                 return Err(format!("worker {:?} has no lease timer", worker.id));
             }
+        }
+        if self.draw_buffers != DrawBuffers::default() {
+            return Err("a draw left its working lists behind".to_owned());
         }
         self.check_no_idle_worker_could_work()
     }
