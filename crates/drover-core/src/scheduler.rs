@@ -1577,6 +1577,13 @@ impl Scheduler {
         let Some(pos) = job.places.iter().position(|p| *p == place) else { return };
         job.places.swap_remove(pos);
         let (class, tenant, key) = (job.class, job.tenant, job.key);
+        // A worker holding back for this job may no longer see it: its next
+        // draw drops the reservation if so (see `draw_all`).
+        if let Place::First(w) | Place::Second(w) = place
+            && job.reserved_on == Some(w)
+        {
+            self.dirty.insert(w);
+        }
         let removed = match place {
             Place::Global => self.global.remove(class, tenant, key),
             Place::First(w) => self.workers[w as usize].first.remove(class, tenant, key),

@@ -119,3 +119,49 @@ fn a_refused_registration_changes_nothing() {
     assert_eq!(refused, Err(Rejected::CapacityBelowUsage(WorkerId(0))));
     assert!(s == before, "the refused event changed the state");
 }
+
+/// w0 holds the results of `big` and `small`, and runs a dropped run of
+/// `big` that still holds its memory; `big` is scheduled again (first
+/// queue of w0, but it cannot fit beside that run, so w0 holds back for
+/// it), then `small`, which w0 leaves waiting for the reservation. When w0
+/// evicts `big`'s result, `big` leaves w0's queues: the reservation must go
+/// and w0 take `small` at once, not idle until some other event wakes it.
+#[test]
+fn a_worker_whose_reserved_job_leaves_its_queues_takes_other_work() {
+    let gib = 1u64 << 30;
+    let mut s = Scheduler::new(Config::default());
+    let w0 = Event::WorkerJoined {
+        worker: WorkerId(0),
+        name: "w0".into(),
+        capacity: Capacity { slots: 2, cpu: 4000, memory: gib, tokens: BTreeMap::new() },
+        labels: BTreeMap::new(),
+        artifacts: vec![JobId::named("big"), JobId::named("small")],
+    };
+    s.handle(Millis(0), w0).unwrap();
+    let spec = |name: &str, memory: u64| {
+        let mut spec = JobSpec::new(JobId::named(name), "t");
+        spec.request.memory = memory;
+        Event::Schedule { spec, waiter: WaiterId(1) }
+    };
+    s.handle(Millis(0), spec("big", gib)).unwrap();
+    assert!(matches!(s.take_decisions().as_slice(), [Decision::Assign { .. }]));
+    // Cancelled while assigned: its run holds its memory until w0 reports
+    // the exit.
+    s.handle(Millis(0), Event::Cancel { job: JobId::named("big"), waiter: WaiterId(1) }).unwrap();
+    s.take_decisions();
+    s.handle(Millis(0), spec("big", gib)).unwrap();
+    s.handle(Millis(0), spec("small", 0)).unwrap();
+    assert_eq!(reserved_on(&s, "big"), Some(WorkerId(0)));
+    assert!(s.take_decisions().is_empty(), "small waits behind the reservation");
+    s.handle(
+        Millis(0),
+        Event::ArtifactsEvicted { worker: WorkerId(0), artifacts: vec![JobId::named("big")] },
+    )
+    .unwrap();
+    assert_eq!(reserved_on(&s, "big"), None);
+    let took_small = s.take_decisions().into_iter().any(|d| {
+        matches!(d, Decision::Assign { job, worker, .. } if job == JobId::named("small") && worker == WorkerId(0))
+    });
+    assert!(took_small, "w0 takes small once big is out of its queues");
+    s.check_invariants().expect("invariants");
+}
