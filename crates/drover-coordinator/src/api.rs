@@ -26,7 +26,7 @@ use drover_solver::{Input, Reply, SolverError};
 use futures::StreamExt;
 use serde::Deserialize;
 
-use crate::state::{Mailbox, Shared, Stopped};
+use crate::state::{Follow, Live, Mailbox, Shared, Stopped, Update};
 
 /// Bytes per chunk of a streamed artifact (4 KiB chunks cost more in
 /// HTTP framing than in copying).
@@ -165,39 +165,84 @@ struct EventsQuery {
 }
 
 /// The build's events as newline-delimited JSON: the history from `from`,
-/// then live events until the build ends.
+/// then live events until the build ends. Live events come from the state
+/// thread as they happen (see `state::Followers`); all that wait go out in
+/// one chunk.
 async fn build_events(
     State(app): State<App>,
     Path(id): Path<u64>,
     Query(q): Query<EventsQuery>,
 ) -> ApiResult<Response> {
-    if app.shared.query(move |s| s.events(id, 0).is_some()).await? {
-        let stream = futures::stream::try_unfold((app, q.from, false), move |(app, from, over)| async move {
-            if over {
-                return Ok::<_, std::io::Error>(None);
-            }
-            let mut version = app.shared.version.subscribe();
-            loop {
-                let Ok(Some((events, finished))) = app.shared.query(move |s| s.events(id, from)).await else {
-                    return Ok(None);
-                };
-                if !events.is_empty() || finished {
-                    let mut chunk = Vec::new();
-                    for e in &events {
-                        serde_json::to_writer(&mut chunk, e).map_err(std::io::Error::other)?;
-                        chunk.push(b'\n');
+    let Some(follow) = app.shared.follow(id, q.from).await? else {
+        return Err(ApiError(StatusCode::NOT_FOUND, format!("no build {id}")));
+    };
+    let start = EventStream { app, id, next: q.from, follow: Some(follow), live: None };
+    let stream = futures::stream::try_unfold(start, |mut s| async move {
+        Ok::<_, std::io::Error>(s.chunk().await?.map(|chunk| (chunk, s)))
+    });
+    Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from_stream(stream)).into_response())
+}
+
+/// Where a client's event stream stands.
+struct EventStream {
+    app: App,
+    id: u64,
+    /// The next event the client needs.
+    next: u64,
+    /// History not yet sent (at the start, and after following again).
+    follow: Option<Follow>,
+    live: Option<Live>,
+}
+
+impl EventStream {
+    /// The next chunk of events; `None` once the build is over (after its
+    /// last events) or the coordinator is stopping.
+    async fn chunk(&mut self) -> Result<Option<Bytes>, std::io::Error> {
+        loop {
+            let (updates, finished) = if let Some(follow) = self.follow.take() {
+                self.live = follow.live;
+                let history = Update { events: follow.history, finished: follow.finished };
+                (vec![Arc::new(history)], follow.finished)
+            } else if let Some(live) = &mut self.live {
+                match live.recv().await {
+                    Some(first) => {
+                        let mut finished = first.finished;
+                        let mut updates = vec![first];
+                        while !finished && let Ok(more) = live.try_recv() {
+                            finished = more.finished;
+                            updates.push(more);
+                        }
+                        (updates, finished)
                     }
-                    let next = from + events.len() as u64;
-                    return Ok(Some((Bytes::from(chunk), (app, next, finished))));
+                    None => {
+                        // Dropped for falling behind, or the state thread
+                        // stopped: follow again from here.
+                        match self.app.shared.follow(self.id, self.next).await {
+                            Ok(Some(follow)) => self.follow = Some(follow),
+                            Ok(None) | Err(Stopped) => return Ok(None),
+                        }
+                        continue;
+                    }
                 }
-                if version.changed().await.is_err() {
-                    return Ok(None);
+            } else {
+                return Ok(None);
+            };
+            let mut chunk = Vec::new();
+            for e in updates.iter().flat_map(|u| &u.events) {
+                if e.seq < self.next {
+                    continue;
                 }
+                serde_json::to_writer(&mut chunk, e).map_err(std::io::Error::other)?;
+                chunk.push(b'\n');
+                self.next = e.seq + 1;
             }
-        });
-        Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from_stream(stream)).into_response())
-    } else {
-        Err(ApiError(StatusCode::NOT_FOUND, format!("no build {id}")))
+            if finished {
+                self.live = None;
+            }
+            if !chunk.is_empty() || finished {
+                return Ok(Some(Bytes::from(chunk)));
+            }
+        }
     }
 }
 
