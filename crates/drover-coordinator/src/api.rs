@@ -27,6 +27,7 @@ use drover_solver::{Input, Reply, SolverError};
 use futures::StreamExt;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
+use tokio::time::Instant;
 
 use crate::state::{Follow, Live, Mailbox, Shared, Stopped, Update};
 
@@ -192,10 +193,14 @@ struct EventsQuery {
     from: u64,
 }
 
+/// Shortest time between two chunks of a build's live events (a chunk with
+/// the build's end goes out at once).
+const EVENT_BATCH: Duration = Duration::from_millis(5);
+
 /// The build's events as newline-delimited JSON: the history from `from`,
 /// then live events until the build ends. Live events come from the state
-/// thread as they happen (see `state::Followers`); all that wait go out in
-/// one chunk.
+/// thread as they happen (see `state::Followers`), at most one chunk per
+/// [`EVENT_BATCH`].
 async fn build_events(
     State(app): State<App>,
     Path(id): Path<u64>,
@@ -204,7 +209,7 @@ async fn build_events(
     let Some(follow) = app.shared.follow(id, q.from).await? else {
         return Err(ApiError(StatusCode::NOT_FOUND, format!("no build {id}")));
     };
-    let start = EventStream { app, id, next: q.from, follow: Some(follow), live: None };
+    let start = EventStream { app, id, next: q.from, follow: Some(follow), live: None, sent: None };
     let stream = futures::stream::try_unfold(start, |mut s| async move {
         Ok::<_, std::io::Error>(s.chunk().await?.map(|chunk| (chunk, s)))
     });
@@ -220,6 +225,8 @@ struct EventStream {
     /// History not yet sent (at the start, and after following again).
     follow: Option<Follow>,
     live: Option<Live>,
+    /// When the last chunk went out.
+    sent: Option<Instant>,
 }
 
 impl EventStream {
@@ -234,13 +241,8 @@ impl EventStream {
             } else if let Some(live) = &mut self.live {
                 match live.recv().await {
                     Some(first) => {
-                        let mut finished = first.finished;
-                        let mut updates = vec![first];
-                        while !finished && let Ok(more) = live.try_recv() {
-                            finished = more.finished;
-                            updates.push(more);
-                        }
-                        (updates, finished)
+                        let deadline = self.sent.map_or_else(Instant::now, |t| t + EVENT_BATCH);
+                        gather(live, first, deadline).await
                     }
                     None => {
                         // Dropped for falling behind, or the state thread
@@ -268,10 +270,26 @@ impl EventStream {
                 self.live = None;
             }
             if !chunk.is_empty() || finished {
+                self.sent = Some(Instant::now());
                 return Ok(Some(Bytes::from(chunk)));
             }
         }
     }
+}
+
+/// `first` and the updates that follow it until `deadline` (those already
+/// waiting if it passed), or until the build's end, which never waits. So
+/// the events of a busy build go out at most once per [`EVENT_BATCH`], one
+/// write and one read for all of them instead of one per turn of the state
+/// thread. Returns the updates and whether the build is over.
+async fn gather(live: &mut Live, first: Arc<Update>, deadline: Instant) -> (Vec<Arc<Update>>, bool) {
+    let mut finished = first.finished;
+    let mut updates = vec![first];
+    while !finished && let Ok(Some(more)) = tokio::time::timeout_at(deadline, live.recv()).await {
+        finished = more.finished;
+        updates.push(more);
+    }
+    (updates, finished)
 }
 
 async fn cancel(State(app): State<App>, Path(id): Path<u64>) -> ApiResult<StatusCode> {
@@ -591,6 +609,49 @@ mod tests {
                 Err((status, to_bytes(response.into_body(), usize::MAX).await.expect("body")))
             }
         }
+    }
+
+    fn update(seq: u64, finished: bool) -> Arc<Update> {
+        let kind = drover_proto::EventKind::JobQueued { job: format!("j{seq}") };
+        Arc::new(Update { events: vec![drover_proto::BuildEvent { seq, at: 0, kind }], finished })
+    }
+
+    fn seqs(updates: &[Arc<Update>]) -> Vec<u64> {
+        updates.iter().flat_map(|u| u.events.iter().map(|e| e.seq)).collect()
+    }
+
+    /// Updates that come before the deadline join the chunk; later ones
+    /// wait for the next. (Tokio's paused clock: no real time passes.)
+    #[tokio::test(start_paused = true)]
+    async fn events_gather_until_the_deadline() {
+        let (tx, mut live) = tokio::sync::mpsc::channel(8);
+        let start = Instant::now();
+        let sender = tokio::spawn(async move {
+            tokio::time::sleep(EVENT_BATCH / 2).await;
+            tx.send(update(1, false)).await.expect("send");
+            tokio::time::sleep(EVENT_BATCH).await;
+            tx.send(update(2, false)).await.expect("send");
+            tx.send(update(3, false)).await.expect("send");
+        });
+        let (updates, finished) = gather(&mut live, update(0, false), start + EVENT_BATCH).await;
+        assert_eq!((seqs(&updates), finished), (vec![0, 1], false));
+        sender.await.expect("sender");
+        // Past its deadline, a chunk takes what waits and goes at once.
+        let first = live.recv().await.expect("update 2");
+        let (updates, finished) = gather(&mut live, first, start).await;
+        assert_eq!((seqs(&updates), finished), (vec![2, 3], false));
+    }
+
+    /// The build's end goes out at once, with what came before it.
+    #[tokio::test(start_paused = true)]
+    async fn the_builds_end_does_not_wait_for_the_deadline() {
+        let (tx, mut live) = tokio::sync::mpsc::channel(8);
+        tx.send(update(1, false)).await.expect("send");
+        tx.send(update(2, true)).await.expect("send");
+        let deadline = Instant::now() + Duration::from_secs(3600);
+        let (updates, finished) = gather(&mut live, update(0, false), deadline).await;
+        assert_eq!((seqs(&updates), finished), (vec![0, 1, 2], true));
+        assert!(Instant::now() < deadline, "it did not wait");
     }
 
     /// `JsonBody` accepts what `Json` accepts and rejects what it rejects,
