@@ -767,8 +767,9 @@ impl Solver {
         let deps = def
             .needs
             .iter()
-            .map(|name| {
-                let dep = build.def_by_name(name);
+            .zip(build.needs_of(i))
+            .map(|(name, &d)| {
+                let dep = build.def(d);
                 DepInput {
                     name: name.clone(),
                     job: dep.id,
