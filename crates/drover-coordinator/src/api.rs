@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{DefaultBodyLimit, FromRequest, Path, Query, Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -25,8 +26,10 @@ use drover_proto::{
 use drover_solver::{Input, Reply, SolverError};
 use futures::StreamExt;
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use tokio::time::Instant;
 
-use crate::state::{Mailbox, Shared, Stopped};
+use crate::state::{Follow, Live, Mailbox, Shared, Stopped, Update};
 
 /// Bytes per chunk of a streamed artifact (4 KiB chunks cost more in
 /// HTTP framing than in copying).
@@ -113,11 +116,37 @@ async fn require_token(State(app): State<App>, req: Request, next: Next) -> Resp
     next.run(req).await
 }
 
+/// A JSON request body, taken as axum's `Json` takes it (the same checks and
+/// the same rejections), but decoded without tracking where in the value the
+/// decoder is unless the body is rejected: that tracking only serves the
+/// error message, and slowed the decoding of every submission and report.
+struct JsonBody<T>(T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
+    type Rejection = JsonRejection;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, JsonRejection> {
+        // Other content types (with parameters, `+json`, or not JSON) go
+        // through `Json` whole.
+        if req.headers().get(header::CONTENT_TYPE).is_none_or(|t| t != "application/json") {
+            return Json::from_request(req, state).await.map(|Json(value)| JsonBody(value));
+        }
+        let bytes = Bytes::from_request(req, state).await?;
+        match serde_json::from_slice(&bytes) {
+            Ok(value) => Ok(JsonBody(value)),
+            Err(_) => Json::from_bytes(&bytes).map(|Json(value)| JsonBody(value)),
+        }
+    }
+}
+
 fn parse_hash(s: &str) -> ApiResult<Hash32> {
     s.parse().map_err(|e: drover_proto::BadHash| bad(e.to_string()))
 }
 
-async fn submit(State(app): State<App>, Json(req): Json<SubmitRequest>) -> ApiResult<Json<SubmitReply>> {
+async fn submit(
+    State(app): State<App>,
+    JsonBody(req): JsonBody<SubmitRequest>,
+) -> ApiResult<Json<SubmitReply>> {
     let missing = req.build.sources.iter().filter(|s| !app.blobs.has_blob(&Key(s.digest.0))).count();
     if missing > 0 {
         return Err(bad(format!("{missing} source file(s) were not uploaded; upload them first")));
@@ -164,41 +193,103 @@ struct EventsQuery {
     from: u64,
 }
 
+/// Shortest time between two chunks of a build's live events (a chunk with
+/// the build's end goes out at once).
+const EVENT_BATCH: Duration = Duration::from_millis(5);
+
 /// The build's events as newline-delimited JSON: the history from `from`,
-/// then live events until the build ends.
+/// then live events until the build ends. Live events come from the state
+/// thread as they happen (see `state::Followers`), at most one chunk per
+/// [`EVENT_BATCH`].
 async fn build_events(
     State(app): State<App>,
     Path(id): Path<u64>,
     Query(q): Query<EventsQuery>,
 ) -> ApiResult<Response> {
-    if app.shared.query(move |s| s.events(id, 0).is_some()).await? {
-        let stream = futures::stream::try_unfold((app, q.from, false), move |(app, from, over)| async move {
-            if over {
-                return Ok::<_, std::io::Error>(None);
-            }
-            let mut version = app.shared.version.subscribe();
-            loop {
-                let Ok(Some((events, finished))) = app.shared.query(move |s| s.events(id, from)).await else {
-                    return Ok(None);
-                };
-                if !events.is_empty() || finished {
-                    let mut chunk = Vec::new();
-                    for e in &events {
-                        serde_json::to_writer(&mut chunk, e).map_err(std::io::Error::other)?;
-                        chunk.push(b'\n');
+    let Some(follow) = app.shared.follow(id, q.from).await? else {
+        return Err(ApiError(StatusCode::NOT_FOUND, format!("no build {id}")));
+    };
+    let start = EventStream { app, id, next: q.from, follow: Some(follow), live: None, sent: None };
+    let stream = futures::stream::try_unfold(start, |mut s| async move {
+        Ok::<_, std::io::Error>(s.chunk().await?.map(|chunk| (chunk, s)))
+    });
+    Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from_stream(stream)).into_response())
+}
+
+/// Where a client's event stream stands.
+struct EventStream {
+    app: App,
+    id: u64,
+    /// The next event the client needs.
+    next: u64,
+    /// History not yet sent (at the start, and after following again).
+    follow: Option<Follow>,
+    live: Option<Live>,
+    /// When the last chunk went out.
+    sent: Option<Instant>,
+}
+
+impl EventStream {
+    /// The next chunk of events; `None` once the build is over (after its
+    /// last events) or the coordinator is stopping.
+    async fn chunk(&mut self) -> Result<Option<Bytes>, std::io::Error> {
+        loop {
+            let (updates, finished) = if let Some(follow) = self.follow.take() {
+                self.live = follow.live;
+                let history = Update { events: follow.history, finished: follow.finished };
+                (vec![Arc::new(history)], follow.finished)
+            } else if let Some(live) = &mut self.live {
+                match live.recv().await {
+                    Some(first) => {
+                        let deadline = self.sent.map_or_else(Instant::now, |t| t + EVENT_BATCH);
+                        gather(live, first, deadline).await
                     }
-                    let next = from + events.len() as u64;
-                    return Ok(Some((Bytes::from(chunk), (app, next, finished))));
+                    None => {
+                        // Dropped for falling behind, or the state thread
+                        // stopped: follow again from here.
+                        match self.app.shared.follow(self.id, self.next).await {
+                            Ok(Some(follow)) => self.follow = Some(follow),
+                            Ok(None) | Err(Stopped) => return Ok(None),
+                        }
+                        continue;
+                    }
                 }
-                if version.changed().await.is_err() {
-                    return Ok(None);
+            } else {
+                return Ok(None);
+            };
+            let mut chunk = Vec::new();
+            for e in updates.iter().flat_map(|u| &u.events) {
+                if e.seq < self.next {
+                    continue;
                 }
+                serde_json::to_writer(&mut chunk, e).map_err(std::io::Error::other)?;
+                chunk.push(b'\n');
+                self.next = e.seq + 1;
             }
-        });
-        Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from_stream(stream)).into_response())
-    } else {
-        Err(ApiError(StatusCode::NOT_FOUND, format!("no build {id}")))
+            if finished {
+                self.live = None;
+            }
+            if !chunk.is_empty() || finished {
+                self.sent = Some(Instant::now());
+                return Ok(Some(Bytes::from(chunk)));
+            }
+        }
     }
+}
+
+/// `first` and the updates that follow it until `deadline` (those already
+/// waiting if it passed), or until the build's end, which never waits. So
+/// the events of a busy build go out at most once per [`EVENT_BATCH`], one
+/// write and one read for all of them instead of one per turn of the state
+/// thread. Returns the updates and whether the build is over.
+async fn gather(live: &mut Live, first: Arc<Update>, deadline: Instant) -> (Vec<Arc<Update>>, bool) {
+    let mut finished = first.finished;
+    let mut updates = vec![first];
+    while !finished && let Ok(Some(more)) = tokio::time::timeout_at(deadline, live.recv()).await {
+        finished = more.finished;
+        updates.push(more);
+    }
+    (updates, finished)
 }
 
 async fn cancel(State(app): State<App>, Path(id): Path<u64>) -> ApiResult<StatusCode> {
@@ -288,7 +379,7 @@ async fn job_log(
     Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], Body::from_stream(stream)).into_response())
 }
 
-async fn missing(State(app): State<App>, Json(req): Json<MissingRequest>) -> Json<MissingReply> {
+async fn missing(State(app): State<App>, JsonBody(req): JsonBody<MissingRequest>) -> Json<MissingReply> {
     let missing = req.digests.into_iter().filter(|d| !app.blobs.has_blob(&Key(d.0))).collect();
     Json(MissingReply { missing })
 }
@@ -410,7 +501,7 @@ async fn queues(State(app): State<App>) -> ApiResult<Json<Vec<drover_proto::Queu
 
 async fn register(
     State(app): State<App>,
-    Json(req): Json<RegisterRequest>,
+    JsonBody(req): JsonBody<RegisterRequest>,
 ) -> ApiResult<Json<drover_proto::RegisterReply>> {
     if req.name.is_empty() || req.name.len() > 256 {
         return Err(bad("a worker name is 1 to 256 characters"));
@@ -440,7 +531,7 @@ fn reregister() -> Json<PollReply> {
 async fn poll(
     State(app): State<App>,
     Path(id): Path<u64>,
-    Json(req): Json<PollRequest>,
+    JsonBody(req): JsonBody<PollRequest>,
 ) -> ApiResult<Json<PollReply>> {
     let deadline = tokio::time::Instant::now() + Duration::from_millis(req.wait_ms).min(MAX_WAIT);
     let (notify, open) = app.shared.mailbox(id, |mb| (mb.notify.clone(), mb.open()));
@@ -481,7 +572,7 @@ async fn poll(
 async fn report(
     State(app): State<App>,
     Path(id): Path<u64>,
-    Json(mut report): Json<Report>,
+    JsonBody(mut report): JsonBody<Report>,
 ) -> ApiResult<Json<PollReply>> {
     let deliver = std::mem::take(&mut report.deliver);
     // Stages are display only: kept aside, not recorded.
@@ -496,4 +587,102 @@ async fn report(
         return Ok(Json(answer));
     }
     Ok(Json(app.shared.report(id, report, deliver).await?))
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::body::to_bytes;
+    use drover_proto::PollRequest;
+
+    use super::*;
+
+    fn request(content_type: Option<&str>, body: &str) -> Request {
+        let mut req = Request::builder().method("POST").uri("/");
+        if let Some(t) = content_type {
+            req = req.header(header::CONTENT_TYPE, t);
+        }
+        req.body(Body::from(body.to_owned())).expect("request")
+    }
+
+    /// What a handler's client would see: the status and body of the
+    /// rejection, or the decoded value.
+    async fn outcome<T>(result: Result<T, JsonRejection>) -> Result<T, (StatusCode, Bytes)> {
+        match result {
+            Ok(value) => Ok(value),
+            Err(rejection) => {
+                let response = rejection.into_response();
+                let status = response.status();
+                Err((status, to_bytes(response.into_body(), usize::MAX).await.expect("body")))
+            }
+        }
+    }
+
+    fn update(seq: u64, finished: bool) -> Arc<Update> {
+        let kind = drover_proto::EventKind::JobQueued { job: format!("j{seq}") };
+        Arc::new(Update { events: vec![drover_proto::BuildEvent { seq, at: 0, kind }], finished })
+    }
+
+    fn seqs(updates: &[Arc<Update>]) -> Vec<u64> {
+        updates.iter().flat_map(|u| u.events.iter().map(|e| e.seq)).collect()
+    }
+
+    /// Updates that come before the deadline join the chunk; later ones
+    /// wait for the next. (Tokio's paused clock: no real time passes.)
+    #[tokio::test(start_paused = true)]
+    async fn events_gather_until_the_deadline() {
+        let (tx, mut live) = tokio::sync::mpsc::channel(8);
+        let start = Instant::now();
+        let sender = tokio::spawn(async move {
+            tokio::time::sleep(EVENT_BATCH / 2).await;
+            tx.send(update(1, false)).await.expect("send");
+            tokio::time::sleep(EVENT_BATCH).await;
+            tx.send(update(2, false)).await.expect("send");
+            tx.send(update(3, false)).await.expect("send");
+        });
+        let (updates, finished) = gather(&mut live, update(0, false), start + EVENT_BATCH).await;
+        assert_eq!((seqs(&updates), finished), (vec![0, 1], false));
+        sender.await.expect("sender");
+        // Past its deadline, a chunk takes what waits and goes at once.
+        let first = live.recv().await.expect("update 2");
+        let (updates, finished) = gather(&mut live, first, start).await;
+        assert_eq!((seqs(&updates), finished), (vec![2, 3], false));
+    }
+
+    /// The build's end goes out at once, with what came before it.
+    #[tokio::test(start_paused = true)]
+    async fn the_builds_end_does_not_wait_for_the_deadline() {
+        let (tx, mut live) = tokio::sync::mpsc::channel(8);
+        tx.send(update(1, false)).await.expect("send");
+        tx.send(update(2, true)).await.expect("send");
+        let deadline = Instant::now() + Duration::from_secs(3600);
+        let (updates, finished) = gather(&mut live, update(0, false), deadline).await;
+        assert_eq!((seqs(&updates), finished), (vec![0, 1, 2], true));
+        assert!(Instant::now() < deadline, "it did not wait");
+    }
+
+    /// `JsonBody` accepts what `Json` accepts and rejects what it rejects,
+    /// with the same status and message.
+    #[tokio::test]
+    async fn json_body_takes_and_refuses_what_json_does() {
+        let cases = [
+            (Some("application/json"), r#"{"wait_ms": 5, "seen": 2}"#),
+            (Some("application/json; charset=utf-8"), r#"{"wait_ms": 5}"#),
+            (Some("application/json"), r#"{"wait_ms": "soon"}"#),
+            (Some("application/json"), r#"{"wait_ms": 5"#),
+            (Some("application/json"), r#"{"wait_ms": 5} trailing"#),
+            (Some("text/plain"), r#"{"wait_ms": 5}"#),
+            (None, r#"{"wait_ms": 5}"#),
+        ];
+        let taken = JsonBody::<PollRequest>::from_request(request(cases[0].0, cases[0].1), &()).await;
+        assert!(taken.is_ok_and(|JsonBody(req)| req.wait_ms == 5 && req.seen == 2));
+        for (content_type, body) in cases {
+            let ours = JsonBody::<PollRequest>::from_request(request(content_type, body), &()).await;
+            let axum = Json::<PollRequest>::from_request(request(content_type, body), &()).await;
+            assert_eq!(
+                outcome(ours.map(|JsonBody(v)| v)).await,
+                outcome(axum.map(|Json(v)| v)).await,
+                "{content_type:?} {body}"
+            );
+        }
+    }
 }

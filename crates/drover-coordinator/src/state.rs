@@ -9,6 +9,11 @@
 //! answer to the report that freed its slot. Queries run after the commit,
 //! on the same thread, so they never see state that could still be lost.
 //! Timers of the core wake the loop up.
+//!
+//! Clients following a build's event stream do not ask the state thread
+//! for news: at the end of each turn it hands the new events of every build
+//! that changed to that build's followers, once per build (see
+//! [`Followers`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
@@ -16,16 +21,21 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use drover_core::Millis;
-use drover_proto::{PollReply, Report, RunResult, RunStage};
+use drover_proto::{BuildEvent, PollReply, Report, RunResult, RunStage};
 use drover_solver::{Effect, Input, Reply, Solver, SolverError};
 use drover_store::Store;
-use tokio::sync::{Notify, oneshot, watch};
+use tokio::sync::{Notify, mpsc, oneshot};
 
 /// Most commands handled in one turn (one transaction).
 const MAX_BATCH: usize = 4096;
 
 /// Most stage notes kept (the oldest runs' are dropped first).
 const MAX_STAGE_NOTES: usize = 100_000;
+
+/// Most updates waiting for one follower of a build's events. A follower
+/// that falls further behind (its client reads too slowly) is dropped, and
+/// follows again from where it is.
+const FOLLOW_BACKLOG: usize = 256;
 
 /// Work for the state thread.
 pub(crate) enum Command {
@@ -36,6 +46,89 @@ pub(crate) enum Command {
     Report { worker: u64, report: Report, deliver: bool, reply: oneshot::Sender<PollReply> },
     /// Read the state.
     Query(Box<dyn FnOnce(&Solver) + Send>),
+    /// Follow a build's events from `from` (`None` for an unknown build).
+    Follow { build: u64, from: u64, reply: oneshot::Sender<Option<Follow>> },
+}
+
+/// New events of a build, handed to each of its followers.
+#[derive(Debug)]
+pub(crate) struct Update {
+    pub(crate) events: Vec<BuildEvent>,
+    /// The build is over: nothing follows.
+    pub(crate) finished: bool,
+}
+
+/// Where a follower of a build's events gets them.
+pub(crate) type Live = mpsc::Receiver<Arc<Update>>;
+
+/// A build's event stream from a position: the events there are, and, while
+/// the build is not over, the rest as they come. The channel closes early if
+/// the follower falls behind or the state thread stops; the follower then
+/// follows again from the last event it got.
+#[derive(Debug)]
+pub(crate) struct Follow {
+    pub(crate) history: Vec<BuildEvent>,
+    pub(crate) finished: bool,
+    pub(crate) live: Option<Live>,
+}
+
+/// The followers of builds' event streams (owned by the state thread). Each
+/// turn's new events of a build are cloned once and shared by all its
+/// followers, and only the followers of builds that changed are woken.
+#[derive(Debug, Default)]
+struct Followers {
+    /// By build.
+    builds: BTreeMap<u64, Following>,
+}
+
+/// The followers of one build.
+#[derive(Debug)]
+struct Following {
+    /// How many of the build's events were handed out.
+    seen: u64,
+    channels: Vec<mpsc::Sender<Arc<Update>>>,
+}
+
+impl Followers {
+    /// A new follower of `build` from `from`. Called once the turn's new
+    /// events went out, so the history ends where the next update starts
+    /// (a follower drops any event it already has, by `seq`, all the same).
+    fn add(&mut self, solver: &Solver, build: u64, from: u64, backlog: usize) -> Option<Follow> {
+        let (history, finished) = solver.events(build, from)?;
+        if finished {
+            return Some(Follow { history, finished, live: None });
+        }
+        let (tx, rx) = mpsc::channel(backlog);
+        let seen = solver.event_count(build).unwrap_or(0);
+        self.builds
+            .entry(build)
+            .or_insert_with(|| Following { seen, channels: Vec::new() })
+            .channels
+            .push(tx);
+        Some(Follow { history, finished, live: Some(rx) })
+    }
+
+    /// Hands the new events of each build in `changed` to its followers;
+    /// drops followers that are gone or too far behind, and every follower
+    /// of a build that is over.
+    fn publish(&mut self, solver: &Solver, changed: &BTreeSet<u64>) {
+        for build in changed {
+            let Some(following) = self.builds.get_mut(build) else { continue };
+            let Some((events, finished)) = solver.events(*build, following.seen) else {
+                self.builds.remove(build);
+                continue;
+            };
+            if events.is_empty() && !finished {
+                continue;
+            }
+            following.seen += events.len() as u64;
+            let update = Arc::new(Update { events, finished });
+            following.channels.retain(|tx| tx.try_send(update.clone()).is_ok());
+            if finished || following.channels.is_empty() {
+                self.builds.remove(build);
+            }
+        }
+    }
 }
 
 /// A worker's mail: what its next poll (or, if it asks, its next report's
@@ -109,8 +202,6 @@ impl Mailbox {
 pub(crate) struct Shared {
     tx: Mutex<Sender<Command>>,
     pub(crate) mailboxes: Mutex<BTreeMap<u64, Mailbox>>,
-    /// Bumped whenever any build's event stream grows.
-    pub(crate) version: watch::Sender<u64>,
     /// When each worker's lease was last renewed through a recorded poll.
     renewed: Mutex<BTreeMap<u64, std::time::Instant>>,
     /// The stage each run in flight is in, as its worker last said (display
@@ -156,6 +247,13 @@ impl Shared {
         self.send(Command::Query(Box::new(move |s| {
             let _ = tx.send(f(s));
         })))?;
+        rx.await.map_err(|_| Stopped)
+    }
+
+    /// Follows a build's events from `from`; `None` for an unknown build.
+    pub(crate) async fn follow(&self, build: u64, from: u64) -> Result<Option<Follow>, Stopped> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Follow { build, from, reply })?;
         rx.await.map_err(|_| Stopped)
     }
 
@@ -233,11 +331,9 @@ pub(crate) fn start(mut store: Store, mut solver: Solver) -> Result<Arc<Shared>,
         tracing::info!(replayed, "recovered state from the log");
     }
     let (tx, rx) = std::sync::mpsc::channel();
-    let (version, _) = watch::channel(0);
     let shared = Arc::new(Shared {
         tx: Mutex::new(tx),
         mailboxes: Mutex::new(BTreeMap::new()),
-        version,
         renewed: Mutex::new(BTreeMap::new()),
         stages: Mutex::new(BTreeMap::new()),
     });
@@ -250,6 +346,7 @@ pub(crate) fn start(mut store: Store, mut solver: Solver) -> Result<Arc<Shared>,
 }
 
 fn run(mut store: Store, mut solver: Solver, rx: Receiver<Command>, shared: Arc<Shared>) {
+    let mut followers = Followers::default();
     loop {
         let wait = solver.poll_timeout().map(|at| Duration::from_millis(at.0.saturating_sub(now_ms())));
         let mut batch = Vec::new();
@@ -274,6 +371,7 @@ fn run(mut store: Store, mut solver: Solver, rx: Receiver<Command>, shared: Arc<
         let mut records: Vec<(u64, Vec<u8>)> = Vec::new();
         let mut answers = Vec::new();
         let mut queries = Vec::new();
+        let mut follows = Vec::new();
         let mut apply = |solver: &mut Solver, input: Input| {
             let body = serde_json::to_vec(&input).expect("encodable input");
             records.push((now, body));
@@ -294,6 +392,7 @@ fn run(mut store: Store, mut solver: Solver, rx: Receiver<Command>, shared: Arc<
                     answers.push(Answer::Report { worker, deliver: deliver && !reregister, mail, reply });
                 }
                 Command::Query(f) => queries.push(f),
+                Command::Follow { build, from, reply } => follows.push((build, from, reply)),
             }
         }
         if !records.is_empty()
@@ -323,9 +422,7 @@ fn run(mut store: Store, mut solver: Solver, rx: Receiver<Command>, shared: Arc<
             }
             changed
         };
-        if changed {
-            shared.version.send_modify(|v| *v += 1);
-        }
+        followers.publish(&solver, &changed);
         for answer in answers {
             match answer {
                 Answer::Input(reply, result) => {
@@ -351,6 +448,9 @@ fn run(mut store: Store, mut solver: Solver, rx: Receiver<Command>, shared: Arc<
         for f in queries {
             f(&solver);
         }
+        for (build, from, reply) in follows {
+            let _ = reply.send(followers.add(&solver, build, from, FOLLOW_BACKLOG));
+        }
     }
 }
 
@@ -368,10 +468,10 @@ enum Answer {
 
 /// Carries out the effects: mail goes into the workers' mailboxes (their
 /// polls are woken by the caller, once reports have taken theirs). Returns
-/// the workers whose mailboxes changed, and whether any build's event
-/// stream grew.
-fn perform(mailboxes: &mut BTreeMap<u64, Mailbox>, effects: Vec<Effect>) -> (BTreeSet<u64>, bool) {
-    let mut changed = false;
+/// the workers whose mailboxes changed, and the builds whose event streams
+/// grew.
+fn perform(mailboxes: &mut BTreeMap<u64, Mailbox>, effects: Vec<Effect>) -> (BTreeSet<u64>, BTreeSet<u64>) {
+    let mut changed = BTreeSet::new();
     let mut touched = BTreeSet::new();
     for effect in effects {
         let worker = match &effect {
@@ -381,8 +481,8 @@ fn perform(mailboxes: &mut BTreeMap<u64, Mailbox>, effects: Vec<Effect>) -> (BTr
             | Effect::Suspend { worker, .. }
             | Effect::Registered { worker }
             | Effect::WorkerLost { worker } => *worker,
-            Effect::BuildChanged { .. } => {
-                changed = true;
+            Effect::BuildChanged { build } => {
+                changed.insert(*build);
                 continue;
             }
         };
@@ -435,6 +535,11 @@ fn perform(mailboxes: &mut BTreeMap<u64, Mailbox>, effects: Vec<Effect>) -> (BTr
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
+    use drover_proto::{BuildSpec, EventKind, Hash32, JobDef, OnError, RegisterRequest, SubmitRequest};
+    use tokio::sync::mpsc::error::TryRecvError;
+
     use super::*;
 
     fn mail(drop: &[u64], suspend: &[u64], resume: &[u64]) -> PollReply {
@@ -466,5 +571,144 @@ mod tests {
         assert_eq!(again.suspend, [8]);
         assert_eq!(again.resume, [7]);
         assert!(again.mail > 4, "a poll that saw version 4 learns there is mail again");
+    }
+
+    fn job(name: &str) -> JobDef {
+        let mut id = [0u8; 32];
+        id[..name.len()].copy_from_slice(name.as_bytes());
+        JobDef {
+            name: name.into(),
+            id: Hash32(id),
+            commands: vec![format!("echo {name}")],
+            env: BTreeMap::new(),
+            needs: Vec::new(),
+            cpu_millis: 0,
+            memory: 0,
+            tokens: BTreeMap::new(),
+            exclusive: Vec::new(),
+            labels: BTreeMap::new(),
+            priority: 0,
+            timeout_ms: None,
+            retries: 0,
+            inputs: None,
+            gang: None,
+        }
+    }
+
+    /// A solver with a worker of one slot and a build of two jobs.
+    fn solver_with_build() -> (Solver, u64) {
+        let mut solver = Solver::new(drover_core::Config::default());
+        solver.handle(Millis(1), register()).expect("registered");
+        let submit = Input::Submit(SubmitRequest {
+            build: BuildSpec { name: "b".into(), sources: Vec::new(), jobs: vec![job("a"), job("b")] },
+            tenant: "t".into(),
+            no_cache: false,
+            on_error: OnError::Quit,
+            max_parallel: None,
+            queue: None,
+        });
+        let Ok(Reply::Submitted(id)) = solver.handle(Millis(1), submit) else { panic!("not submitted") };
+        solver.take_effects();
+        (solver, id)
+    }
+
+    /// Applies an input at `now` as a turn does and hands the new events
+    /// out.
+    fn turn(solver: &mut Solver, followers: &mut Followers, now: u64, input: Input) {
+        solver.handle(Millis(now), input).expect("accepted");
+        let changed = solver
+            .take_effects()
+            .into_iter()
+            .filter_map(|e| match e {
+                Effect::BuildChanged { build } => Some(build),
+                _ => None,
+            })
+            .collect();
+        followers.publish(solver, &changed);
+    }
+
+    fn register() -> Input {
+        Input::Register(RegisterRequest {
+            name: "w".into(),
+            url: "http://w".into(),
+            capacity: drover_proto::WorkerCapacity {
+                slots: 1,
+                cpu_millis: 1000,
+                memory: 1 << 30,
+                tokens: BTreeMap::new(),
+            },
+            labels: BTreeMap::new(),
+            artifacts: Vec::new(),
+            running: Vec::new(),
+        })
+    }
+
+    /// What a follower got: its history, then every update until its
+    /// channel closed (and whether the last one ended the build).
+    fn received(follow: Follow) -> (Vec<BuildEvent>, bool) {
+        let mut events = follow.history;
+        let mut finished = follow.finished;
+        if let Some(mut live) = follow.live {
+            loop {
+                match live.try_recv() {
+                    Ok(update) => {
+                        assert!(!finished, "an update after the build's end");
+                        events.extend(update.events.iter().cloned());
+                        finished = update.finished;
+                    }
+                    Err(TryRecvError::Disconnected) => break,
+                    Err(TryRecvError::Empty) => panic!("the channel stayed open"),
+                }
+            }
+        }
+        (events, finished)
+    }
+
+    /// Followers that joined at different points each get every event from
+    /// where they joined, once and in order, and their channels close after
+    /// the build's end.
+    #[test]
+    fn followers_get_each_event_once_in_order_until_the_end() {
+        let (mut solver, id) = solver_with_build();
+        let mut followers = Followers::default();
+        let first = followers.add(&solver, id, 0, FOLLOW_BACKLOG).expect("known build");
+        let late_from = solver.event_count(id).expect("known build") - 1;
+        // The worker gets a job.
+        turn(&mut solver, &mut followers, 5_000, Input::Tick);
+        let late = followers.add(&solver, id, late_from, FOLLOW_BACKLOG).expect("known build");
+        turn(&mut solver, &mut followers, 3, Input::Cancel { build: id });
+        let all = solver.events(id, 0).expect("known build").0;
+        assert!(matches!(all.last().map(|e| &e.kind), Some(EventKind::BuildFinished { .. })));
+        assert_eq!(received(first), (all.clone(), true));
+        assert_eq!(received(late), (all[late_from as usize..].to_vec(), true));
+        assert!(followers.builds.is_empty(), "followers of a build that is over are let go");
+    }
+
+    /// A follower that does not take its updates is dropped once its
+    /// backlog is full: it keeps what was queued, sees its channel close, and
+    /// following again from there gives the rest.
+    #[test]
+    fn a_follower_that_falls_behind_is_dropped_and_follows_again() {
+        let (mut solver, id) = solver_with_build();
+        let mut followers = Followers::default();
+        let slow = followers.add(&solver, id, 0, 1).expect("known build");
+        let history = slow.history.len();
+        turn(&mut solver, &mut followers, 5_000, Input::Tick);
+        turn(&mut solver, &mut followers, 3, Input::Cancel { build: id });
+        let (got, finished) = received(slow);
+        assert!(got.len() > history, "the first update was queued");
+        assert!(!finished, "the update with the build's end did not fit");
+        let again = followers.add(&solver, id, got.len() as u64, 1).expect("known build");
+        assert!(again.finished && again.live.is_none(), "the build is over: history only");
+        let mut all = got;
+        all.extend(again.history);
+        assert_eq!(all, solver.events(id, 0).expect("known build").0);
+    }
+
+    /// An unknown build has nothing to follow.
+    #[test]
+    fn following_an_unknown_build_gives_none() {
+        let (solver, id) = solver_with_build();
+        assert!(Followers::default().add(&solver, id + 1, 0, FOLLOW_BACKLOG).is_none());
     }
 }

@@ -30,12 +30,24 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Hash32(pub [u8; 32]);
 
+impl Hash32 {
+    /// The 64 hex digits, written without the formatting machinery (IDs and
+    /// digests fill builds, assignments and reports, and `{:02x}` per byte
+    /// was a visible share of encoding them).
+    fn hex(&self) -> [u8; 64] {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut out = [0u8; 64];
+        for (pair, b) in out.chunks_exact_mut(2).zip(self.0) {
+            pair[0] = DIGITS[usize::from(b >> 4)];
+            pair[1] = DIGITS[usize::from(b & 0xf)];
+        }
+        out
+    }
+}
+
 impl fmt::Display for Hash32 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for b in self.0 {
-            write!(f, "{b:02x}")?;
-        }
-        Ok(())
+        f.write_str(std::str::from_utf8(&self.hex()).map_err(|_| fmt::Error)?)
     }
 }
 
@@ -64,10 +76,15 @@ impl FromStr for Hash32 {
         if s.len() != 64 {
             return Err(bad());
         }
+        let digit = |c: u8| match c {
+            b'0'..=b'9' => Some(c - b'0'),
+            b'a'..=b'f' => Some(c - b'a' + 10),
+            b'A'..=b'F' => Some(c - b'A' + 10),
+            _ => None,
+        };
         let mut out = [0u8; 32];
-        for (i, chunk) in s.as_bytes().chunks(2).enumerate() {
-            let hex = std::str::from_utf8(chunk).map_err(|_| bad())?;
-            out[i] = u8::from_str_radix(hex, 16).map_err(|_| bad())?;
+        for (b, pair) in out.iter_mut().zip(s.as_bytes().chunks_exact(2)) {
+            *b = digit(pair[0]).zip(digit(pair[1])).map(|(hi, lo)| hi << 4 | lo).ok_or_else(bad)?;
         }
         Ok(Hash32(out))
     }
@@ -75,14 +92,24 @@ impl FromStr for Hash32 {
 
 impl Serialize for Hash32 {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
+        s.serialize_str(std::str::from_utf8(&self.hex()).map_err(serde::ser::Error::custom)?)
     }
 }
 
 impl<'de> Deserialize<'de> for Hash32 {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
+        /// Reads the digits where they are, without a `String` per hash.
+        struct Digits;
+        impl serde::de::Visitor<'_> for Digits {
+            type Value = Hash32;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("64 hex digits")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Hash32, E> {
+                s.parse().map_err(E::custom)
+            }
+        }
+        d.deserialize_str(Digits)
     }
 }
 
@@ -725,6 +752,20 @@ mod tests {
         assert_eq!(serde_json::from_str::<Hash32>(&json).expect("parse"), h);
         assert!("zz".repeat(32).parse::<Hash32>().is_err());
         assert!("ab".parse::<Hash32>().is_err());
+        // 64 bytes, not 64 digits.
+        assert!("é".repeat(32).parse::<Hash32>().is_err());
+        assert!(format!("+{}", "a".repeat(63)).parse::<Hash32>().is_err());
+        let every: Vec<u8> = (0..=255).collect();
+        for bytes in every.chunks(32) {
+            let h = Hash32(bytes.try_into().expect("32 bytes"));
+            let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+            assert_eq!(h.to_string(), hex);
+            assert_eq!(serde_json::to_string(&h).expect("json"), format!("\"{hex}\""));
+            assert_eq!(hex.parse::<Hash32>(), Ok(h));
+            assert_eq!(hex.to_uppercase().parse::<Hash32>(), Ok(h), "upper case is read too");
+            let escaped = format!("\"\\u00{:02x}{}\"", hex.as_bytes()[0], &hex[1..]);
+            assert_eq!(serde_json::from_str::<Hash32>(&escaped).expect("parse"), h, "{escaped}");
+        }
     }
 
     #[test]

@@ -78,6 +78,11 @@ pub(crate) struct Build {
     path: Vec<u64>,
     spec: BuildSpec,
     index: BTreeMap<String, u32>,
+    /// Every job's needs by index, in the order of its `needs`: those of
+    /// job `i` are `needs[needs_at[i]..needs_at[i + 1]]` (looked up by name
+    /// once, not each time one of the build's jobs goes to the core).
+    needs: Vec<u32>,
+    needs_at: Vec<usize>,
     dependents: Vec<Vec<u32>>,
     /// Needs not yet succeeded, per job.
     pending: Vec<u32>,
@@ -187,6 +192,9 @@ impl Build {
             return Err("source paths must be sorted and unique".into());
         }
         let mut index = BTreeMap::new();
+        let mut needs_list = Vec::new();
+        let mut needs_at = Vec::with_capacity(spec.jobs.len() + 1);
+        needs_at.push(0);
         let mut dependents = vec![Vec::new(); spec.jobs.len()];
         let mut pending = Vec::with_capacity(spec.jobs.len());
         for (i, job) in spec.jobs.iter().enumerate() {
@@ -205,7 +213,9 @@ impl Build {
                     ));
                 };
                 dependents[d as usize].push(i as u32);
+                needs_list.push(d);
             }
+            needs_at.push(needs_list.len());
             if index.insert(job.name.clone(), i as u32).is_some() {
                 return Err(format!("two jobs are named {:?}", job.name));
             }
@@ -265,6 +275,8 @@ impl Build {
             path,
             spec,
             index,
+            needs: needs_list,
+            needs_at,
             dependents,
             pending,
             jobs,
@@ -293,8 +305,9 @@ impl Build {
         &self.spec.jobs[i as usize]
     }
 
-    pub(crate) fn def_by_name(&self, name: &str) -> &JobDef {
-        self.def(self.index[name])
+    /// Job `i`'s needs, by index, in the order of its `needs`.
+    pub(crate) fn needs_of(&self, i: u32) -> &[u32] {
+        &self.needs[self.needs_at[i as usize]..self.needs_at[i as usize + 1]]
     }
 
     /// Should job `i` ignore cached results (the build's choice, or a gang
@@ -377,7 +390,7 @@ impl Build {
         JobSpec {
             id: def.id.into(),
             tenant: self.tenant.clone(),
-            deps: def.needs.iter().map(|n| JobId::from(self.def_by_name(n).id)).collect(),
+            deps: self.needs_of(i).iter().map(|&d| JobId::from(self.def(d).id)).collect(),
             request: Request {
                 slots: 1,
                 cpu: def.cpu_millis,

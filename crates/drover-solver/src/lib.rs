@@ -309,6 +309,11 @@ impl Solver {
         Some((events, b.state.is_final()))
     }
 
+    /// How many events a build's stream has.
+    pub fn event_count(&self, id: u64) -> Option<u64> {
+        Some(self.builds.get(&id)?.events.len() as u64)
+    }
+
     /// Every queue with its share (see [`Scheduler::queue_views`]).
     pub fn queues(&self) -> Vec<drover_core::QueueView> {
         self.core.queue_views()
@@ -762,8 +767,9 @@ impl Solver {
         let deps = def
             .needs
             .iter()
-            .map(|name| {
-                let dep = build.def_by_name(name);
+            .zip(build.needs_of(i))
+            .map(|(name, &d)| {
+                let dep = build.def(d);
                 DepInput {
                     name: name.clone(),
                     job: dep.id,

@@ -992,3 +992,37 @@ fn a_gang_member_served_from_the_cache_lowers_what_the_gang_waits_for() {
     let status = h.solver.build_status(b2).expect("build");
     assert_eq!(status.state, BuildState::Succeeded, "{status:?}");
 }
+
+/// A job's needs are resolved to jobs once, at submission: the core gets
+/// their IDs and the assignment names each with its ID, in the order the
+/// job lists them.
+#[test]
+fn needs_resolve_to_their_jobs_in_the_listed_order() {
+    let mut h = Harness::new();
+    let w = worker_id(h.input(register("w1", 4, vec![])));
+    let b = build_id(h.input(submit(vec![job("a", &[]), job("b", &[]), job("c", &["b", "a"])])));
+    assert_eq!(h.solver.builds[&b].needs_of(2), [1, 0]);
+    h.later();
+    let first = h.solver.take_effects();
+    let runs: Vec<(u64, String)> = first
+        .into_iter()
+        .filter_map(|e| match e {
+            Effect::Assign { assignment, .. } => Some((assignment.run, assignment.name)),
+            _ => None,
+        })
+        .collect();
+    let finished = runs.iter().map(|(run, name)| ok(*run, name)).collect();
+    h.report(w, Report { finished, ..Report::default() });
+    h.later();
+    let c = h
+        .solver
+        .take_effects()
+        .into_iter()
+        .find_map(|e| match e {
+            Effect::Assign { assignment, .. } if assignment.name == "c" => Some(assignment),
+            _ => None,
+        })
+        .expect("c assigned");
+    let deps: Vec<(String, Hash32)> = c.deps.iter().map(|d| (d.name.clone(), d.job)).collect();
+    assert_eq!(deps, [("b".to_owned(), job("b", &[]).id), ("a".to_owned(), job("a", &[]).id)]);
+}
