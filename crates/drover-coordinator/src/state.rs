@@ -576,23 +576,7 @@ mod tests {
     fn job(name: &str) -> JobDef {
         let mut id = [0u8; 32];
         id[..name.len()].copy_from_slice(name.as_bytes());
-        JobDef {
-            name: name.into(),
-            id: Hash32(id),
-            commands: vec![format!("echo {name}")],
-            env: BTreeMap::new(),
-            needs: Vec::new(),
-            cpu_millis: 0,
-            memory: 0,
-            tokens: BTreeMap::new(),
-            exclusive: Vec::new(),
-            labels: BTreeMap::new(),
-            priority: 0,
-            timeout_ms: None,
-            retries: 0,
-            inputs: None,
-            gang: None,
-        }
+        JobDef { commands: vec![format!("echo {name}")], ..JobDef::new(name, Hash32(id)) }
     }
 
     /// A solver with a worker of one slot and a build of two jobs.

@@ -108,21 +108,9 @@ fn submit_request(name: &str, jobs: usize) -> SubmitRequest {
             id[..8].copy_from_slice(&(i as u64).to_le_bytes());
             id[8..8 + name.len().min(24)].copy_from_slice(&name.as_bytes()[..name.len().min(24)]);
             JobDef {
-                name: format!("j{i}"),
-                id: Hash32(id),
                 commands: vec![format!("true {i}")],
-                env: BTreeMap::new(),
-                needs: Vec::new(),
-                cpu_millis: 0,
-                memory: 0,
-                tokens: BTreeMap::new(),
-                exclusive: Vec::new(),
-                labels: BTreeMap::new(),
-                priority: 0,
-                timeout_ms: None,
                 retries: 2,
-                inputs: None,
-                gang: None,
+                ..JobDef::new(format!("j{i}"), Hash32(id))
             }
         })
         .collect();

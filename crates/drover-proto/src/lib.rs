@@ -179,6 +179,32 @@ pub struct JobDef {
     pub gang: Option<GangDef>,
 }
 
+impl JobDef {
+    /// A job that runs nothing and asks for nothing: no commands,
+    /// environment, needs, resources, labels or retries, default priority,
+    /// no timeout, every source, no gang. Set the rest with struct update
+    /// syntax.
+    pub fn new(name: impl Into<String>, id: Hash32) -> JobDef {
+        JobDef {
+            name: name.into(),
+            id,
+            commands: Vec::new(),
+            env: BTreeMap::new(),
+            needs: Vec::new(),
+            cpu_millis: 0,
+            memory: 0,
+            tokens: BTreeMap::new(),
+            exclusive: Vec::new(),
+            labels: BTreeMap::new(),
+            priority: 0,
+            timeout_ms: None,
+            retries: 0,
+            inputs: None,
+            gang: None,
+        }
+    }
+}
+
 /// A gang of a build: jobs that start all at once or not at all.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GangDef {

@@ -15,21 +15,10 @@ fn job(name: &str, needs: &[&str]) -> JobDef {
     let mut id = [0u8; 32];
     id[..name.len()].copy_from_slice(name.as_bytes());
     JobDef {
-        name: name.into(),
-        id: Hash32(id),
         commands: vec![format!("echo {name}")],
-        env: BTreeMap::new(),
         needs: needs.iter().map(|s| s.to_string()).collect(),
-        cpu_millis: 0,
-        memory: 0,
-        tokens: BTreeMap::new(),
-        exclusive: Vec::new(),
-        labels: BTreeMap::new(),
-        priority: 0,
-        timeout_ms: None,
         retries: 1,
-        inputs: None,
-        gang: None,
+        ..JobDef::new(name, Hash32(id))
     }
 }
 
