@@ -276,13 +276,7 @@ impl Cas {
         };
         inner.rebuild()?;
         let cas = Cas { inner: Arc::new(inner) };
-        let trash = {
-            let mut st = cas.inner.lock();
-            let evicted = cas.inner.evict_locked(&mut st, None, 0);
-            st.evicted.extend(evicted);
-            std::mem::take(&mut st.trash)
-        };
-        cas.inner.drain(trash);
+        cas.inner.evict_to_limits();
         Ok(cas)
     }
 
@@ -291,14 +285,7 @@ impl Cas {
     /// (reported by [`Cas::take_evicted`]).
     pub fn keep_free(&self, reserve: Reserve) {
         *self.inner.reserve.lock().unwrap_or_else(PoisonError::into_inner) = reserve;
-        let short = self.inner.shortfall();
-        let trash = {
-            let mut st = self.inner.lock();
-            let evicted = self.inner.evict_locked(&mut st, None, short);
-            st.evicted.extend(evicted);
-            std::mem::take(&mut st.trash)
-        };
-        self.inner.drain(trash);
+        self.inner.evict_to_limits();
     }
 
     /// The cache's directory.
@@ -668,6 +655,19 @@ impl Inner {
                 let _ = remove_path(&from);
             }
         }
+    }
+
+    /// Evicts until within the limits (the size bound, the reserve), for
+    /// [`Cas::take_evicted`] to report.
+    fn evict_to_limits(&self) {
+        let short = self.shortfall();
+        let trash = {
+            let mut st = self.lock();
+            let evicted = self.evict_locked(&mut st, None, short);
+            st.evicted.extend(evicted);
+            std::mem::take(&mut st.trash)
+        };
+        self.drain(trash);
     }
 
     /// Evicts LRU entries (except `protect`) until within `max_bytes` and
