@@ -703,36 +703,49 @@ mod random {
         let mut cancelled = BTreeSet::new();
         // Runs in flight: run → (worker, job name).
         let mut running: BTreeMap<u64, (u64, String)> = BTreeMap::new();
-        let step = |h: &mut Harness,
-                    running: &mut BTreeMap<u64, (u64, String)>,
-                    cancelled: &BTreeSet<u64>| {
-            for effect in h.solver.take_effects() {
-                match effect {
-                    Effect::Assign { worker, assignment } => {
-                        // Some live build must need the job.
-                        let needed =
-                            h.solver.build_ids().into_iter().filter(|b| !cancelled.contains(b)).any(|b| {
-                                let status = h.solver.build_status(b).expect("build");
-                                status.jobs.iter().any(|j| j.name == assignment.name && !j.state.is_final())
-                            });
-                        assert!(
-                            needed,
-                            "{} runs although every build needing it was cancelled",
-                            assignment.name
-                        );
-                        running.insert(assignment.run, (worker, assignment.name));
+        let step =
+            |h: &mut Harness, running: &mut BTreeMap<u64, (u64, String)>, cancelled: &BTreeSet<u64>| {
+                // Reports sent here may hand out work at once: check those
+                // assignments against the builds as they are now, before the
+                // next operation changes them.
+                loop {
+                    let effects = h.solver.take_effects();
+                    if effects.is_empty() {
+                        break;
                     }
-                    Effect::Stop { worker, run } | Effect::Drop { worker, run }
-                        if running.remove(&run).is_some() =>
-                    {
-                        let mut stopped = failed(run, 143);
-                        stopped.exit_code = None;
-                        h.report(worker, Report { finished: vec![stopped], ..Report::default() });
+                    for effect in effects {
+                        match effect {
+                            Effect::Assign { worker, assignment } => {
+                                // Some live build must need the job.
+                                let needed =
+                                    h.solver.build_ids().into_iter().filter(|b| !cancelled.contains(b)).any(
+                                        |b| {
+                                            let status = h.solver.build_status(b).expect("build");
+                                            status
+                                                .jobs
+                                                .iter()
+                                                .any(|j| j.name == assignment.name && !j.state.is_final())
+                                        },
+                                    );
+                                assert!(
+                                    needed,
+                                    "{} runs although every build needing it was cancelled",
+                                    assignment.name
+                                );
+                                running.insert(assignment.run, (worker, assignment.name));
+                            }
+                            Effect::Stop { worker, run } | Effect::Drop { worker, run }
+                                if running.remove(&run).is_some() =>
+                            {
+                                let mut stopped = failed(run, 143);
+                                stopped.exit_code = None;
+                                h.report(worker, Report { finished: vec![stopped], ..Report::default() });
+                            }
+                            _ => {}
+                        }
                     }
-                    _ => {}
                 }
-            }
-        };
+            };
         for op in program {
             match op {
                 Op::Submit(top) => {
