@@ -422,7 +422,8 @@ fn run(mut store: Store, mut solver: Solver, rx: Receiver<Command>, shared: Arc<
             }
             changed
         };
-        followers.publish(&solver, &changed);
+        // Answers first: a worker waits for its next job in one, while the
+        // event streams' followers only watch.
         for answer in answers {
             match answer {
                 Answer::Input(reply, result) => {
@@ -445,6 +446,7 @@ fn run(mut store: Store, mut solver: Solver, rx: Receiver<Command>, shared: Arc<
                 }
             }
         }
+        followers.publish(&solver, &changed);
         for f in queries {
             f(&solver);
         }
@@ -537,7 +539,9 @@ fn perform(mailboxes: &mut BTreeMap<u64, Mailbox>, effects: Vec<Effect>) -> (BTr
 mod tests {
     use std::collections::BTreeMap;
 
-    use drover_proto::{BuildSpec, EventKind, Hash32, JobDef, OnError, RegisterRequest, SubmitRequest};
+    use drover_proto::{
+        BuildSpec, EventKind, Hash32, HeldArtifact, JobDef, OnError, RegisterRequest, SubmitRequest,
+    };
     use tokio::sync::mpsc::error::TryRecvError;
 
     use super::*;
@@ -611,6 +615,25 @@ mod tests {
         followers.publish(solver, &changed);
     }
 
+    /// The worker's report that its first run (job `a`) succeeded: `b`
+    /// goes to it next.
+    fn first_done() -> Input {
+        let done = RunResult {
+            run: 1,
+            success: true,
+            exit_code: Some(0),
+            cached: false,
+            detail: String::new(),
+            output: Some(HeldArtifact { job: job("a").id, tree: Hash32([7; 32]), size: 1 }),
+            duration_ms: 1,
+            stages: Default::default(),
+        };
+        Input::Report {
+            worker: 1,
+            report: Report { started: vec![1], finished: vec![done], ..Report::default() },
+        }
+    }
+
     fn register() -> Input {
         Input::Register(RegisterRequest {
             name: "w".into(),
@@ -657,8 +680,8 @@ mod tests {
         let mut followers = Followers::default();
         let first = followers.add(&solver, id, 0, FOLLOW_BACKLOG).expect("known build");
         let late_from = solver.event_count(id).expect("known build") - 1;
-        // The worker gets a job.
-        turn(&mut solver, &mut followers, 5_000, Input::Tick);
+        // The worker finishes the job it got and gets the next.
+        turn(&mut solver, &mut followers, 5_000, first_done());
         let late = followers.add(&solver, id, late_from, FOLLOW_BACKLOG).expect("known build");
         turn(&mut solver, &mut followers, 3, Input::Cancel { build: id });
         let all = solver.events(id, 0).expect("known build").0;
@@ -677,7 +700,7 @@ mod tests {
         let mut followers = Followers::default();
         let slow = followers.add(&solver, id, 0, 1).expect("known build");
         let history = slow.history.len();
-        turn(&mut solver, &mut followers, 5_000, Input::Tick);
+        turn(&mut solver, &mut followers, 5_000, first_done());
         turn(&mut solver, &mut followers, 3, Input::Cancel { build: id });
         let (got, finished) = received(slow);
         assert!(got.len() > history, "the first update was queued");

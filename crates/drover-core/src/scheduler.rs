@@ -1375,6 +1375,12 @@ impl Scheduler {
     }
 
     fn enter_deps_stage(&mut self, j: JobIdx, since: Millis) {
+        if self.job(j).deps.is_empty() {
+            // A job that reads no dependency has no holder to wait for: the
+            // dependency stage would only delay it by DepsTimeout.
+            self.enter_global(j);
+            return;
+        }
         let job = self.job_mut(j);
         job.state = JobState::Queued(Stage::Deps);
         job.indexed = true;
@@ -2454,7 +2460,9 @@ impl Scheduler {
                     // offering this tenant a fitting job that is best by the
                     // first job rule (its highest priority, by default):
                     // distbuild's random choice among the three queues;
-                    // within the queue, the tenant's best job.
+                    // within the queue, the tenant's best job. (Comparing
+                    // the remaining path across queues too made first
+                    // builds slower: see BENCHMARKS.md, "Makespan".)
                     if let Some(p) = fitting.iter().map(|f| f.1.order[0]).min() {
                         fitting.retain(|f| f.1.order[0] == p);
                         let pick = match fitting.len() {

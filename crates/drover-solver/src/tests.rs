@@ -896,28 +896,34 @@ fn a_gang_that_fails_without_restart_fails_the_build_and_bad_gangs_are_refused()
 #[test]
 fn queued_jobs_say_why_they_wait() {
     let mut h = Harness::new();
-    worker_id(h.input(register("w1", 1, vec![])));
+    let w = worker_id(h.input(register("w1", 1, vec![])));
     let b = build_id(h.input(submit_with(
         vec![job("a", &[]), job("b", &[]), job("c", &[]), job("after", &["a"])],
         OnError::Quit,
         Some(2),
     )));
-    let status = h.solver.build_status(b).expect("build");
-    let detail =
-        |name: &str| status.jobs.iter().find(|j| j.name == name).map(|j| j.detail.clone()).expect("job");
-    assert_eq!(detail("after"), "waits for a");
-    assert_eq!(detail("c"), "held back by max_parallel (2 of the build's jobs at once)");
-    // a and b are in the core, waiting for the worker's locality timers.
-    assert!(detail("a").starts_with("waiting"), "{}", detail("a"));
+    let detail = |h: &Harness, name: &str| {
+        let status = h.solver.build_status(b).expect("build");
+        status.jobs.iter().find(|j| j.name == name).map(|j| j.detail.clone()).expect("job")
+    };
+    assert_eq!(detail(&h, "after"), "waits for a");
+    assert_eq!(detail(&h, "c"), "held back by max_parallel (2 of the build's jobs at once)");
+    // a reads nothing, so any worker may take it at once: w1 runs it, and b
+    // finds no room.
+    let runs = h.assigned();
+    assert_eq!(runs.iter().map(|r| r.2.as_str()).collect::<Vec<_>>(), ["a"]);
+    let no_room = "no worker has room for it now (it needs 1 slot(s), 0m CPU, 0 bytes of memory)";
+    assert_eq!(detail(&h, "b"), no_room);
+    // a ends: w1 takes b, and `after` reads a's output, which only w1 holds:
+    // it waits for w1 a little before any worker may take it.
+    h.report(w, Report { finished: vec![ok(runs[0].1, "a")], ..Report::default() });
+    assert_eq!(h.assigned().iter().map(|r| r.2.as_str()).collect::<Vec<_>>(), ["b"]);
+    assert_eq!(
+        detail(&h, "after"),
+        "waiting briefly for the workers holding its inputs (w1) before any worker may take it"
+    );
     h.later();
-    let status = h.solver.build_status(b).expect("build");
-    let waiting: Vec<String> = status
-        .jobs
-        .iter()
-        .filter(|j| j.state == JobState::Queued && j.name != "after" && j.name != "c")
-        .map(|j| j.detail.clone())
-        .collect();
-    assert_eq!(waiting, ["no worker has room for it now (it needs 1 slot(s), 0m CPU, 0 bytes of memory)"]);
+    assert_eq!(detail(&h, "after"), no_room);
 }
 
 /// Runs every assignment to success, round after round.

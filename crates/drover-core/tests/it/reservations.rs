@@ -141,6 +141,9 @@ fn a_worker_whose_reserved_job_leaves_its_queues_takes_other_work() {
     let spec = |name: &str, memory: u64| {
         let mut spec = JobSpec::new(JobId::named(name), "t");
         spec.request.memory = memory;
+        // A dependency no worker holds: without its own result on w0, the
+        // job waits in its dependency stage, in no queue of w0.
+        spec.deps = vec![JobId::named("elsewhere")];
         Event::Schedule { spec, waiter: WaiterId(1) }
     };
     s.handle(Millis(0), spec("big", gib)).unwrap();
