@@ -416,8 +416,10 @@ async fn embedded_coordinator(
     // Local workers answer at once; a lost one is noticed quickly.
     config.core.lease_timeout = drover_core::Millis(5_000);
     // Every worker is on this machine: an artifact is as close to one as to
-    // another, so locality is worth only a short wait.
-    config.core.deps_timeout = drover_core::Millis(10);
+    // another, so locality is worth only a short wait, about what fetching
+    // a small output from a sibling costs (10 ms made the makespan
+    // benchmark's first builds about 1.3% slower: BENCHMARKS.md).
+    config.core.deps_timeout = drover_core::Millis(2);
     tune(&mut config.core);
     drover_coordinator::start(config)
         .await
