@@ -1375,12 +1375,6 @@ impl Scheduler {
     }
 
     fn enter_deps_stage(&mut self, j: JobIdx, since: Millis) {
-        if self.job(j).deps.is_empty() {
-            // A job that reads no dependency has no holder to wait for: the
-            // dependency stage would only delay it by DepsTimeout.
-            self.enter_global(j);
-            return;
-        }
         let job = self.job_mut(j);
         job.state = JobState::Queued(Stage::Deps);
         job.indexed = true;
@@ -1397,9 +1391,15 @@ impl Scheduler {
         for w in holders {
             self.add_place(j, Place::Second(w));
         }
-        // Rule 3: the DepsTimeout clock starts with the dependency stage.
-        let at = since.after(self.config.deps_timeout);
-        self.set_timer(j, at, TimerSlot::Deps(j));
+        if self.job(j).deps.is_empty() {
+            // A job that reads no dependency has no holder to wait for: the
+            // dependency stage would only delay it by DepsTimeout.
+            self.enter_global(j);
+        } else {
+            // Rule 3: the DepsTimeout clock starts with the dependency stage.
+            let at = since.after(self.config.deps_timeout);
+            self.set_timer(j, at, TimerSlot::Deps(j));
+        }
     }
 
     fn enter_global(&mut self, j: JobIdx) {
