@@ -694,6 +694,48 @@ mod random {
         }
     }
 
+    /// Runs in flight: run → (worker, job name).
+    type Running = BTreeMap<u64, (u64, String)>;
+
+    /// Takes the solver's effects: checks that every assignment serves a
+    /// live build, and answers every stop or drop of a run in flight with
+    /// its end. Those reports may hand out work at once, so it goes on until
+    /// no effect is left, checking each assignment against the builds as
+    /// they are when it is made.
+    fn step(h: &mut Harness, running: &mut Running, cancelled: &BTreeSet<u64>) {
+        loop {
+            let effects = h.solver.take_effects();
+            if effects.is_empty() {
+                return;
+            }
+            for effect in effects {
+                match effect {
+                    Effect::Assign { worker, assignment } => {
+                        let live = |b: &u64| !cancelled.contains(b);
+                        let needed = h.solver.build_ids().into_iter().filter(live).any(|b| {
+                            let status = h.solver.build_status(b).expect("build");
+                            status.jobs.iter().any(|j| j.name == assignment.name && !j.state.is_final())
+                        });
+                        assert!(
+                            needed,
+                            "{} runs although every build needing it was cancelled",
+                            assignment.name
+                        );
+                        running.insert(assignment.run, (worker, assignment.name));
+                    }
+                    Effect::Stop { worker, run } | Effect::Drop { worker, run }
+                        if running.remove(&run).is_some() =>
+                    {
+                        let mut stopped = failed(run, 143);
+                        stopped.exit_code = None;
+                        h.report(worker, Report { finished: vec![stopped], ..Report::default() });
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
     /// Runs the program and checks both properties.
     fn run(u: &Universe, program: &[Op]) {
         let mut h = Harness::new();
@@ -701,51 +743,7 @@ mod random {
             [worker_id(h.input(register("w1", 2, vec![]))), worker_id(h.input(register("w2", 2, vec![])))];
         let mut builds: Vec<u64> = Vec::new();
         let mut cancelled = BTreeSet::new();
-        // Runs in flight: run → (worker, job name).
-        let mut running: BTreeMap<u64, (u64, String)> = BTreeMap::new();
-        let step =
-            |h: &mut Harness, running: &mut BTreeMap<u64, (u64, String)>, cancelled: &BTreeSet<u64>| {
-                // Reports sent here may hand out work at once: check those
-                // assignments against the builds as they are now, before the
-                // next operation changes them.
-                loop {
-                    let effects = h.solver.take_effects();
-                    if effects.is_empty() {
-                        break;
-                    }
-                    for effect in effects {
-                        match effect {
-                            Effect::Assign { worker, assignment } => {
-                                // Some live build must need the job.
-                                let needed =
-                                    h.solver.build_ids().into_iter().filter(|b| !cancelled.contains(b)).any(
-                                        |b| {
-                                            let status = h.solver.build_status(b).expect("build");
-                                            status
-                                                .jobs
-                                                .iter()
-                                                .any(|j| j.name == assignment.name && !j.state.is_final())
-                                        },
-                                    );
-                                assert!(
-                                    needed,
-                                    "{} runs although every build needing it was cancelled",
-                                    assignment.name
-                                );
-                                running.insert(assignment.run, (worker, assignment.name));
-                            }
-                            Effect::Stop { worker, run } | Effect::Drop { worker, run }
-                                if running.remove(&run).is_some() =>
-                            {
-                                let mut stopped = failed(run, 143);
-                                stopped.exit_code = None;
-                                h.report(worker, Report { finished: vec![stopped], ..Report::default() });
-                            }
-                            _ => {}
-                        }
-                    }
-                }
-            };
+        let mut running = Running::new();
         for op in program {
             match op {
                 Op::Submit(top) => {
