@@ -82,6 +82,16 @@ const FEW: usize = 32;
 /// next class instead.
 const PASS_OVER: u32 = 8;
 
+/// The bit of class `c` in a class mask: its own for the first 63 classes,
+/// one shared bit for all later ones. A draw compares the classes a tenant
+/// has in a queue with those a worker could take in one AND.
+pub(crate) fn class_bit(c: ClassIdx) -> u64 {
+    1 << c.min(SHARED_BIT)
+}
+
+/// The class-mask bit that classes from this one on share.
+pub(crate) const SHARED_BIT: ClassIdx = 63;
+
 /// One entry of a local queue: a job of the tenant, with its slot's era.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Entry {
@@ -140,6 +150,25 @@ impl Entries {
         match self {
             Entries::Few(v) => v.is_empty(),
             Entries::Many(m) => m.is_empty(),
+        }
+    }
+
+    /// The class mask of these entries (see [`class_bit`]). For many
+    /// entries, one descent per class present rather than a walk.
+    fn mask(&self) -> u64 {
+        match self {
+            Entries::Few(v) => v.iter().fold(0, |m, e| m | class_bit(e.class)),
+            Entries::Many(m) => {
+                let (mut mask, mut from) = (0, 0);
+                while let Some((&(class, _), _)) = m.range((from, FIRST_KEY)..).next() {
+                    mask |= class_bit(class);
+                    if class >= SHARED_BIT {
+                        break;
+                    }
+                    from = class + 1;
+                }
+                mask
+            }
         }
     }
 
@@ -232,6 +261,10 @@ pub(crate) struct Queue {
     /// Entries (dead ones included) per class: a draw skips the walk when
     /// no class it could take has any.
     classes: Vec<u32>,
+    /// Per tenant, the class mask of its entries, dead ones included: a
+    /// draw passes over a tenant with nothing it could take here without a
+    /// descent (see [`Queue::class_mask`]).
+    masks: Vec<u64>,
 }
 
 impl Queue {
@@ -239,6 +272,11 @@ impl Queue {
     /// comes back to life.
     pub(crate) fn insert(&mut self, class: ClassIdx, tenant: TenantIdx, key: JobKey, job: JobIdx, era: Era) {
         let entries = self.tenants.entry(tenant).or_insert_with(|| Entries::Few(Vec::new()));
+        let t = tenant as usize;
+        if self.masks.len() <= t {
+            self.masks.resize(t + 1, 0);
+        }
+        self.masks[t] |= class_bit(class);
         if !entries.insert(Entry { class, job, key, era }) {
             self.stale -= 1;
         } else {
@@ -257,6 +295,7 @@ impl Queue {
         if !entries.remove(class, key) {
             return false;
         }
+        self.masks[tenant as usize] = entries.mask();
         if entries.is_empty() {
             self.tenants.remove(&tenant);
         }
@@ -279,8 +318,8 @@ impl Queue {
 
     /// Drops every dead entry.
     pub(crate) fn compact(&mut self, live: impl Fn(JobIdx, Era) -> bool) {
-        let (classes, removed) = (&mut self.classes, &mut 0);
-        self.tenants.retain(|_, entries| {
+        let (classes, masks, removed) = (&mut self.classes, &mut self.masks, &mut 0);
+        self.tenants.retain(|&t, entries| {
             entries.retain(|e| {
                 let keep = live(e.job, e.era);
                 if !keep {
@@ -289,6 +328,7 @@ impl Queue {
                 }
                 keep
             });
+            masks[t as usize] = entries.mask();
             !entries.is_empty()
         });
         self.entries -= *removed;
@@ -298,6 +338,13 @@ impl Queue {
     /// Whether any entry (live or dead) is of this class.
     pub(crate) fn has_class(&self, class: ClassIdx) -> bool {
         self.classes.get(class as usize).is_some_and(|&n| n > 0)
+    }
+
+    /// The class mask of `tenant`'s entries here, dead ones included (see
+    /// [`class_bit`]): no bit in common with the classes a worker could
+    /// take means [`Queue::fronts`] has nothing for it.
+    pub(crate) fn class_mask(&self, tenant: TenantIdx) -> u64 {
+        self.masks.get(tenant as usize).copied().unwrap_or(0)
     }
 
     /// The first live job of each class `tenant` has here, in class order,
@@ -318,6 +365,9 @@ impl Queue {
             classes[class as usize] -= 1;
             *dropped += 1;
         });
+        if *dropped > 0 {
+            self.masks[tenant as usize] = entries.mask();
+        }
         if entries.is_empty() {
             self.tenants.remove(&tenant);
         }
@@ -335,6 +385,7 @@ impl Queue {
         self.stale = 0;
         self.entries = 0;
         self.classes.clear();
+        self.masks = Vec::new();
         let tenants = std::mem::take(&mut self.tenants);
         let mut all = Vec::new();
         for (t, entries) in &tenants {
@@ -355,6 +406,15 @@ impl Queue {
     pub(crate) fn classes_agree(&self) -> bool {
         let mut counts = vec![0u32; self.classes.len()];
         let mut total = 0;
+        for (t, mask) in self.masks.iter().enumerate() {
+            let expected = self
+                .tenants
+                .get(&(t as TenantIdx))
+                .map_or(0, |e| e.iter().fold(0, |m, e| m | class_bit(e.class)));
+            if *mask != expected {
+                return false;
+            }
+        }
         for entries in self.tenants.values() {
             if entries.is_empty() {
                 return false;
@@ -394,6 +454,8 @@ pub(crate) struct GlobalQueue {
     /// Jobs per class: a draw skips the walk when no class it could take
     /// has any.
     classes: Vec<u32>,
+    /// Per tenant, the class mask of its groups (see [`class_bit`]).
+    masks: Vec<u64>,
 }
 
 impl GlobalQueue {
@@ -402,6 +464,11 @@ impl GlobalQueue {
         match self.groups.entry((tenant, class)) {
             btree_map::Entry::Vacant(e) => {
                 e.insert(Group { first: (key, job), jobs: BTreeMap::from([(key, job)]) });
+                let t = tenant as usize;
+                if self.masks.len() <= t {
+                    self.masks.resize(t + 1, 0);
+                }
+                self.masks[t] |= class_bit(class);
             }
             btree_map::Entry::Occupied(mut e) => {
                 let group = e.get_mut();
@@ -434,6 +501,11 @@ impl GlobalQueue {
                 Some((&next, &j)) => group.first = (next, j),
                 None => {
                     e.remove();
+                    let shared = class >= SHARED_BIT
+                        && self.groups.range((tenant, SHARED_BIT)..=(tenant, ClassIdx::MAX)).next().is_some();
+                    if !shared {
+                        self.masks[tenant as usize] &= !class_bit(class);
+                    }
                 }
             }
         }
@@ -452,6 +524,11 @@ impl GlobalQueue {
         self.classes.get(class as usize).is_some_and(|&n| n > 0)
     }
 
+    /// The class mask of `tenant`'s jobs here (see [`class_bit`]).
+    pub(crate) fn class_mask(&self, tenant: TenantIdx) -> u64 {
+        self.masks.get(tenant as usize).copied().unwrap_or(0)
+    }
+
     /// The first job of each class `tenant` has here, in class order: one
     /// descent.
     pub(crate) fn fronts(&self, tenant: TenantIdx) -> impl Iterator<Item = (ClassIdx, JobKey, JobIdx)> {
@@ -468,6 +545,16 @@ impl GlobalQueue {
     /// match the jobs, and no group is empty (for the invariant checks).
     pub(crate) fn agrees(&self) -> bool {
         let mut counts = vec![0u32; self.classes.len()];
+        let mut masks = vec![0u64; self.masks.len()];
+        for &(t, class) in self.groups.keys() {
+            match masks.get_mut(t as usize) {
+                Some(m) => *m |= class_bit(class),
+                None => return false,
+            }
+        }
+        if masks != self.masks {
+            return false;
+        }
         for (&(_, class), group) in &self.groups {
             let Some(n) = counts.get_mut(class as usize) else { return false };
             *n += group.jobs.len() as u32;

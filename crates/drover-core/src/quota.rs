@@ -87,10 +87,21 @@ impl Amounts {
             .map(|d| match (self.0[d], of.0[d]) {
                 (0, _) => 0,
                 (_, 0) => 1_000_000,
-                (x, y) => (u128::from(x) * 1_000_000 / u128::from(y)).min(u128::from(u64::MAX)) as u64,
+                (x, y) => scale(x, 1_000_000, y),
             })
             .max()
             .unwrap_or(0)
+    }
+}
+
+/// `x × m / d`, saturated at `u64::MAX` (`d > 0`). In 64 bits when the
+/// product fits, which it does for every amount short of petabytes: the
+/// 128-bit division is a library call, and this runs for every queue on
+/// every recomputation of the deserved amounts.
+fn scale(x: u64, m: u64, d: u64) -> u64 {
+    match x.checked_mul(m) {
+        Some(p) => p / d,
+        None => (u128::from(x) * u128::from(m) / u128::from(d)).min(u128::from(u64::MAX)) as u64,
     }
 }
 
@@ -133,6 +144,25 @@ pub(crate) struct Queues {
     pub(crate) default: QueueIdx,
     /// Requests or the cluster changed since deserved amounts were computed.
     pub(crate) dirty: bool,
+    /// The queues without a parent, in index order.
+    top: Vec<QueueIdx>,
+    /// [`Queues::split`]'s working list, kept between calls.
+    scratch: Vec<Sibling>,
+}
+
+/// One sibling in [`Queues::split`]'s rounds: what it may reach (its real
+/// capability, request and guarantee do not change between rounds), what
+/// it deserves so far, and whether it left the rounds. The rounds read
+/// these, a few cache lines in a row, instead of the queue nodes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Sibling {
+    queue: QueueIdx,
+    weight: u64,
+    real_cap: Amounts,
+    request: Amounts,
+    guarantee: Amounts,
+    deserved: Amounts,
+    met: bool,
 }
 
 /// The name of the queue of jobs that name none and whose tenant maps to none.
@@ -149,6 +179,8 @@ impl Queues {
             tenants: BTreeMap::new(),
             default: 0,
             dirty: true,
+            top: Vec::new(),
+            scratch: Vec::new(),
         };
         for c in configs {
             if q.index.contains_key(&c.name) {
@@ -216,6 +248,7 @@ impl Queues {
                 q.tenants.insert(tenant.clone(), leaf);
             }
         }
+        q.top = (0..q.nodes.len() as QueueIdx).filter(|&i| q.nodes[i as usize].parent.is_none()).collect();
         q
     }
 
@@ -351,17 +384,23 @@ impl Queues {
     /// Recomputes every queue's deserved amount for a cluster of `total`.
     pub(crate) fn deserve(&mut self, total: Amounts) {
         self.dirty = false;
-        let top: Vec<QueueIdx> =
-            (0..self.nodes.len() as QueueIdx).filter(|&q| self.nodes[q as usize].parent.is_none()).collect();
-        let mut levels = vec![(top, total)];
-        while let Some((children, amount)) = levels.pop() {
-            self.split(&children, amount);
-            for c in children {
-                let node = &self.nodes[c as usize];
-                if !node.children.is_empty() {
-                    levels.push((node.children.clone(), node.deserved));
-                }
+        let top = std::mem::take(&mut self.top);
+        self.deserve_level(&top, total);
+        self.top = top;
+    }
+
+    /// Splits `amount` among `siblings`, then each parent's share among its
+    /// children, depth first.
+    fn deserve_level(&mut self, siblings: &[QueueIdx], amount: Amounts) {
+        self.split(siblings, amount);
+        for &c in siblings {
+            if self.nodes[c as usize].children.is_empty() {
+                continue;
             }
+            let children = std::mem::take(&mut self.nodes[c as usize].children);
+            let deserved = self.nodes[c as usize].deserved;
+            self.deserve_level(&children, deserved);
+            self.nodes[c as usize].children = children;
         }
     }
 
@@ -369,50 +408,46 @@ impl Queues {
     fn split(&mut self, siblings: &[QueueIdx], total: Amounts) {
         let guarantees =
             siblings.iter().fold(Amounts::default(), |sum, &q| sum.plus(self.nodes[q as usize].guarantee));
-        let mut met = vec![false; siblings.len()];
-        for &q in siblings {
-            self.nodes[q as usize].deserved = Amounts::default();
-        }
+        let free = total.zip(guarantees, u64::saturating_sub);
+        let mut rounds = std::mem::take(&mut self.scratch);
+        rounds.extend(siblings.iter().map(|&q| {
+            let node = &self.nodes[q as usize];
+            Sibling {
+                queue: q,
+                weight: node.weight,
+                // What the siblings' guarantees leave this queue at most.
+                real_cap: node.capability.zip(free.plus(node.guarantee), u64::min),
+                request: node.request(),
+                guarantee: node.guarantee,
+                deserved: Amounts::default(),
+                met: false,
+            }
+        }));
+        let mut weights: u64 = rounds.iter().map(|s| s.weight).sum();
         let mut remaining = total;
         // Deserved amounts only grow, so `remaining` only shrinks: the rounds
         // end. The bound is a guard, never reached in practice.
         for _ in 0..64 {
-            let weights: u64 = siblings
-                .iter()
-                .zip(&met)
-                .filter(|(_, m)| !**m)
-                .map(|(q, _)| self.nodes[*q as usize].weight)
-                .sum();
             if weights == 0 {
                 break;
             }
-            let before = remaining;
+            let (before, offered_to) = (remaining, weights);
             let mut given = Amounts::default();
-            for (i, &q) in siblings.iter().enumerate() {
-                if met[i] {
-                    continue;
-                }
-                let node = &mut self.nodes[q as usize];
-                let old = node.deserved;
-                let offer = remaining.zip(Amounts([node.weight; 3]), |r, w| {
-                    (u128::from(r) * u128::from(w) / u128::from(weights)) as u64
-                });
-                // What the siblings' guarantees leave this queue at most.
-                let real_cap = node
-                    .capability
-                    .zip(total.zip(guarantees, u64::saturating_sub).plus(node.guarantee), u64::min);
-                let request = node.request();
+            for s in rounds.iter_mut().filter(|s| !s.met) {
+                let old = s.deserved;
+                let offer = remaining.zip(Amounts([s.weight; 3]), |r, w| scale(r, w, offered_to));
                 let deserved = old
                     .plus(offer)
-                    .zip(real_cap, u64::min)
-                    .zip(request, u64::min)
-                    .zip(node.guarantee, u64::max);
-                node.deserved = deserved;
+                    .zip(s.real_cap, u64::min)
+                    .zip(s.request, u64::min)
+                    .zip(s.guarantee, u64::max);
+                s.deserved = deserved;
                 // Met: asks for no more, or capped (offered something and
                 // did not grow). An offer rounded down to nothing is not a
                 // cap: the rounds end when nothing moves any more.
-                if request.within(&deserved) || (deserved == old && !offer.is_zero()) {
-                    met[i] = true;
+                if s.request.within(&deserved) || (deserved == old && !offer.is_zero()) {
+                    s.met = true;
+                    weights -= s.weight;
                 }
                 given.add(deserved.zip(old, u64::saturating_sub));
             }
@@ -421,6 +456,10 @@ impl Queues {
                 break;
             }
         }
+        for s in rounds.drain(..) {
+            self.nodes[s.queue as usize].deserved = s.deserved;
+        }
+        self.scratch = rounds;
     }
 }
 

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::idmap::{IdMap, IdSet};
 use crate::policy::{Policy, QueueKey, TenantKey, VictimTier};
-use crate::queue::{ClassIdx, Era, GlobalQueue, JobIdx, JobKey, Queue, TenantIdx};
+use crate::queue::{ClassIdx, Era, GlobalQueue, JobIdx, JobKey, Queue, SHARED_BIT, TenantIdx, class_bit};
 use crate::quota::{Amounts, QueueIdx, Queues};
 use crate::readers::Readers;
 use crate::resources::{ClassKey, TokenIdx, WorkerResources};
@@ -150,6 +150,10 @@ struct Tenant {
     /// Queued jobs by class: a draw passes over a tenant with none of a
     /// class the worker could take without looking into any queue.
     classes: Vec<u32>,
+    /// The same at a glance, in the tenant's own cache line: bit `c` for
+    /// each class `c < 63` with queued jobs, bit 63 if any later class has
+    /// some (see [`class_bit`]).
+    class_mask: u64,
     /// Held by this tenant's runs (for its dominant share).
     allocated: Amounts,
     /// The key it is filed under in `Scheduler::orders[queue]`.
@@ -321,8 +325,10 @@ pub struct Scheduler {
     /// Per leaf queue: its tenants with queued jobs, in the order a draw
     /// walks them (empty for parent queues).
     orders: Vec<BTreeSet<TenantKey>>,
-    /// Leaf queues with a non-empty order.
-    queue_order: BTreeSet<QueueKey>,
+    /// Leaf queues with a non-empty order, sorted by key (a vector: there
+    /// are tens of them, and a recomputation of the deserved amounts moves
+    /// most of them at once).
+    queue_order: Vec<QueueKey>,
     /// Each leaf queue's key in `queue_order` while it has queued jobs.
     queue_filed: Vec<Option<QueueKey>>,
     /// Live gangs, oldest first.
@@ -445,7 +451,7 @@ impl Scheduler {
             gangs: BTreeMap::new(),
             gang_index: BTreeMap::new(),
             next_gang: 0,
-            queue_order: BTreeSet::new(),
+            queue_order: Vec::new(),
             queue_filed: vec![None; quotas.nodes.len()],
             quotas,
             config,
@@ -1487,13 +1493,36 @@ impl Scheduler {
         if key == *filed {
             return;
         }
-        if let Some(old) = filed.take() {
-            self.queue_order.remove(&old);
+        if let Some(old) = filed.take()
+            && let Ok(i) = self.queue_order.binary_search(&old)
+        {
+            self.queue_order.remove(i);
         }
-        if let Some(key) = key {
-            self.queue_order.insert(key);
+        if let Some(key) = key
+            && let Err(i) = self.queue_order.binary_search(&key)
+        {
+            self.queue_order.insert(i, key);
         }
         self.queue_filed[q as usize] = key;
+    }
+
+    /// Files every leaf queue anew, after a recomputation of the deserved
+    /// amounts (which moves the share of most of them): one sort instead of
+    /// a removal and an insertion per queue.
+    fn refile_all_queues(&mut self) {
+        self.queue_order.clear();
+        for q in 0..self.queue_filed.len() {
+            let key = (!self.orders[q].is_empty()).then(|| {
+                self.policy.queue_key(
+                    self.quotas.nodes[q].priority,
+                    self.quotas.share(q as QueueIdx),
+                    q as QueueIdx,
+                )
+            });
+            self.queue_filed[q] = key;
+            self.queue_order.extend(key);
+        }
+        self.queue_order.sort_unstable();
     }
 
     /// A job became queued (`add`) or stopped being queued: its tenant's
@@ -1510,9 +1539,17 @@ impl Scheduler {
         }
         if add {
             tenant.classes[class] += 1;
+            tenant.class_mask |= class_bit(class as ClassIdx);
             *tenant.priorities.entry(priority).or_insert(0) += 1;
         } else {
             tenant.classes[class] -= 1;
+            if tenant.classes[class] == 0 {
+                let shared = SHARED_BIT as usize;
+                tenant.class_mask &= !class_bit(class as ClassIdx);
+                if class >= shared && tenant.classes[shared..].iter().any(|&n| n > 0) {
+                    tenant.class_mask |= class_bit(SHARED_BIT);
+                }
+            }
             if let Some(n) = tenant.priorities.get_mut(&priority) {
                 *n -= 1;
                 if *n == 0 {
@@ -1863,9 +1900,7 @@ impl Scheduler {
         }
         if self.quotas.dirty && self.quotas.active() {
             self.quotas.deserve(self.total);
-            for q in 0..self.queue_filed.len() as QueueIdx {
-                self.refile_queue(q);
-            }
+            self.refile_all_queues();
         }
         if !self.gangs.is_empty() {
             self.place_gangs();
@@ -2356,7 +2391,7 @@ impl Scheduler {
     /// The active leaf queues in queue order (the tiers' queue rules, then
     /// the queue's index).
     fn leaf_order(&self) -> Vec<QueueKey> {
-        self.queue_order.iter().copied().collect()
+        self.queue_order.clone()
     }
 
     /// Chooses the next job for worker `w`: the queue order picks the queue,
@@ -2396,6 +2431,11 @@ impl Scheduler {
         if !usable.iter().enumerate().any(|(c, &ok)| ok && queued(c as ClassIdx)) {
             return None;
         }
+        let usable_mask = usable
+            .iter()
+            .enumerate()
+            .filter(|(_, ok)| **ok)
+            .fold(0, |m, (c, _)| m | class_bit(c as ClassIdx));
         let quotas = self.quotas.active();
         leaves.extend(self.queue_order.iter().copied());
         // With quotas (and proportion), first only what keeps every queue
@@ -2423,8 +2463,27 @@ impl Scheduler {
                     }
                     // A tenant with no queued job of a usable class has no
                     // front worth reading.
-                    let queued = &self.tenants[key.1 as usize].classes;
-                    if !queued.iter().zip(usable.iter()).any(|(&n, &ok)| n > 0 && ok) {
+                    // A tenant with no queued job of a usable class, or
+                    // none where this worker looks, has no front worth
+                    // reading. (Classes past the mask's own bits share its
+                    // last one: those are counted one by one.)
+                    let tenant = &self.tenants[key.1 as usize];
+                    let common = tenant.class_mask & usable_mask;
+                    let shared = SHARED_BIT as usize;
+                    if common == 0
+                        || (common == class_bit(SHARED_BIT)
+                            && !tenant.classes[shared..]
+                                .iter()
+                                .zip(&usable[shared..])
+                                .any(|(&n, &ok)| n > 0 && ok))
+                    {
+                        continue;
+                    }
+                    let worker = &self.workers[w as usize];
+                    let here = self.global.class_mask(key.1)
+                        | worker.first.class_mask(key.1)
+                        | worker.second.class_mask(key.1);
+                    if here & usable_mask == 0 {
                         continue;
                     }
                     fronts.clear();
@@ -2542,6 +2601,7 @@ impl Scheduler {
             placed: 0,
             priorities: BTreeMap::new(),
             classes: Vec::new(),
+            class_mask: 0,
             allocated: Amounts::default(),
             filed: None,
         });

@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{DrawBuffers, JobState, Place, Scheduler, Stage, TimerSlot, WorkerIdx, live_entry};
+use crate::queue::{ClassIdx, class_bit};
 use crate::quota::Amounts;
 use crate::resources::WorkerResources;
 
@@ -287,14 +288,17 @@ impl Scheduler {
             let key = (!order.is_empty()).then(|| {
                 self.policy.queue_key(self.quotas.nodes[q].priority, self.quotas.share(q as u32), q as u32)
             });
-            if self.queue_filed[q] != key || key.is_some_and(|k| !self.queue_order.contains(&k)) {
+            if self.queue_filed[q] != key || key.is_some_and(|k| self.queue_order.binary_search(&k).is_err())
+            {
                 return Err(format!(
                     "queue {q} is filed as {:?} in the queue order, not {key:?}",
                     self.queue_filed[q]
                 ));
             }
         }
-        if self.queue_order.len() != self.queue_filed.iter().flatten().count() {
+        if self.queue_order.len() != self.queue_filed.iter().flatten().count()
+            || !self.queue_order.is_sorted_by(|a, b| a < b)
+        {
             return Err("the queue order lists a queue twice or one without queued jobs".to_owned());
         }
         // Deserved amounts are recomputed whenever a request change could
@@ -337,6 +341,17 @@ impl Scheduler {
                 .any(|c| counted.get(c).copied().unwrap_or(0) != expected.get(c).copied().unwrap_or(0))
             {
                 return Err(format!("tenant {} counts its queued jobs by class wrong", tenant.name));
+            }
+            let mask = counted
+                .iter()
+                .enumerate()
+                .filter(|(_, n)| **n > 0)
+                .fold(0, |m, (c, _)| m | class_bit(c as ClassIdx));
+            if tenant.class_mask != mask {
+                return Err(format!(
+                    "tenant {}'s class mask is {:#x}, not {mask:#x}",
+                    tenant.name, tenant.class_mask
+                ));
             }
         }
         let mut tenants = vec![Amounts::default(); self.tenants.len()];
