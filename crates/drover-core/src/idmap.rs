@@ -139,8 +139,7 @@ impl<V, K: Copy + Ord + Hash> IdMap<V, K> {
     }
 }
 
-/// A set of job IDs: membership, insertion and removal; no iteration except
-/// in ID order.
+/// A set of job IDs: membership and insertion; no iteration.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct IdSet {
     set: IdMap<()>,
@@ -152,22 +151,8 @@ impl IdSet {
         self.set.insert(id, ()).is_none()
     }
 
-    /// Removes `id`; true if it was there.
-    pub(crate) fn remove(&mut self, id: &JobId) -> bool {
-        self.set.remove(id).is_some()
-    }
-
     pub(crate) fn contains(&self, id: &JobId) -> bool {
         self.set.contains(id)
-    }
-
-    pub(crate) fn is_empty(&self) -> bool {
-        self.set.len() == 0
-    }
-
-    /// Every ID, in order (costs a sort: not for hot paths).
-    pub(crate) fn sorted(&self) -> Vec<JobId> {
-        self.set.sorted().into_iter().map(|(id, ())| *id).collect()
     }
 }
 
@@ -196,9 +181,7 @@ mod tests {
         let mut s = IdSet::default();
         assert!(s.insert(JobId::named("y")) && s.insert(JobId::named("x")));
         assert!(!s.insert(JobId::named("x")), "already there");
-        assert_eq!(s.sorted(), vec![JobId::named("x"), JobId::named("y")]);
-        assert!(s.remove(&JobId::named("x")) && !s.remove(&JobId::named("x")));
-        assert!(!s.is_empty() && s.contains(&JobId::named("y")));
+        assert!(s.contains(&JobId::named("y")) && !s.contains(&JobId::named("z")));
     }
 
     #[test]

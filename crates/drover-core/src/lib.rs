@@ -17,6 +17,7 @@
 
 #![warn(missing_docs)]
 
+mod held;
 mod idmap;
 mod policy;
 mod queue;

@@ -18,6 +18,7 @@ use std::ops::Bound::{Excluded, Unbounded};
 
 use serde::{Deserialize, Serialize};
 
+use crate::held::HeldList;
 use crate::idmap::{IdMap, IdSet};
 use crate::policy::{Policy, QueueKey, TenantKey, VictimTier};
 use crate::queue::{ClassIdx, Era, GlobalQueue, JobIdx, JobKey, Queue, SHARED_BIT, TenantIdx, class_bit};
@@ -125,7 +126,9 @@ struct Worker {
     lease: Millis,
     first: Queue,
     second: Queue,
-    held: IdSet,
+    /// The artifacts it holds, for walks over its cache (see `held.rs`;
+    /// whether it holds one is `Scheduler::holds`).
+    held: HeldList,
     /// Its runs in flight, in ID order (a new run has the highest ID yet, so
     /// it goes last).
     runs: Vec<RunId>,
@@ -986,7 +989,7 @@ impl Scheduler {
                     lease: Millis(0),
                     first: Queue::default(),
                     second: Queue::default(),
-                    held: IdSet::default(),
+                    held: HeldList::default(),
                     runs: Vec::new(),
                     reserved: None,
                 });
@@ -1013,7 +1016,7 @@ impl Scheduler {
         for a in &artifacts {
             listed.insert(*a);
         }
-        for a in self.workers[w as usize].held.sorted() {
+        for a in self.held_by(w) {
             if !listed.contains(&a) {
                 self.artifact_evicted(w, a);
             }
@@ -1275,13 +1278,10 @@ impl Scheduler {
     // ------------------------------------------------------------------
 
     fn artifact_added(&mut self, w: WorkerIdx, a: JobId) {
-        if !self.workers[w as usize].held.insert(a) {
-            return;
-        }
         let ws = self.holders.entry_or_default(a);
-        if let Err(pos) = ws.binary_search(&w) {
-            ws.insert(pos, w);
-        }
+        let Err(pos) = ws.binary_search(&w) else { return };
+        ws.insert(pos, w);
+        self.workers[w as usize].held.push(a);
         // Rule 1: a pending job is in the first queue of every holder of its
         // result, whatever its stage.
         if let Some(&j) = self.job_index.get(&a)
@@ -1300,10 +1300,15 @@ impl Scheduler {
     }
 
     fn artifact_evicted(&mut self, w: WorkerIdx, a: JobId) {
-        if !self.workers[w as usize].held.remove(&a) {
+        if !self.forget_holder(w, a) {
             return;
         }
-        self.forget_holder(w, a);
+        if self.workers[w as usize].held.evicted() {
+            let Scheduler { workers, holders, .. } = self;
+            workers[w as usize]
+                .held
+                .compact(|a| holders.get(a).is_some_and(|ws| ws.binary_search(&w).is_ok()));
+        }
         if let Some(&j) = self.job_index.get(&a)
             && matches!(self.job(j).state, JobState::Queued(_))
         {
@@ -1313,23 +1318,33 @@ impl Scheduler {
         if let Some(readers) = self.dependents.get(&a) {
             let readers: Vec<JobIdx> = readers.live(live_entry(&self.eras)).collect();
             for j in readers {
-                let held = &self.workers[w as usize].held;
-                if !self.job(j).deps.iter().any(|d| held.contains(d)) {
+                if !self.job(j).deps.iter().any(|d| self.holds(w, d)) {
                     self.remove_place(j, Place::Second(w));
                 }
             }
         }
     }
 
-    fn forget_holder(&mut self, w: WorkerIdx, a: JobId) {
-        if let Some(ws) = self.holders.get_mut(&a) {
-            if let Ok(pos) = ws.binary_search(&w) {
-                ws.remove(pos);
-            }
-            if ws.is_empty() {
-                self.holders.remove(&a);
-            }
+    /// Takes `w` off the holders of `a`; true if it was one.
+    fn forget_holder(&mut self, w: WorkerIdx, a: JobId) -> bool {
+        let Some(ws) = self.holders.get_mut(&a) else { return false };
+        let Ok(pos) = ws.binary_search(&w) else { return false };
+        ws.remove(pos);
+        if ws.is_empty() {
+            self.holders.remove(&a);
         }
+        true
+    }
+
+    /// Whether worker `w` holds artifact `a`.
+    fn holds(&self, w: WorkerIdx, a: &JobId) -> bool {
+        self.holders.get(a).is_some_and(|ws| ws.binary_search(&w).is_ok())
+    }
+
+    /// The artifacts worker `w` holds, in ID order (a walk: not for hot
+    /// paths).
+    fn held_by(&self, w: WorkerIdx) -> Vec<JobId> {
+        self.workers[w as usize].held.sorted(|a| self.holds(w, a))
     }
 
     /// A job waiting for the holders of its result when the last holder is
@@ -1771,7 +1786,7 @@ impl Scheduler {
         let runs = std::mem::take(&mut worker.runs);
         let first = worker.first.take_all(live_entry(&self.eras));
         let second = worker.second.take_all(live_entry(&self.eras));
-        let held = std::mem::take(&mut worker.held);
+        let mut held = worker.held.take();
         let reserved = worker.reserved.take();
         worker.res.used_slots = 0;
         worker.res.used_cpu = 0;
@@ -1789,7 +1804,9 @@ impl Scheduler {
             self.job_mut(j).places.retain(|p| *p != Place::Second(w));
             self.placed(t, false);
         }
-        for a in held.sorted() {
+        held.sort_unstable();
+        held.dedup();
+        for a in held {
             self.forget_holder(w, a);
         }
         let dropped = self.set_capabilities(w, false);
@@ -2437,6 +2454,7 @@ impl Scheduler {
             .filter(|(_, ok)| **ok)
             .fold(0, |m, (c, _)| m | class_bit(c as ClassIdx));
         let quotas = self.quotas.active();
+        let mut read_any = false;
         leaves.extend(self.queue_order.iter().copied());
         // With quotas (and proportion), first only what keeps every queue
         // within its deserved share; then, so that no slot idles, what stays
@@ -2462,11 +2480,9 @@ impl Scheduler {
                         continue;
                     }
                     // A tenant with no queued job of a usable class has no
-                    // front worth reading.
-                    // A tenant with no queued job of a usable class, or
-                    // none where this worker looks, has no front worth
-                    // reading. (Classes past the mask's own bits share its
-                    // last one: those are counted one by one.)
+                    // front worth reading. (Classes past the mask's own
+                    // bits share its last one: those are counted one by
+                    // one.)
                     let tenant = &self.tenants[key.1 as usize];
                     let common = tenant.class_mask & usable_mask;
                     let shared = SHARED_BIT as usize;
@@ -2479,13 +2495,23 @@ impl Scheduler {
                     {
                         continue;
                     }
+                    // Once one tenant's fronts gave nothing, the walk may
+                    // pass many more such (queues below their share whose
+                    // jobs this worker cannot run): the classes each has in
+                    // this worker's three queues, a load apiece, spare a
+                    // read of its fronts. (The first tenant usually gives
+                    // a job; its fronts are read without the check.)
                     let worker = &self.workers[w as usize];
-                    let here = self.global.class_mask(key.1)
-                        | worker.first.class_mask(key.1)
-                        | worker.second.class_mask(key.1);
-                    if here & usable_mask == 0 {
+                    if read_any
+                        && (self.global.class_mask(key.1)
+                            | worker.first.class_mask(key.1)
+                            | worker.second.class_mask(key.1))
+                            & usable_mask
+                            == 0
+                    {
                         continue;
                     }
+                    read_any = true;
                     fronts.clear();
                     self.live_fronts(w, key.1, fronts);
                     let worker = &self.workers[w as usize];

@@ -12,6 +12,7 @@ use super::{DrawBuffers, JobState, Place, Scheduler, Stage, TimerSlot, WorkerIdx
 use crate::queue::{ClassIdx, class_bit};
 use crate::quota::Amounts;
 use crate::resources::WorkerResources;
+use crate::types::JobId;
 
 impl Scheduler {
     /// Checks every internal invariant; the error names the first one broken.
@@ -93,10 +94,9 @@ impl Scheduler {
                     return Err(format!("worker {:?} reservation is not mirrored", worker.id));
                 }
             }
-            for a in &worker.held.sorted() {
-                if !self.holders.get(a).is_some_and(|ws| ws.contains(&w)) {
-                    return Err(format!("artifact {a} on {:?} is not indexed", worker.id));
-                }
+            let held = self.held_by(w);
+            if worker.held.len() > 2 * held.len().max(16) {
+                return Err(format!("the artifact list of {:?} is more than twice what it holds", worker.id));
             }
             for (queue, first) in [(&worker.first, true), (&worker.second, false)] {
                 for j in queue.jobs(live_entry(&self.eras)) {
@@ -141,13 +141,12 @@ impl Scheduler {
             for place in &job.places {
                 match *place {
                     Place::First(w) => {
-                        if !self.workers[w as usize].held.contains(&job.id) {
+                        if !self.holds(w, &job.id) {
                             return Err(format!("job {} in the first queue of a non-holder", job.id));
                         }
                     }
                     Place::Second(w) => {
-                        let held = &self.workers[w as usize].held;
-                        if !job.deps.iter().any(|d| held.contains(d)) {
+                        if !job.deps.iter().any(|d| self.holds(w, d)) {
                             return Err(format!(
                                 "job {} in the second queue of a worker without its deps",
                                 job.id
@@ -180,12 +179,14 @@ impl Scheduler {
             }
         }
         // Holders: sorted lists of live workers that hold the artifact.
+        let listed: Vec<BTreeSet<JobId>> =
+            (0..self.workers.len()).map(|w| self.held_by(w as WorkerIdx).into_iter().collect()).collect();
         for (a, ws) in self.holders.sorted() {
             if ws.is_empty() || !ws.windows(2).all(|p| p[0] < p[1]) {
                 return Err(format!("the holders of artifact {a} are not a sorted list: {ws:?}"));
             }
-            if ws.iter().any(|&w| !self.workers[w as usize].held.contains(a)) {
-                return Err(format!("artifact {a} lists a holder that does not hold it"));
+            if ws.iter().any(|&w| !listed[w as usize].contains(a)) {
+                return Err(format!("artifact {a} lists a holder whose artifact list lacks it"));
             }
         }
         // Readers (see `readers.rs`): each live entry is a queued job in its
