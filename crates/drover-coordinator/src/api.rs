@@ -29,7 +29,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
-use crate::state::{Follow, Live, Mailbox, Shared, Stopped, Update};
+use crate::state::{Delivery, Follow, Live, Shared, Stopped, Update};
 
 /// Bytes per chunk of a streamed artifact (4 KiB chunks cost more in
 /// HTTP framing than in copying).
@@ -554,7 +554,7 @@ async fn poll(
                 let mail = mb.waiting().filter(|&version| version > req.seen)?;
                 Some(PollReply { mail, ..PollReply::default() })
             } else {
-                mb.has_mail().then(|| mb.take())
+                mb.has_mail().then(|| mb.take(None))
             }
         });
         if let Some(answer) = answer {
@@ -574,7 +574,7 @@ async fn report(
     Path(id): Path<u64>,
     JsonBody(mut report): JsonBody<Report>,
 ) -> ApiResult<Json<PollReply>> {
-    let deliver = std::mem::take(&mut report.deliver);
+    let deliver = Delivery { take: std::mem::take(&mut report.deliver), received: report.received.take() };
     // Stages are display only: kept aside, not recorded.
     app.shared.note_stages(std::mem::take(&mut report.stages), &report.finished);
     if !app.shared.mailbox(id, |mb| mb.open()) {
@@ -583,7 +583,11 @@ async fn report(
     }
     if report == Report::default() {
         // Nothing to record: a worker taking its mail, or stage notes.
-        let answer = if deliver { app.shared.mailbox(id, Mailbox::take) } else { PollReply::default() };
+        let answer = if deliver.take {
+            app.shared.mailbox(id, |mb| mb.take(deliver.received))
+        } else {
+            PollReply::default()
+        };
         return Ok(Json(answer));
     }
     Ok(Json(app.shared.report(id, report, deliver).await?))

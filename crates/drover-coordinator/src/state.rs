@@ -43,7 +43,7 @@ pub(crate) enum Command {
     Input { input: Input, reply: oneshot::Sender<Result<Reply, SolverError>> },
     /// Apply and record a worker's report; with `deliver`, the answer also
     /// takes the worker's mail once the turn's effects are in its mailbox.
-    Report { worker: u64, report: Report, deliver: bool, reply: oneshot::Sender<PollReply> },
+    Report { worker: u64, report: Report, deliver: Delivery, reply: oneshot::Sender<PollReply> },
     /// Read the state.
     Query(Box<dyn FnOnce(&Solver) + Send>),
     /// Follow a build's events from `from` (`None` for an unknown build).
@@ -140,6 +140,11 @@ pub(crate) struct Mailbox {
     mail: PollReply,
     /// Bumped whenever mail is added (see `PollRequest::seen`).
     version: u64,
+    /// The mail the last answer took, and that answer's version, kept until
+    /// the worker says it arrived (see `Report::received`): sent again if
+    /// it did not.
+    unacked: PollReply,
+    unacked_version: u64,
     /// The worker registered with this process and was not lost since.
     /// Mail lives in memory only: after a restart every worker registers
     /// again, listing its runs, so runs whose assignment was still in a
@@ -155,18 +160,38 @@ impl Mailbox {
     }
 
     /// Takes the mail, as the answer to a poll or a report (`reregister`
-    /// if the worker has no session here).
-    pub(crate) fn take(&mut self) -> PollReply {
+    /// if the worker has no session here). `received`: the last version the
+    /// worker says it got (`Report::received`), for a worker that says so:
+    /// the mail of an answer it did not get goes out again, ahead of what
+    /// came since, and this answer's mail is kept until it says it got it.
+    pub(crate) fn take(&mut self, received: Option<u64>) -> PollReply {
         if !self.open {
             return PollReply { reregister: true, ..PollReply::default() };
         }
-        PollReply { mail: self.version, ..std::mem::take(&mut self.mail) }
+        let unacked = std::mem::take(&mut self.unacked);
+        if received.is_some_and(|got| got < self.unacked_version) && unacked.has_mail() {
+            self.put_back(unacked);
+        }
+        let taken = PollReply { mail: self.version, ..std::mem::take(&mut self.mail) };
+        if received.is_some() && taken.has_mail() {
+            self.unacked = taken.clone();
+            self.unacked_version = taken.mail;
+        }
+        taken
+    }
+
+    /// Mail taken for an answer that was never sent (the request had gone):
+    /// back in the box, ahead of what came since, and no longer kept as
+    /// sent.
+    pub(crate) fn returned(&mut self, taken: PollReply) {
+        self.unacked = PollReply::default();
+        self.put_back(taken);
     }
 
     /// Puts mail that was taken but never reached the worker back, ahead of
     /// what came since (a drop or stop that came since still follows the
     /// assignment it is about).
-    pub(crate) fn put_back(&mut self, taken: PollReply) {
+    fn put_back(&mut self, taken: PollReply) {
         let newer = std::mem::replace(&mut self.mail, taken);
         self.mail.assign.extend(newer.assign);
         self.mail.drop.extend(newer.drop);
@@ -195,6 +220,15 @@ impl Mailbox {
     pub(crate) fn open(&self) -> bool {
         self.open
     }
+}
+
+/// Whether a report's answer takes the worker's mail (`Report::deliver`),
+/// and the last mail version the worker says it received
+/// (`Report::received`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Delivery {
+    pub(crate) take: bool,
+    pub(crate) received: Option<u64>,
 }
 
 /// State shared between the HTTP handlers and the state thread.
@@ -231,7 +265,7 @@ impl Shared {
         &self,
         worker: u64,
         report: Report,
-        deliver: bool,
+        deliver: Delivery,
     ) -> Result<PollReply, Stopped> {
         let (reply, rx) = oneshot::channel();
         self.send(Command::Report { worker, report, deliver, reply })?;
@@ -389,7 +423,8 @@ fn run(mut store: Store, mut solver: Solver, rx: Receiver<Command>, shared: Arc<
                     let reregister =
                         apply(&mut solver, Input::Report { worker, report }) == Ok(Reply::Reregister);
                     let mail = PollReply { reregister, ..PollReply::default() };
-                    answers.push(Answer::Report { worker, deliver: deliver && !reregister, mail, reply });
+                    let deliver = Delivery { take: deliver.take && !reregister, ..deliver };
+                    answers.push(Answer::Report { worker, deliver, mail, reply });
                 }
                 Command::Query(f) => queries.push(f),
                 Command::Follow { build, from, reply } => follows.push((build, from, reply)),
@@ -409,8 +444,10 @@ fn run(mut store: Store, mut solver: Solver, rx: Receiver<Command>, shared: Arc<
             // Reports that asked for it take their worker's mail now, before
             // any poll is woken for it.
             for answer in &mut answers {
-                if let Answer::Report { worker, deliver: true, mail, .. } = answer {
-                    *mail = boxes.entry(*worker).or_default().take();
+                if let Answer::Report { worker, deliver: Delivery { take: true, received }, mail, .. } =
+                    answer
+                {
+                    *mail = boxes.entry(*worker).or_default().take(*received);
                 }
             }
             for worker in touched {
@@ -435,12 +472,12 @@ fn run(mut store: Store, mut solver: Solver, rx: Receiver<Command>, shared: Arc<
                     // it took goes back, ahead of anything newer, for its
                     // next report or poll.
                     if let Err(mail) = reply.send(mail)
-                        && deliver
+                        && deliver.take
                         && mail.has_mail()
                     {
                         let mut boxes = shared.mailboxes.lock().expect("mailboxes");
                         let mb = boxes.entry(worker).or_default();
-                        mb.put_back(mail);
+                        mb.returned(mail);
                         mb.notify.notify_one();
                     }
                 }
@@ -462,7 +499,7 @@ enum Answer {
     /// `mail`: the answer, which takes the worker's mail if `deliver`.
     Report {
         worker: u64,
-        deliver: bool,
+        deliver: Delivery,
         mail: PollReply,
         reply: oneshot::Sender<PollReply>,
     },
@@ -523,10 +560,12 @@ fn perform(mailboxes: &mut BTreeMap<u64, Mailbox>, effects: Vec<Effect>) -> (BTr
                 // Assignments not delivered are void: the worker did not
                 // list their runs, so the solver requeued them.
                 mb.mail.assign.clear();
+                mb.unacked = PollReply::default();
                 mb.open = true;
             }
             Effect::WorkerLost { .. } => {
                 mb.mail = PollReply::default();
+                mb.unacked = PollReply::default();
                 mb.open = false;
             }
             Effect::BuildChanged { .. } => {}
@@ -563,18 +602,44 @@ mod tests {
         let mut mb = Mailbox { open: true, ..Mailbox::default() };
         mb.mail = mail(&[1], &[7], &[8]);
         mb.version = 3;
-        let taken = mb.take();
+        let taken = mb.take(None);
         assert_eq!(taken.mail, 3);
         assert!(!mb.has_mail());
         // Meanwhile: another drop, run 7 resumed, run 8 suspended again.
         mb.mail = mail(&[2], &[8], &[7]);
         mb.version = 4;
-        mb.put_back(taken);
-        let again = mb.take();
+        mb.returned(taken);
+        let again = mb.take(None);
         assert_eq!(again.drop, [1, 2], "the older mail comes first");
         assert_eq!(again.suspend, [8]);
         assert_eq!(again.resume, [7]);
         assert!(again.mail > 4, "a poll that saw version 4 learns there is mail again");
+    }
+
+    /// A worker that says what it received gets the mail of an answer it
+    /// did not get again, ahead of what came since, and nothing twice once
+    /// it says it got it; one that does not say gets everything once.
+    #[test]
+    fn mail_not_received_goes_out_again() {
+        let mut mb = Mailbox { open: true, ..Mailbox::default() };
+        mb.mail = mail(&[1], &[], &[]);
+        mb.version = 2;
+        let lost = mb.take(Some(0));
+        assert_eq!((lost.drop.as_slice(), lost.mail), (&[1][..], 2));
+        mb.mail = mail(&[2], &[], &[]);
+        mb.version = 3;
+        let again = mb.take(Some(0));
+        assert_eq!(again.drop, [1, 2], "the lost mail first, then the newer");
+        assert!(again.mail > 3);
+        assert!(!mb.take(Some(again.mail)).has_mail(), "received: not sent again");
+        mb.mail = mail(&[3], &[], &[]);
+        mb.version += 1;
+        let once = mb.take(None);
+        assert_eq!(once.drop, [3]);
+        assert!(
+            !mb.take(None).has_mail() && !mb.take(Some(0)).has_mail(),
+            "not kept for a worker that does not say"
+        );
     }
 
     fn job(name: &str) -> JobDef {

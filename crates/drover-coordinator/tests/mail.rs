@@ -331,3 +331,41 @@ async fn after_a_restart_an_assignment_that_never_left_its_mailbox_runs_again() 
     .await
     .expect("the build finished after the restart");
 }
+
+/// An answer that carried an assignment but never reached the worker (its
+/// connection broke after the coordinator wrote it) is not lost: the
+/// worker's next report says which mail it last received, gets the
+/// assignment again, and, once it says it has that version, never again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mail_of_an_answer_that_never_arrived_comes_again() {
+    tokio::time::timeout(DEADLINE, async {
+        let (_dir, _coordinator, client) = started().await;
+        let worker = client.register("w", 1, Vec::new()).await.worker;
+        let build = client.submit("lost", 2).await;
+        let take = |received: u64| Report { deliver: true, received: Some(received), ..Report::default() };
+        let notice = client.poll(worker, &notify_only(0)).await;
+        assert!(notice.mail > 0, "mail waits");
+        let lost = client.report(worker, &take(0)).await;
+        assert_eq!(lost.assign.len(), 1, "one slot, one job");
+        // The worker never saw `lost`: it reports again, still at 0.
+        let again = client.report(worker, &take(0)).await;
+        assert_eq!(again.assign, lost.assign, "the lost assignment comes again");
+        assert!(again.mail > lost.mail, "under a newer version");
+        // Received: the next report takes nothing more.
+        let nothing = client.report(worker, &take(again.mail)).await;
+        assert!(!nothing.has_mail(), "sent again after it arrived: {nothing:?}");
+        // The run ends; its answer brings the other job, once.
+        let mut end = done(&again.assign);
+        end.received = Some(nothing.mail);
+        let next = client.report(worker, &end).await;
+        assert_eq!(next.assign.len(), 1);
+        assert_ne!(next.assign[0].run, again.assign[0].run);
+        let mut end = done(&next.assign);
+        end.received = Some(next.mail);
+        let last = client.report(worker, &end).await;
+        assert!(!last.has_mail(), "{last:?}");
+        assert_eq!(finished(&client, build).await, BuildState::Succeeded);
+    })
+    .await
+    .expect("no hang");
+}

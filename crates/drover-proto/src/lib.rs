@@ -720,6 +720,14 @@ pub struct Report {
     /// with only this set is how a `notify_only` worker takes its mail.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub deliver: bool,
+    /// With `deliver`: the highest [`PollReply::mail`] version an answer
+    /// has brought this session (0 before the first). The coordinator keeps
+    /// the mail of its last answer until a report says it arrived, and sends
+    /// it again, ahead of anything newer, to a report that says it did not
+    /// (the answer was lost with its connection). A worker that leaves this
+    /// out gets each piece of mail once, whatever became of the answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub received: Option<u64>,
 }
 
 /// Where a run in flight stands on its worker.

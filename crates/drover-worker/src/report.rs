@@ -49,6 +49,10 @@ struct Pending {
     since: Option<Instant>,
     /// Mail up to this version waits at the coordinator (0: none known).
     fetch: u64,
+    /// The highest mail version an answer brought this session: sent with
+    /// every report that takes mail, so that the coordinator sends again
+    /// what a lost answer carried (`Report::received`).
+    received: u64,
     /// Ends in the report being sent: still running to the coordinator.
     sending: Vec<u64>,
 }
@@ -88,6 +92,7 @@ impl Pending {
         let mut report = std::mem::take(&mut self.report);
         report.stages = std::mem::take(&mut self.stages).into_values().collect();
         report.deliver = true;
+        report.received = Some(self.received);
         self.sending = report.finished.iter().map(|r| r.run).collect();
         (report, self.since.take())
     }
@@ -121,6 +126,7 @@ impl Pending {
     /// version `taken`.
     fn delivered(&mut self, taken: u64) {
         self.sending.clear();
+        self.received = self.received.max(taken);
         if self.fetch <= taken {
             self.fetch = 0;
         }
@@ -199,7 +205,10 @@ impl Outbox {
 
     pub(crate) fn set_session(&self, id: Option<u64>) {
         // Mail versions belong to a session.
-        self.pending().fetch = 0;
+        let mut pending = self.pending();
+        pending.fetch = 0;
+        pending.received = 0;
+        drop(pending);
         self.session.send_replace(id);
     }
 }
@@ -318,6 +327,21 @@ mod tests {
         assert_eq!(p.report.started, vec![1, 2]);
         assert!(!p.report.deliver);
         assert_eq!(p.due(), Due::At(t0 + HOLD));
+    }
+
+    #[test]
+    fn reports_that_take_mail_say_which_mail_arrived() {
+        let mut p = Pending::default();
+        assert_eq!(p.take().0.received, Some(0), "nothing yet this session");
+        p.delivered(4);
+        let (report, since) = p.take();
+        assert_eq!(report.received, Some(4));
+        // Its answer was lost: the report goes again, still at 4.
+        p.restore(report, since);
+        assert_eq!(p.take().0.received, Some(4));
+        p.delivered(6);
+        p.delivered(5);
+        assert_eq!(p.take().0.received, Some(6), "an older answer never lowers it");
     }
 
     #[test]

@@ -117,7 +117,15 @@ pub(crate) fn apply(shared: &Arc<Shared>, mail: PollReply) {
     }
     for assignment in mail.assign {
         let control = RunControl::default();
-        shared.runs.lock().expect("runs").insert(assignment.run, control.clone());
+        {
+            let mut runs = shared.runs.lock().expect("runs");
+            if runs.contains_key(&assignment.run) {
+                // Mail sent again after an answer that looked lost: the
+                // run is going already.
+                continue;
+            }
+            runs.insert(assignment.run, control.clone());
+        }
         tokio::spawn(job::run(shared.clone(), assignment, control));
     }
     for (runs, on) in [(&mail.suspend, true), (&mail.resume, false)] {
