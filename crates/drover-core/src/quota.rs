@@ -424,6 +424,7 @@ impl Queues {
             }
         }));
         let mut weights: u64 = rounds.iter().map(|s| s.weight).sum();
+        let heaviest = rounds.iter().map(|s| s.weight).max().unwrap_or(0);
         let mut remaining = total;
         // Deserved amounts only grow, so `remaining` only shrinks: the rounds
         // end. The bound is a guard, never reached in practice.
@@ -432,10 +433,17 @@ impl Queues {
                 break;
             }
             let (before, offered_to) = (remaining, weights);
+            // A dimension with too little left for even the heaviest queue's
+            // offer to reach one unit offers nothing this round: the late
+            // rounds only share out what is left of one dimension (memory,
+            // in bytes), and skip the divisions of the others.
+            let offers = remaining.0.map(|r| r.saturating_mul(heaviest) >= offered_to);
             let mut given = Amounts::default();
             for s in rounds.iter_mut().filter(|s| !s.met) {
                 let old = s.deserved;
-                let offer = remaining.zip(Amounts([s.weight; 3]), |r, w| scale(r, w, offered_to));
+                let offer = Amounts(std::array::from_fn(|d| {
+                    if offers[d] { scale(remaining.0[d], s.weight, offered_to) } else { 0 }
+                }));
                 let deserved = old
                     .plus(offer)
                     .zip(s.real_cap, u64::min)
