@@ -692,6 +692,7 @@ mod tests {
             output: Some(HeldArtifact { job: job("a").id, tree: Hash32([7; 32]), size: 1 }),
             duration_ms: 1,
             stages: Default::default(),
+            lost_inputs: Vec::new(),
         };
         Input::Report {
             worker: 1,

@@ -138,6 +138,7 @@ fn ended(a: &Assignment, success: bool) -> RunResult {
         output: None,
         duration_ms: 1,
         stages: BTreeMap::new(),
+        lost_inputs: Vec::new(),
     }
 }
 

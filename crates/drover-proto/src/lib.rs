@@ -476,12 +476,18 @@ pub enum EventKind {
         /// Job name.
         job: String,
     },
-    /// A job's worker was lost; it waits again.
+    /// A job waits again: its worker was lost, it was evicted, its gang
+    /// restarted, or an output it needs was lost and is built again (a job
+    /// that had finished then runs again too).
     JobRequeued {
         /// Job name.
         job: String,
         /// Attempts so far.
         attempts: u32,
+        /// Why, when it is not the usual (its worker was lost, it was
+        /// evicted, its gang restarted).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
     },
     /// A job will not run.
     JobSkipped {
@@ -692,6 +698,12 @@ pub struct RunResult {
     /// commands and storing the output).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub stages: BTreeMap<String, u64>,
+    /// With a failure before the commands ran: dependencies whose outputs
+    /// the worker could get from no holder and not from the shared cache
+    /// (their workers are gone). The coordinator builds them again and runs
+    /// the job after them, without counting this run as an attempt.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lost_inputs: Vec<Hash32>,
 }
 
 /// `POST /v1/workers/{id}/report`.

@@ -16,6 +16,13 @@ const DEFAULT_DURATION_MS: u64 = 1_000;
 const MAX_JOBS: usize = 1_000_000;
 /// Most times a gang with `on_failure: restart` is rerun.
 pub(crate) const MAX_GANG_RESTARTS: u32 = 3;
+/// Most times one job goes back to wait for needs whose outputs were lost
+/// (see [`Build::rewind`]); a job that loses its inputs more often fails.
+const MAX_REWINDS: u32 = 3;
+
+/// What a rewind does: the core waiters to cancel, and the jobs going back
+/// whose needs are all done (to schedule).
+type Rewind = (Vec<(JobId, WaiterId)>, Vec<u32>);
 
 /// What a gang restart does: the core waiters to cancel, and the members
 /// to schedule again.
@@ -59,6 +66,8 @@ struct JobRec {
     /// core resumes it. Kept apart from `suspended`: the run's processes
     /// continue only once neither holds them.
     evicted: Option<String>,
+    /// Times it went back to wait for needs whose outputs were lost.
+    rewinds: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -250,6 +259,7 @@ impl Build {
                 waiter: None,
                 suspended: false,
                 evicted: None,
+                rewinds: 0,
             };
             spec.jobs.len()
         ];
@@ -347,7 +357,7 @@ impl Build {
             let attempts = rec.attempts;
             self.rerun.insert(m);
             let job = self.name_of(m);
-            self.event(now, EventKind::JobRequeued { job, attempts });
+            self.event(now, EventKind::JobRequeued { job, attempts, reason: None });
             if self.pending[m as usize] == 0 {
                 again.push(m);
             }
@@ -476,8 +486,9 @@ impl Build {
         while self.has_room() {
             let i = self.held.pop_front()?;
             let rec = &self.jobs[i as usize];
-            // Skipped or cancelled while it waited.
-            if rec.state == JobState::Queued && rec.waiter.is_none() {
+            // Skipped or cancelled while it waited, or waiting again for a
+            // need whose output was lost.
+            if rec.state == JobState::Queued && rec.waiter.is_none() && self.pending[i as usize] == 0 {
                 return Some(i);
             }
         }
@@ -608,7 +619,7 @@ impl Build {
         self.jobs[i as usize].state = JobState::Queued;
         self.jobs[i as usize].evicted = None;
         let job = self.name_of(i);
-        self.event(now, EventKind::JobRequeued { job, attempts });
+        self.event(now, EventKind::JobRequeued { job, attempts, reason: None });
     }
 
     pub(crate) fn finished(
@@ -780,6 +791,101 @@ impl Build {
             .collect();
         self.order(&mut ready);
         Ok(ready)
+    }
+
+    /// Job `i`'s run could not get the outputs of `lost` (needs whose
+    /// outputs no live worker and not the shared cache could give: their
+    /// workers are gone). Those needs go back to the queue, with every need
+    /// of theirs whose output is gone too (`available` says no), and run
+    /// again, cache or not; job `i` and the other dependents of what goes
+    /// back that the core holds but has not started wait for them again.
+    /// Nothing counts as a failure or an attempt. Returns the core waiters
+    /// to cancel and the jobs to schedule; `None` if the failure stands: a
+    /// lost output that is not a need of `i` that succeeded, a gang member
+    /// among what would go back, a build that is stopping, or a job that
+    /// already went back [`MAX_REWINDS`] times.
+    pub(crate) fn rewind(
+        &mut self,
+        i: u32,
+        lost: &[JobId],
+        available: impl Fn(&JobDef) -> bool,
+        now: Millis,
+    ) -> Option<Rewind> {
+        if self.stopping || self.cancelled || self.jobs[i as usize].rewinds >= MAX_REWINDS {
+            return None;
+        }
+        let mut again = vec![false; self.jobs.len()];
+        let mut stack: Vec<u32> = self
+            .needs_of(i)
+            .iter()
+            .copied()
+            .filter(|&n| {
+                self.jobs[n as usize].state.is_success() && lost.contains(&JobId::from(self.def(n).id))
+            })
+            .collect();
+        if stack.is_empty() {
+            return None;
+        }
+        for &n in &stack {
+            again[n as usize] = true;
+        }
+        while let Some(j) = stack.pop() {
+            for &n in self.needs_of(j) {
+                if !again[n as usize] && self.jobs[n as usize].state.is_success() && !available(self.def(n)) {
+                    again[n as usize] = true;
+                    stack.push(n);
+                }
+            }
+        }
+        let back: Vec<u32> = (0..self.jobs.len() as u32).filter(|&j| again[j as usize]).collect();
+        if back.iter().any(|&j| self.in_gang(j)) || self.in_gang(i) {
+            return None;
+        }
+        self.jobs[i as usize].rewinds += 1;
+        let mut cancel = Vec::new();
+        let mut waits = vec![i];
+        for &j in &back {
+            let rec = &mut self.jobs[j as usize];
+            rec.state = JobState::Queued;
+            rec.exit_code = None;
+            rec.detail.clear();
+            self.rerun.insert(j);
+            for k in 0..self.dependents[j as usize].len() {
+                let d = self.dependents[j as usize][k];
+                self.pending[d as usize] += 1;
+                let rec = &self.jobs[d as usize];
+                if rec.state == JobState::Queued && rec.waiter.is_some() {
+                    waits.push(d);
+                }
+            }
+        }
+        waits.sort_unstable();
+        waits.dedup();
+        for d in waits {
+            if let Some(w) = self.take_waiter(d) {
+                cancel.push((JobId::from(self.def(d).id), w));
+            }
+            let rec = &mut self.jobs[d as usize];
+            rec.state = JobState::Queued;
+            rec.run = None;
+            rec.worker = None;
+            let attempts = rec.attempts;
+            let job = self.name_of(d);
+            let reason = Some(if d == i {
+                "an input's output was lost with its worker; it waits for it to be built again".to_owned()
+            } else {
+                "waits for a need whose output was lost to be built again".to_owned()
+            });
+            self.event(now, EventKind::JobRequeued { job, attempts, reason });
+        }
+        for &j in &back {
+            let (job, attempts) = (self.name_of(j), self.jobs[j as usize].attempts);
+            let reason = Some("its output was lost with its worker; built again".to_owned());
+            self.event(now, EventKind::JobRequeued { job, attempts, reason });
+        }
+        let mut ready: Vec<u32> = back.into_iter().filter(|&j| self.pending[j as usize] == 0).collect();
+        self.order(&mut ready);
+        Some((cancel, ready))
     }
 
     /// Cancels every job not yet over. Returns the core waiters to cancel.

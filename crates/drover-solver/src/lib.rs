@@ -450,6 +450,9 @@ impl Solver {
             if let Some(out) = &r.output {
                 self.outputs.insert(out.job.into(), out.tree);
             }
+            if !r.success && !r.lost_inputs.is_empty() {
+                self.rewind_lost(r.run, &r.lost_inputs);
+            }
             let result =
                 JobResult { success: r.success, exit_code: r.exit_code, cached: r.cached, detail: r.detail };
             let _stale = self.core.handle(self.now, Event::JobExited { run: RunId(r.run), result });
@@ -491,6 +494,33 @@ impl Solver {
         }
         self.effects.push(Effect::BuildChanged { build: id });
         Ok(Reply::Done)
+    }
+
+    /// A run that could not get some of its inputs: their outputs were lost
+    /// with their workers. Each build waiting for its job builds them again
+    /// and runs the job after them (`Build::rewind`), its waiter leaving the
+    /// core; a build where that cannot be keeps waiting and gets the
+    /// failure, as the run's end then tells the core.
+    fn rewind_lost(&mut self, run: u64, lost: &[Hash32]) {
+        let Some((_, job, _)) = self.core.run_info(RunId(run)) else { return };
+        let lost: Vec<JobId> = lost.iter().map(|h| JobId::from(*h)).collect();
+        for (b, i) in self.job_waiters(&job) {
+            let (core, outputs, remote) = (&self.core, &self.outputs, &self.remote);
+            let available = |def: &JobDef| {
+                let id = JobId::from(def.id);
+                remote.contains(&id) || (outputs.contains_key(&id) && core.locate_artifact(&id).is_some())
+            };
+            let build = self.builds.get_mut(&b).expect("build exists");
+            let Some((cancel, ready)) = build.rewind(i, &lost, available, self.now) else { continue };
+            self.effects.push(Effect::BuildChanged { build: b });
+            for (job, waiter) in cancel {
+                self.waiters.remove(&waiter);
+                let _ = self.core.handle(self.now, Event::Cancel { job, waiter });
+            }
+            for d in ready {
+                self.schedule(b, d);
+            }
+        }
     }
 
     fn retry(&mut self, id: u64) -> Result<Reply, SolverError> {

@@ -60,6 +60,7 @@ fn ok(run: u64, job: &str) -> RunResult {
         output: Some(HeldArtifact { job: Hash32(id), tree: Hash32([7; 32]), size: 1 }),
         duration_ms: 1,
         stages: Default::default(),
+        lost_inputs: Vec::new(),
     }
 }
 
@@ -73,6 +74,7 @@ fn failed(run: u64, code: i32) -> RunResult {
         output: None,
         duration_ms: 1,
         stages: Default::default(),
+        lost_inputs: Vec::new(),
     }
 }
 
@@ -562,6 +564,98 @@ fn retry_rebuilds_a_lost_input_of_a_retried_job() {
     assert_eq!(runs.iter().map(|r| r.2.as_str()).collect::<Vec<_>>(), ["b"]);
     h.report(w2, Report { finished: vec![ok(runs[0].1, "b")], ..Report::default() });
     assert_eq!(h.solver.build_status(b).expect("build").state, BuildState::Succeeded);
+}
+
+/// An input whose only holder is lost before its dependent fetched it is
+/// built again: the dependent's run reports the input lost, the input runs
+/// again on a live worker, and the dependent runs after it. Nothing fails,
+/// and the log replays to the same state.
+#[test]
+fn an_input_lost_with_its_worker_is_built_again_before_its_dependent() {
+    let mut h = Harness::new();
+    let w1 = worker_id(h.input(register("w1", 1, vec![])));
+    let b = build_id(h.input(submit(vec![job("a", &[]), job("b", &["a"])])));
+    h.later();
+    let a = h.assigned()[0].1;
+    h.report(w1, Report { finished: vec![ok(a, "a")], ..Report::default() });
+    h.later();
+    let names = |runs: &[(u64, u64, String)]| runs.iter().map(|r| r.2.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&h.assigned()), ["b"]);
+    // w1, the only holder of a's output, is lost; b goes to w2, which can
+    // get a's output from nowhere.
+    let w2 = worker_id(h.input(register("w2", 1, vec![])));
+    for _ in 0..12 {
+        h.now += 5_000;
+        h.input(Input::Poll { worker: w2 }).expect("w2 renews its lease");
+    }
+    assert!(!h.solver.worker_alive(w1), "w1 lost");
+    assert!(h.solver.worker_alive(w2), "w2 alive");
+    h.later();
+    let runs = h.assigned();
+    assert_eq!(names(&runs), ["b"]);
+    let mut lost = failed(runs[0].1, 1);
+    lost.exit_code = None;
+    lost.lost_inputs = vec![job("a", &[]).id];
+    h.report(w2, Report { finished: vec![lost], ..Report::default() });
+    assert_eq!(h.states(b), [("a".to_string(), JobState::Running), ("b".to_string(), JobState::Queued)]);
+    let runs = h.assigned();
+    assert_eq!(names(&runs), ["a"], "a is built again first, on the slot b left");
+    h.report(w2, Report { finished: vec![ok(runs[0].1, "a")], ..Report::default() });
+    h.later();
+    let runs = h.assigned();
+    assert_eq!(names(&runs), ["b"], "then b");
+    h.report(w2, Report { finished: vec![ok(runs[0].1, "b")], ..Report::default() });
+    let status = h.solver.build_status(b).expect("build");
+    assert_eq!(status.state, BuildState::Succeeded);
+    let events = h.solver.events(b, 0).expect("events").0;
+    let rewound: Vec<&str> = events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::JobRequeued { job, reason: Some(_), .. } => Some(job.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(rewound, ["b", "a"], "both go back, each with its reason");
+    assert!(
+        !events.iter().any(|e| matches!(e.kind, EventKind::JobFinished { state: JobState::Failed, .. })),
+        "no failure on the way"
+    );
+    let mut replayed = Solver::new(Config::default());
+    for (now, input) in h.log.clone() {
+        let _ = replayed.handle(now, input);
+    }
+    replayed.take_effects();
+    h.solver.take_effects();
+    assert_eq!(replayed, h.solver);
+}
+
+/// A job that keeps losing its inputs fails after a few rounds instead of
+/// rebuilding them forever; a lost output it does not need is a failure at
+/// once.
+#[test]
+fn lost_inputs_send_a_job_back_a_bounded_number_of_times() {
+    for (lost_job, expected_rounds) in [("a", 4), ("c", 1)] {
+        let mut h = Harness::new();
+        let w = worker_id(h.input(register("w1", 1, vec![])));
+        let b = build_id(h.input(submit(vec![job("a", &[]), job("c", &[]), job("b", &["a"])])));
+        h.later();
+        let mut rounds = 0;
+        while let Some((_, run, name)) = h.assigned().first().cloned() {
+            if name == "b" {
+                rounds += 1;
+                let mut lost = failed(run, 1);
+                lost.lost_inputs = vec![job(lost_job, &[]).id];
+                h.report(w, Report { finished: vec![lost], ..Report::default() });
+            } else {
+                h.report(w, Report { finished: vec![ok(run, &name)], ..Report::default() });
+            }
+            h.later();
+        }
+        assert_eq!(rounds, expected_rounds, "losing {lost_job}");
+        let status = h.solver.build_status(b).expect("build");
+        assert_eq!(status.state, BuildState::Failed, "losing {lost_job}");
+        assert_eq!(status.jobs[2].state, JobState::Failed);
+    }
 }
 
 #[test]

@@ -63,6 +63,7 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, control: Ru
             output: None,
             duration_ms,
             stages: Default::default(),
+            lost_inputs: control.take_lost_inputs(),
         },
     };
     if result.success {
@@ -198,6 +199,7 @@ fn succeeded(a: &Assignment, info: &drover_cas::ArtifactInfo, cached: bool) -> R
         output: Some(held(&a.job, info)),
         duration_ms: 0,
         stages: Default::default(),
+        lost_inputs: Vec::new(),
     }
 }
 
@@ -309,7 +311,14 @@ async fn fetch(
             .map_err(|e| e.to_string())??;
         let mut deps = BTreeMap::new();
         for dep in &a.deps {
-            deps.insert(dep.name.clone(), ensure_artifact(shared, dep, &log).await?);
+            match ensure_artifact(shared, dep, &log).await {
+                Ok(guard) => deps.insert(dep.name.clone(), guard),
+                Err(Missing::Nowhere(e)) => {
+                    control.lost_input(dep.job);
+                    return Err(e);
+                }
+                Err(Missing::Failed(e)) => return Err(e),
+            };
         }
         Ok(deps)
     };
@@ -392,13 +401,22 @@ fn make_writable(path: &Path) {
     }
 }
 
+/// Why a dependency's output could not be had.
+enum Missing {
+    /// No holder the coordinator knew of and not its shared cache could
+    /// give it: it must be built again.
+    Nowhere(String),
+    /// Storing it here failed.
+    Failed(String),
+}
+
 /// Gets a dependency's artifact: from the cache, or from a peer that holds
 /// it (each holder in turn, then whoever the coordinator knows of now).
 async fn ensure_artifact(
     shared: &Arc<Shared>,
     dep: &DepInput,
     log: &StageLog<'_>,
-) -> Result<ArtifactGuard, String> {
+) -> Result<ArtifactGuard, Missing> {
     let key = Key(dep.job.0);
     loop {
         if let Some(guard) = shared.cas.artifact(&key) {
@@ -423,7 +441,7 @@ async fn ensure_artifact(
 
 /// Fetches a dependency's artifact from a peer holding it, or failing
 /// that from the shared cache.
-async fn fetch_artifact(shared: &Arc<Shared>, dep: &DepInput, log: &StageLog<'_>) -> Result<(), String> {
+async fn fetch_artifact(shared: &Arc<Shared>, dep: &DepInput, log: &StageLog<'_>) -> Result<(), Missing> {
     // An output known to be empty (its tree digest says so) is made here:
     // there is nothing to transfer.
     let empty = shared.cas.empty_info();
@@ -431,8 +449,8 @@ async fn fetch_artifact(shared: &Arc<Shared>, dep: &DepInput, log: &StageLog<'_>
         let (cas, key) = (shared.cas.clone(), Key(dep.job.0));
         let info = tokio::task::spawn_blocking(move || cas.commit_empty_artifact(&key))
             .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("cannot store the empty output of {}: {e}", dep.name))?;
+            .map_err(|e| Missing::Failed(e.to_string()))?
+            .map_err(|e| Missing::Failed(format!("cannot store the empty output of {}: {e}", dep.name)))?;
         shared.outbox.added(held(&dep.job, &info));
         return Ok(());
     }
@@ -486,11 +504,11 @@ async fn fetch_artifact(shared: &Arc<Shared>, dep: &DepInput, log: &StageLog<'_>
         }
         Err(e) => errors.push(format!("shared cache: {e}")),
     }
-    Err(format!(
-        "cannot get the output of {name} ({}): {} (`drover retry` builds it again once no live worker holds it)",
+    Err(Missing::Nowhere(format!(
+        "cannot get the output of {name} ({}): {} (the coordinator builds it again)",
         dep.job,
         errors.join("; ")
-    ))
+    )))
 }
 
 /// Runs the commands and commits the output.
@@ -546,6 +564,7 @@ async fn run_commands(
             output: None,
             duration_ms: 0,
             stages: Default::default(),
+            lost_inputs: Vec::new(),
         })
     };
     match outcome {

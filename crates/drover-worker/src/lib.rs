@@ -155,9 +155,22 @@ struct Held {
     /// During the build stage: its tokens' request, and their grant unless
     /// given back while suspended.
     build: Option<(tokens::Request, Option<tokens::Grant>)>,
+    /// Dependencies whose outputs it could get from nowhere
+    /// (`RunResult::lost_inputs`).
+    lost_inputs: Vec<drover_proto::Hash32>,
 }
 
 impl RunControl {
+    /// Notes that dependency `job`'s output could be had from nowhere.
+    pub(crate) fn lost_input(&self, job: drover_proto::Hash32) {
+        self.job.lock().expect("run control").lost_inputs.push(job);
+    }
+
+    /// The dependencies whose outputs could be had from nowhere.
+    pub(crate) fn take_lost_inputs(&self) -> Vec<drover_proto::Hash32> {
+        std::mem::take(&mut self.job.lock().expect("run control").lost_inputs)
+    }
+
     /// Suspends (`true`) or resumes the run's processes. A resumed run
     /// that gave its build tokens back continues once it has them again.
     pub(crate) fn suspend(&self, on: bool, tokens: &Arc<tokens::Arbiter>) {

@@ -285,6 +285,7 @@ mod tests {
             output: None,
             duration_ms: 0,
             stages: BTreeMap::new(),
+            lost_inputs: Vec::new(),
         }
     }
 

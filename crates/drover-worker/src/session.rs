@@ -154,5 +154,6 @@ fn stop(shared: &Shared, run: u64) {
         output: None,
         duration_ms: 0,
         stages: Default::default(),
+        lost_inputs: Vec::new(),
     });
 }

@@ -2,7 +2,7 @@
 //! out of the total and a line per running job (its worker and elapsed
 //! time); otherwise one plain line per event, for logs and CI.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
@@ -21,6 +21,9 @@ struct Bars {
     multi: MultiProgress,
     total: ProgressBar,
     running: BTreeMap<String, ProgressBar>,
+    /// Jobs counted as done: one that goes back to the queue (its output
+    /// was lost) is counted out again.
+    done: BTreeSet<String>,
 }
 
 impl Progress {
@@ -36,7 +39,7 @@ impl Progress {
             );
             total.set_message(build.to_string());
             total.enable_steady_tick(Duration::from_millis(200));
-            Bars { multi, total, running: BTreeMap::new() }
+            Bars { multi, total, running: BTreeMap::new(), done: BTreeSet::new() }
         });
         if bars.is_none() {
             eprintln!("build {build}: {jobs} jobs");
@@ -90,7 +93,9 @@ impl Bars {
                     bar.finish_and_clear();
                     self.multi.remove(&bar);
                 }
-                self.total.inc(1);
+                if self.done.insert(job.clone()) {
+                    self.total.inc(1);
+                }
                 if let Some(text) = line(event)
                     && !matches!(
                         event.kind,
@@ -105,6 +110,9 @@ impl Bars {
                     bar.finish_and_clear();
                     self.multi.remove(&bar);
                 }
+                if self.done.remove(job) {
+                    self.total.set_position(self.total.position().saturating_sub(1));
+                }
                 if let Some(text) = line(event) {
                     let _ = self.multi.println(text);
                 }
@@ -117,6 +125,9 @@ impl Bars {
             EventKind::BuildRetried { jobs } => {
                 let total = self.total.length().unwrap_or(0);
                 self.total.set_position(total.saturating_sub(*jobs as u64));
+                // Which jobs go back is not listed: each counts once more
+                // when it ends again.
+                self.done.clear();
                 if let Some(text) = line(event) {
                     let _ = self.multi.println(text);
                 }
@@ -148,9 +159,10 @@ fn line(event: &BuildEvent) -> Option<String> {
             }
             text
         }
-        EventKind::JobRequeued { job, attempts } => {
+        EventKind::JobRequeued { job, attempts, reason: None } => {
             format!("requeued  {job} ({attempts} attempt(s) so far: worker lost, evicted or gang restarted)")
         }
+        EventKind::JobRequeued { job, reason: Some(reason), .. } => format!("requeued  {job}: {reason}"),
         EventKind::JobSuspended { job, evicted_by: None } => format!("suspended {job}"),
         EventKind::JobSuspended { job, evicted_by: Some(by) } => format!("suspended {job} (evicted by {by})"),
         EventKind::JobResumed { job } => format!("resumed   {job}"),

@@ -197,6 +197,36 @@ fn an_empty_dependency_output_needs_no_transfer() {
     assert_eq!(job(&status, "after")["worker"], "w2");
 }
 
+/// A dependency's output lost with the only worker that held it (never
+/// pushed to the shared cache) is built again on a live worker, and the job
+/// that needs it runs after it: the build succeeds without a retry.
+#[test]
+fn an_output_lost_with_its_worker_is_built_again_for_its_dependent() {
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", 2, &["--no-push"]);
+    let (go, runs) = (cluster.scratch("go"), cluster.scratch("made-runs"));
+    let build = format!(
+        "jobs:\n  - name: made\n    run: [\"echo run >> {runs}; echo hello > {{{{out}}}}/r\"]\n  - name: gate\n    run: [\"while [ ! -e {go} ]; do sleep 0.02; done\"]\n  - name: after\n    needs: [made, gate]\n    run: [\"cat {{{{dep:made}}}}/r > {{{{out}}}}/copy\"]\n"
+    );
+    let file = cluster.project("lost-output", &build, &[]);
+    let id = cluster.submit(&file);
+    eventually("made to succeed on w1", || {
+        (job(&cluster.status(id), "made")["state"] == "succeeded").then_some(())
+    });
+    cluster.add_worker("w2", 2, &["--no-push"]);
+    cluster.kill_worker("w1");
+    std::fs::write(&go, "").expect("open the gate");
+    let status = eventually("the build to finish", || {
+        let status = cluster.status(id);
+        (status["state"] != "running" && status["state"] != "queued").then_some(status)
+    });
+    assert_eq!(status["state"], "succeeded", "{status}");
+    assert_eq!(job(&status, "after")["worker"], "w2");
+    assert_eq!(job(&status, "made")["worker"], "w2", "built again where it was needed");
+    let made_runs = std::fs::read_to_string(&runs).expect("made ran").lines().count();
+    assert_eq!(made_runs, 2, "made ran once on w1, once more on w2");
+}
+
 #[test]
 fn a_build_survives_a_coordinator_crash() {
     let mut cluster = Cluster::new();
