@@ -795,14 +795,14 @@ impl Build {
 
     /// Job `i`'s run could not get the outputs of `lost` (needs whose
     /// outputs no live worker and not the shared cache could give: their
-    /// workers are gone). Those needs go back to the queue, with every need
-    /// of theirs whose output is gone too (`available` says no), and run
-    /// again, cache or not; job `i` and the other dependents of what goes
-    /// back that the core holds but has not started wait for them again.
-    /// Nothing counts as a failure or an attempt. Returns the core waiters
-    /// to cancel and the jobs to schedule; `None` if the failure stands: a
-    /// lost output that is not a need of `i` that succeeded, a gang member
-    /// among what would go back, a build that is stopping, or a job that
+    /// workers are gone). Those needs go back to the queue (unless another
+    /// loss sent them back already), with every need of theirs whose output
+    /// is gone too (`available` says no), and run again, cache or not; job
+    /// `i` and the other dependents of what goes back that the core holds
+    /// but has not started wait for them again. Nothing counts as a failure
+    /// or an attempt. Returns the core waiters to cancel and the jobs to
+    /// schedule; `None` if the failure stands: no lost output is a need of
+    /// `i`, a gang member would go back, the build is stopping, or `i`
     /// already went back [`MAX_REWINDS`] times.
     pub(crate) fn rewind(
         &mut self,
@@ -814,18 +814,20 @@ impl Build {
         if self.stopping || self.cancelled || self.jobs[i as usize].rewinds >= MAX_REWINDS {
             return None;
         }
-        let mut again = vec![false; self.jobs.len()];
-        let mut stack: Vec<u32> = self
+        let lost_needs: Vec<u32> = self
             .needs_of(i)
             .iter()
             .copied()
-            .filter(|&n| {
-                self.jobs[n as usize].state.is_success() && lost.contains(&JobId::from(self.def(n).id))
-            })
+            .filter(|&n| lost.contains(&JobId::from(self.def(n).id)))
             .collect();
-        if stack.is_empty() {
+        if lost_needs.is_empty() {
             return None;
         }
+        // A lost need that did not succeed is on its way already (another
+        // job's loss sent it back): `i` only waits for it.
+        let mut again = vec![false; self.jobs.len()];
+        let mut stack: Vec<u32> =
+            lost_needs.into_iter().filter(|&n| self.jobs[n as usize].state.is_success()).collect();
         for &n in &stack {
             again[n as usize] = true;
         }

@@ -747,6 +747,9 @@ mod random {
         Cancel(usize),
         /// Workers finish what they run (successfully) and time passes.
         Work,
+        /// The k-th run in flight (if any, and if its job needs another)
+        /// ends unable to get its first need's output: lost with its worker.
+        Lose(usize),
     }
 
     fn ops() -> impl Strategy<Value = Vec<Op>> {
@@ -755,6 +758,7 @@ mod random {
                 3 => (0usize..10).prop_map(Op::Submit),
                 1 => (0usize..6).prop_map(Op::Cancel),
                 3 => Just(Op::Work),
+                1 => (0usize..8).prop_map(Op::Lose),
             ],
             1..30,
         )
@@ -838,6 +842,8 @@ mod random {
         let mut builds: Vec<u64> = Vec::new();
         let mut cancelled = BTreeSet::new();
         let mut running = Running::new();
+        // Losses per job, kept within what a job survives (three).
+        let mut losses: BTreeMap<String, u32> = BTreeMap::new();
         for op in program {
             match op {
                 Op::Submit(top) => {
@@ -869,6 +875,25 @@ mod random {
                     }
                     keep_alive(&mut h, &workers);
                     h.later();
+                }
+                Op::Lose(k) => {
+                    let Some((&run, (w, name))) = running.iter().nth(k % running.len().max(1)) else {
+                        continue;
+                    };
+                    let i: usize = name[1..].parse().expect("job index");
+                    let Some(&need) = u.needs[i].first() else { continue };
+                    let count = losses.entry(name.clone()).or_default();
+                    if *count == 3 {
+                        continue;
+                    }
+                    *count += 1;
+                    let (w, name) = (*w, name.clone());
+                    running.remove(&run);
+                    let mut lost = failed(run, 1);
+                    lost.exit_code = None;
+                    lost.lost_inputs = vec![job(&format!("j{need}"), &[]).id];
+                    h.report(w, Report { started: vec![run], finished: vec![lost], ..Report::default() });
+                    let _ = name;
                 }
             }
             step(&mut h, &mut running, &cancelled);
