@@ -710,9 +710,10 @@ fn durations_of_earlier_runs_order_later_builds() {
 }
 
 mod random {
-    //! Random graphs, shared between builds, with random cancels: no job
-    //! runs for builds that were all cancelled, and every job a surviving
-    //! build needs completes.
+    //! Random graphs, shared between builds, with random cancels and runs
+    //! that lose an input (its output gone with its worker): no job runs for
+    //! builds that were all cancelled, and every job a surviving build needs
+    //! completes.
 
     use std::collections::{BTreeMap, BTreeSet};
 
