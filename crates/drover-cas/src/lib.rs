@@ -196,6 +196,11 @@ struct State {
     /// Bytes evicted whose files are not deleted yet (in some trash): the
     /// filesystem does not count them free, an eviction pass does.
     pending_free: u64,
+    /// The last eviction pass ran out of entries to evict while the
+    /// filesystem was still short of the reserve.
+    reserve_unmet: bool,
+    /// `reserve_unmet` changed since the last [`Cas::reserve_news`].
+    reserve_news: Option<bool>,
 }
 
 /// Entries moved out of the cache, to delete once the lock is released.
@@ -278,6 +283,15 @@ impl Cas {
         let cas = Cas { inner: Arc::new(inner) };
         cas.inner.evict_to_limits();
         Ok(cas)
+    }
+
+    /// Whether the room kept free ([`Cas::keep_free`]) went missing since
+    /// the last call: `Some(true)` if an eviction pass found the filesystem
+    /// still short of it with nothing left to evict (everything left is in
+    /// use, or the cache is empty), `Some(false)` if a later pass found the
+    /// room back, `None` if neither changed. For a warning, once per change.
+    pub fn reserve_news(&self) -> Option<bool> {
+        self.inner.lock().reserve_news.take()
     }
 
     /// Keeps `reserve` free on the cache's filesystem from now on (see the
@@ -689,6 +703,12 @@ impl Inner {
                 evicted.push(k);
             }
         }
+        // Still short: nothing unpinned is left to evict.
+        let unmet = short > 0;
+        if unmet != st.reserve_unmet {
+            st.reserve_unmet = unmet;
+            st.reserve_news = Some(unmet);
+        }
         evicted
     }
 
@@ -1055,6 +1075,18 @@ mod tests {
         // short: the least recently used unpinned artifact goes.
         cas.keep_free(Reserve::Percent(50));
         assert_eq!(cas.take_evicted(), vec![Key([5; 32])]);
+        assert_eq!(cas.reserve_news(), None, "the reserve was met every time");
+        // Nothing free, 900 wanted: 6 goes, 2 is pinned, and 800 are still
+        // missing. Said once.
+        AVAILABLE.store(0, Ordering::SeqCst);
+        cas.keep_free(Reserve::Bytes(900));
+        assert_eq!(cas.take_evicted(), vec![Key([6; 32])]);
+        assert_eq!(cas.reserve_news(), Some(true));
+        cas.keep_free(Reserve::Bytes(900));
+        assert_eq!(cas.reserve_news(), None, "still short: no news");
+        AVAILABLE.store(1_000, Ordering::SeqCst);
+        cas.keep_free(Reserve::Bytes(900));
+        assert_eq!(cas.reserve_news(), Some(false), "the room is back");
         drop(pinned);
     }
 

@@ -230,6 +230,14 @@ pub(crate) async fn run(shared: Arc<Shared>) {
                 .report
                 .evicted
                 .extend(shared.cas.take_evicted().into_iter().map(|k| drover_proto::Hash32(k.0)));
+            match shared.cas.reserve_news() {
+                Some(true) => tracing::warn!(
+                    "the cache's disk is short of the room it keeps free (--cache-keep-free) and nothing more \
+                     in the cache can be evicted (what is left is in use): jobs may fail for lack of space"
+                ),
+                Some(false) => tracing::info!("the cache's disk has the room it keeps free again"),
+                None => {}
+            }
             pending.due()
         };
         let (report, since) = match due {
