@@ -168,9 +168,11 @@ impl Mailbox {
         if !self.open {
             return PollReply { reregister: true, ..PollReply::default() };
         }
-        let unacked = std::mem::take(&mut self.unacked);
-        if received.is_some_and(|got| got < self.unacked_version) && unacked.has_mail() {
-            self.put_back(unacked);
+        if let Some(got) = received {
+            let unacked = std::mem::take(&mut self.unacked);
+            if got < self.unacked_version && unacked.has_mail() {
+                self.put_back(unacked);
+            }
         }
         let taken = PollReply { mail: self.version, ..std::mem::take(&mut self.mail) };
         if received.is_some() && taken.has_mail() {
@@ -182,8 +184,13 @@ impl Mailbox {
 
     /// Mail taken for an answer that was never sent (the request had gone):
     /// back in the box, ahead of what came since, and no longer kept as
-    /// sent.
+    /// sent. Unless a later answer took it again already (the worker sent
+    /// the same report again, saying it had not received it): that answer
+    /// carries it, and is kept until acknowledged.
     pub(crate) fn returned(&mut self, taken: PollReply) {
+        if taken.mail < self.unacked_version {
+            return;
+        }
         self.unacked = PollReply::default();
         self.put_back(taken);
     }
@@ -560,12 +567,12 @@ fn perform(mailboxes: &mut BTreeMap<u64, Mailbox>, effects: Vec<Effect>) -> (BTr
                 // Assignments not delivered are void: the worker did not
                 // list their runs, so the solver requeued them.
                 mb.mail.assign.clear();
-                mb.unacked = PollReply::default();
+                (mb.unacked, mb.unacked_version) = (PollReply::default(), 0);
                 mb.open = true;
             }
             Effect::WorkerLost { .. } => {
                 mb.mail = PollReply::default();
-                mb.unacked = PollReply::default();
+                (mb.unacked, mb.unacked_version) = (PollReply::default(), 0);
                 mb.open = false;
             }
             Effect::BuildChanged { .. } => {}
@@ -640,6 +647,22 @@ mod tests {
             !mb.take(None).has_mail() && !mb.take(Some(0)).has_mail(),
             "not kept for a worker that does not say"
         );
+    }
+
+    /// A report whose answer could not be handed over, sent again before
+    /// that was known (both in one turn): the second answer carries the
+    /// mail, and the first one's failure does not put it back a second time.
+    #[test]
+    fn a_report_sent_again_in_the_same_turn_gets_the_mail_once() {
+        let mut mb = Mailbox { open: true, ..Mailbox::default() };
+        mb.mail = mail(&[1], &[], &[]);
+        mb.version = 1;
+        let first = mb.take(Some(0));
+        let second = mb.take(Some(0));
+        assert_eq!(second.drop, [1], "the retry carries the mail");
+        mb.returned(first);
+        assert!(!mb.has_mail(), "and it is not queued again");
+        assert!(!mb.take(Some(second.mail)).has_mail());
     }
 
     fn job(name: &str) -> JobDef {

@@ -773,6 +773,7 @@ impl Build {
                 rec.state = JobState::Queued;
                 rec.exit_code = None;
                 rec.detail.clear();
+                rec.rewinds = 0;
                 jobs += 1;
             }
         }
@@ -820,11 +821,17 @@ impl Build {
             .copied()
             .filter(|&n| lost.contains(&JobId::from(self.def(n).id)))
             .collect();
-        if lost_needs.is_empty() {
+        // A lost need that did not succeed is on its way already (another
+        // job's loss sent it back): `i` only waits for it, unless that
+        // rebuild is over and failed.
+        if lost_needs.is_empty()
+            || lost_needs.iter().any(|&n| {
+                let state = self.jobs[n as usize].state;
+                !state.is_success() && !matches!(state, JobState::Queued | JobState::Running)
+            })
+        {
             return None;
         }
-        // A lost need that did not succeed is on its way already (another
-        // job's loss sent it back): `i` only waits for it.
         let mut again = vec![false; self.jobs.len()];
         let mut stack: Vec<u32> =
             lost_needs.into_iter().filter(|&n| self.jobs[n as usize].state.is_success()).collect();
@@ -840,7 +847,16 @@ impl Build {
             }
         }
         let back: Vec<u32> = (0..self.jobs.len() as u32).filter(|&j| again[j as usize]).collect();
-        if back.iter().any(|&j| self.in_gang(j)) || self.in_gang(i) {
+        // Gangs go to the core whole, once: one that waits on what goes
+        // back, or any member of it, keeps the failure instead.
+        let gang_involved = self.in_gang(i)
+            || back.iter().any(|&j| {
+                self.in_gang(j)
+                    || self.dependents[j as usize]
+                        .iter()
+                        .any(|&d| self.in_gang(d) && !self.jobs[d as usize].state.is_final())
+            });
+        if gang_involved {
             return None;
         }
         self.jobs[i as usize].rewinds += 1;
@@ -861,6 +877,10 @@ impl Build {
                 }
             }
         }
+        // Held back by `max_parallel`, a dependent now waits for its need
+        // again: it is held anew once the need is done.
+        let pending = &self.pending;
+        self.held.retain(|&h| pending[h as usize] == 0);
         waits.sort_unstable();
         waits.dedup();
         for d in waits {

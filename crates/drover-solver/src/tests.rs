@@ -629,6 +629,127 @@ fn an_input_lost_with_its_worker_is_built_again_before_its_dependent() {
     assert_eq!(replayed, h.solver);
 }
 
+/// A lost input whose rebuild failed is a failure for the next job that
+/// loses it too: with `on_error: continue` the build ends instead of waiting
+/// for a need that will never be done.
+#[test]
+fn a_lost_input_whose_rebuild_failed_fails_its_other_dependents() {
+    let mut h = Harness::new();
+    let w = worker_id(h.input(register("w1", 2, vec![])));
+    let b = build_id(h.input(submit_with(
+        vec![job("a", &[]), job("k", &["a"]), job("i", &["a"])],
+        OnError::Continue,
+        None,
+    )));
+    h.later();
+    let a = h.assigned()[0].1;
+    h.report(w, Report { finished: vec![ok(a, "a")], ..Report::default() });
+    let runs = h.assigned();
+    let run = |name: &str| runs.iter().find(|r| r.2 == name).map(|r| r.1).expect("assigned");
+    let lost = |run: u64| {
+        let mut lost = failed(run, 1);
+        lost.lost_inputs = vec![job("a", &[]).id];
+        lost
+    };
+    h.report(w, Report { finished: vec![lost(run("k"))], ..Report::default() });
+    let again = h.assigned();
+    assert_eq!(again.iter().map(|r| r.2.as_str()).collect::<Vec<_>>(), ["a"]);
+    h.report(w, Report { finished: vec![failed(again[0].1, 2)], ..Report::default() });
+    h.report(w, Report { finished: vec![lost(run("i"))], ..Report::default() });
+    let status = h.solver.build_status(b).expect("build");
+    assert_eq!(status.state, BuildState::Failed, "{status:?}");
+    let states: Vec<JobState> = status.jobs.iter().map(|j| j.state).collect();
+    assert_eq!(states, [JobState::Failed, JobState::Skipped, JobState::Failed]);
+}
+
+/// A gang waiting on a need that is lost keeps the failure: gangs go to the
+/// core whole, once, so the loss is not worked around (and nothing hangs).
+#[test]
+fn a_lost_input_a_gang_waits_for_is_a_failure() {
+    let mut h = Harness::new();
+    let w = worker_id(h.input(register("w1", 2, vec![])));
+    let b = build_id(h.input(submit(vec![
+        job("n", &[]),
+        job("i", &["n"]),
+        job("x", &["i"]),
+        in_gang(job("g1", &["n"]), "pair", 2, false),
+        in_gang(job("g2", &["n"]), "pair", 2, false),
+    ])));
+    h.later();
+    let n = h.assigned()[0].1;
+    h.report(w, Report { finished: vec![ok(n, "n")], ..Report::default() });
+    let runs = h.assigned();
+    assert_eq!(runs.iter().map(|r| r.2.as_str()).collect::<Vec<_>>(), ["i"], "the gang waits for two slots");
+    let mut lost = failed(runs[0].1, 1);
+    lost.lost_inputs = vec![job("n", &[]).id];
+    h.report(w, Report { finished: vec![lost], ..Report::default() });
+    for _ in 0..5 {
+        for (_, run, name) in h.assigned() {
+            h.report(w, Report { finished: vec![ok(run, &name)], ..Report::default() });
+        }
+        h.later();
+    }
+    assert_eq!(h.solver.build_status(b).expect("build").state, BuildState::Failed);
+}
+
+/// A job held back by `max_parallel` whose need goes back leaves the held
+/// jobs, and is held once more when the need is done: it runs (here: is
+/// found cached) once, whatever another build did meanwhile.
+#[test]
+fn a_held_job_whose_need_is_lost_is_held_once_again() {
+    let mut h = Harness::new();
+    let w = worker_id(h.input(register("w1", 2, vec![])));
+    let b1 = build_id(h.input(submit_with(
+        vec![
+            job("n", &[]),
+            job("i", &["n"]),
+            job("h", &["n"]),
+            job("z", &["h"]),
+            job("z2", &["z"]),
+            job("y", &["i"]),
+        ],
+        OnError::Quit,
+        Some(1),
+    )));
+    h.later();
+    let n = h.assigned()[0].1;
+    h.report(w, Report { finished: vec![ok(n, "n")], ..Report::default() });
+    let runs = h.assigned();
+    assert_eq!(runs.iter().map(|r| r.2.as_str()).collect::<Vec<_>>(), ["h"], "the longer path first");
+    let mut lost = failed(runs[0].1, 1);
+    lost.lost_inputs = vec![job("n", &[]).id];
+    h.report(w, Report { finished: vec![lost], ..Report::default() });
+    let again = h.assigned();
+    assert_eq!(again.iter().map(|r| r.2.as_str()).collect::<Vec<_>>(), ["n"]);
+    h.report(w, Report { finished: vec![ok(again[0].1, "n")], ..Report::default() });
+    let hs = h.assigned();
+    assert_eq!(hs.iter().map(|r| r.2.as_str()).collect::<Vec<_>>(), ["h"], "i is held again");
+    // Another build runs i meanwhile.
+    build_id(h.input(submit(vec![job("n", &[]), job("i", &["n"])])));
+    h.later();
+    for (_, run, name) in h.assigned() {
+        h.report(w, Report { finished: vec![ok(run, &name)], ..Report::default() });
+    }
+    h.report(w, Report { finished: vec![ok(hs[0].1, "h")], ..Report::default() });
+    for _ in 0..5 {
+        for (_, run, name) in h.assigned() {
+            h.report(w, Report { finished: vec![ok(run, &name)], ..Report::default() });
+        }
+        h.later();
+    }
+    let status = h.solver.build_status(b1).expect("build");
+    assert_eq!(status.state, BuildState::Succeeded, "{status:?}");
+    let finished = h
+        .solver
+        .events(b1, 0)
+        .expect("events")
+        .0
+        .iter()
+        .filter(|e| matches!(&e.kind, EventKind::JobFinished { job, .. } if job == "i"))
+        .count();
+    assert_eq!(finished, 1, "i ends once");
+}
+
 /// A job that keeps losing its inputs fails after a few rounds instead of
 /// rebuilding them forever; a lost output it does not need is a failure at
 /// once.
@@ -742,7 +863,8 @@ mod random {
 
     #[derive(Clone, Debug)]
     enum Op {
-        /// Submit the build made of job `top` and everything it needs.
+        /// Submit the build made of job `top` and everything it needs (one
+        /// in three with `max_parallel`).
         Submit(usize),
         /// Cancel the k-th submitted build (if any).
         Cancel(usize),
@@ -849,7 +971,9 @@ mod random {
             match op {
                 Op::Submit(top) => {
                     let jobs = closure(u, top % u.needs.len()).into_iter().map(|i| def(u, i)).collect();
-                    builds.push(build_id(h.input(submit(jobs))));
+                    // Some builds hold jobs back (`max_parallel`).
+                    let max_parallel = (top % 3 == 0).then_some(1 + (top % 2) as u32);
+                    builds.push(build_id(h.input(submit_with(jobs, OnError::Quit, max_parallel))));
                 }
                 Op::Cancel(k) => {
                     if let Some(&b) = builds.get(k % builds.len().max(1)) {
