@@ -25,6 +25,9 @@ use crate::types::{QueueConfig, QueueLimits};
 /// Index of a queue in the tree.
 pub(crate) type QueueIdx = u32;
 
+/// Offers by weight a round of [`Queues::split`] keeps at hand.
+const OFFER_MEMO: usize = 8;
+
 /// Thousandths of a slot per slot.
 pub(crate) const SLOT_UNITS: u64 = 1000;
 
@@ -438,12 +441,26 @@ impl Queues {
             // rounds only share out what is left of one dimension (memory,
             // in bytes), and skip the divisions of the others.
             let offers = remaining.0.map(|r| r.saturating_mul(heaviest) >= offered_to);
+            // Siblings of equal weight get equal offers: the last few
+            // weights' offers are kept for the round (queues mostly share a
+            // handful of weights), so a round divides once per weight rather
+            // than once per queue.
+            let mut known: [(u64, Amounts); OFFER_MEMO] = [(0, Amounts::default()); OFFER_MEMO];
+            let mut next_slot = 0;
             let mut given = Amounts::default();
             for s in rounds.iter_mut().filter(|s| !s.met) {
                 let old = s.deserved;
-                let offer = Amounts(std::array::from_fn(|d| {
-                    if offers[d] { scale(remaining.0[d], s.weight, offered_to) } else { 0 }
-                }));
+                let offer = match known.iter().find(|(w, _)| *w == s.weight) {
+                    Some(&(_, offer)) => offer,
+                    None => {
+                        let offer = Amounts(std::array::from_fn(|d| {
+                            if offers[d] { scale(remaining.0[d], s.weight, offered_to) } else { 0 }
+                        }));
+                        known[next_slot] = (s.weight, offer);
+                        next_slot = (next_slot + 1) % OFFER_MEMO;
+                        offer
+                    }
+                };
                 let deserved = old
                     .plus(offer)
                     .zip(s.real_cap, u64::min)

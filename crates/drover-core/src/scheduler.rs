@@ -1525,19 +1525,18 @@ impl Scheduler {
     /// amounts (which moves the share of most of them): one sort instead of
     /// a removal and an insertion per queue.
     fn refile_all_queues(&mut self) {
-        self.queue_order.clear();
-        for q in 0..self.queue_filed.len() {
-            let key = (!self.orders[q].is_empty()).then(|| {
-                self.policy.queue_key(
-                    self.quotas.nodes[q].priority,
-                    self.quotas.share(q as QueueIdx),
-                    q as QueueIdx,
-                )
-            });
-            self.queue_filed[q] = key;
-            self.queue_order.extend(key);
+        // The order lists exactly the queues with tenants filed (kept so by
+        // `refile_queue`); each gets its new key where it stands. Shares
+        // move a little at a time, so the list is still nearly sorted, and
+        // a sort that finds runs puts it right in about one pass.
+        let mut order = std::mem::take(&mut self.queue_order);
+        for slot in &mut order {
+            let q = slot.1;
+            *slot = self.policy.queue_key(self.quotas.nodes[q as usize].priority, self.quotas.share(q), q);
+            self.queue_filed[q as usize] = Some(*slot);
         }
-        self.queue_order.sort_unstable();
+        order.sort();
+        self.queue_order = order;
     }
 
     /// A job became queued (`add`) or stopped being queued: its tenant's
