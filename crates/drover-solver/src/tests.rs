@@ -1002,23 +1002,23 @@ mod random {
                     h.later();
                 }
                 Op::Lose(k) => {
-                    let Some((&run, (w, name))) = running.iter().nth(k % running.len().max(1)) else {
-                        continue;
-                    };
-                    let i: usize = name[1..].parse().expect("job index");
-                    let Some(&need) = u.needs[i].first() else { continue };
-                    let count = losses.entry(name.clone()).or_default();
-                    if *count == 3 {
-                        continue;
+                    // The run, its worker and its job's first need, if it
+                    // has one and may lose it once more.
+                    let target =
+                        running.iter().nth(k % running.len().max(1)).and_then(|(&run, (w, name))| {
+                            let i: usize = name[1..].parse().expect("job index");
+                            let need = *u.needs[i].first()?;
+                            (losses.get(name).copied().unwrap_or(0) < 3)
+                                .then(|| (run, *w, name.clone(), need))
+                        });
+                    if let Some((run, w, name, need)) = target {
+                        *losses.entry(name).or_default() += 1;
+                        running.remove(&run);
+                        let mut lost = failed(run, 1);
+                        lost.exit_code = None;
+                        lost.lost_inputs = vec![job(&format!("j{need}"), &[]).id];
+                        h.report(w, Report { started: vec![run], finished: vec![lost], ..Report::default() });
                     }
-                    *count += 1;
-                    let (w, name) = (*w, name.clone());
-                    running.remove(&run);
-                    let mut lost = failed(run, 1);
-                    lost.exit_code = None;
-                    lost.lost_inputs = vec![job(&format!("j{need}"), &[]).id];
-                    h.report(w, Report { started: vec![run], finished: vec![lost], ..Report::default() });
-                    let _ = name;
                 }
             }
             step(&mut h, &mut running, &cancelled);
