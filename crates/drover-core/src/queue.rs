@@ -26,6 +26,11 @@
 //! cache, and a job leaving descends only into its own group's map, a few
 //! levels shallower than one map of the whole backlog would be.
 //!
+//! **Class masks.** Each queue also keeps, per tenant, a bit mask of the
+//! classes of its entries ([`class_bit`]; dead local entries included), so a
+//! draw can tell that a tenant has nothing a worker could take in that
+//! worker's queues with a load per queue, without a descent.
+//!
 //! **Leaving the local queues lazily.** A queued job sits in several queues
 //! at once (the first queues of the holders of its result, the second
 //! queues of the holders of its dependencies, the global queue), and when a
@@ -669,6 +674,32 @@ mod tests {
             assert!(!q.tenants.contains_key(&1), "a tenant without entries is not listed");
             assert_eq!(fronts(&mut q, 2, &dead), vec![(0, 103)]);
         }
+    }
+
+    #[test]
+    fn class_masks_follow_the_entries() {
+        let mut dead = BTreeSet::new();
+        let (mut q, mut g) = (Queue::default(), GlobalQueue::default());
+        q.insert(2, 1, key(0, 1), 10, 0);
+        q.insert(70, 1, key(0, 2), 20, 0);
+        q.insert(64, 1, key(0, 3), 30, 0);
+        g.insert(2, 1, key(0, 1), 10);
+        g.insert(70, 1, key(0, 2), 20);
+        g.insert(64, 1, key(0, 3), 30);
+        let both = class_bit(2) | class_bit(SHARED_BIT);
+        assert_eq!((q.class_mask(1), g.class_mask(1), q.class_mask(9)), (both, both, 0));
+        // One of the two classes past the 63rd goes: the shared bit stays.
+        assert!(q.remove(70, 1, key(0, 2)) && g.remove(70, 1, key(0, 2)));
+        assert_eq!((q.class_mask(1), g.class_mask(1)), (both, both));
+        assert!(g.remove(64, 1, key(0, 3)));
+        assert_eq!(g.class_mask(1), class_bit(2));
+        // A dead entry counts until it is dropped, at a front or in a sweep.
+        dead.insert(30);
+        assert!(!q.left());
+        assert_eq!(q.class_mask(1), both);
+        assert_eq!(fronts(&mut q, 1, &dead), vec![(2, 10)]);
+        assert_eq!(q.class_mask(1), class_bit(2));
+        assert!(q.classes_agree() && g.agrees());
     }
 
     #[test]
