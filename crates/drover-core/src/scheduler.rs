@@ -2498,10 +2498,13 @@ impl Scheduler {
                     // pass many more such (queues below their share whose
                     // jobs this worker cannot run): the classes each has in
                     // this worker's three queues, a load apiece, spare a
-                    // read of its fronts. (The first tenant usually gives
-                    // a job; its fronts are read without the check.)
+                    // read of its fronts. Without queues the first tenant
+                    // usually gives a job, and its fronts are read without
+                    // the check; with queues the first is the one furthest
+                    // below its share, often for want of a worker that can
+                    // run its jobs, and is checked too.
                     let worker = &self.workers[w as usize];
-                    if read_any
+                    if (read_any || quotas)
                         && (self.global.class_mask(key.1)
                             | worker.first.class_mask(key.1)
                             | worker.second.class_mask(key.1))
