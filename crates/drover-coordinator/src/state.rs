@@ -592,6 +592,11 @@ mod tests {
 
     use super::*;
 
+    /// A worker's open mailbox holding `mail` at `version`.
+    fn open_mailbox(mail: PollReply, version: u64) -> Mailbox {
+        Mailbox { open: true, mail, version, ..Mailbox::default() }
+    }
+
     fn mail(drop: &[u64], suspend: &[u64], resume: &[u64]) -> PollReply {
         PollReply {
             drop: drop.to_vec(),
@@ -606,9 +611,7 @@ mod tests {
     /// for a run still wins.
     #[test]
     fn mail_put_back_goes_ahead_and_later_requests_win() {
-        let mut mb = Mailbox { open: true, ..Mailbox::default() };
-        mb.mail = mail(&[1], &[7], &[8]);
-        mb.version = 3;
+        let mut mb = open_mailbox(mail(&[1], &[7], &[8]), 3);
         let taken = mb.take(None);
         assert_eq!(taken.mail, 3);
         assert!(!mb.has_mail());
@@ -628,9 +631,7 @@ mod tests {
     /// it says it got it; one that does not say gets everything once.
     #[test]
     fn mail_not_received_goes_out_again() {
-        let mut mb = Mailbox { open: true, ..Mailbox::default() };
-        mb.mail = mail(&[1], &[], &[]);
-        mb.version = 2;
+        let mut mb = open_mailbox(mail(&[1], &[], &[]), 2);
         let lost = mb.take(Some(0));
         assert_eq!((lost.drop.as_slice(), lost.mail), (&[1][..], 2));
         mb.mail = mail(&[2], &[], &[]);
@@ -654,9 +655,7 @@ mod tests {
     /// mail, and the first one's failure does not put it back a second time.
     #[test]
     fn a_report_sent_again_in_the_same_turn_gets_the_mail_once() {
-        let mut mb = Mailbox { open: true, ..Mailbox::default() };
-        mb.mail = mail(&[1], &[], &[]);
-        mb.version = 1;
+        let mut mb = open_mailbox(mail(&[1], &[], &[]), 1);
         let first = mb.take(Some(0));
         let second = mb.take(Some(0));
         assert_eq!(second.drop, [1], "the retry carries the mail");

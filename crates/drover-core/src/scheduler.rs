@@ -1305,9 +1305,7 @@ impl Scheduler {
         }
         if self.workers[w as usize].held.evicted() {
             let Scheduler { workers, holders, .. } = self;
-            workers[w as usize]
-                .held
-                .compact(|a| holders.get(a).is_some_and(|ws| ws.binary_search(&w).is_ok()));
+            workers[w as usize].held.compact(|a| holds(holders, w, a));
         }
         if let Some(&j) = self.job_index.get(&a)
             && matches!(self.job(j).state, JobState::Queued(_))
@@ -1338,7 +1336,7 @@ impl Scheduler {
 
     /// Whether worker `w` holds artifact `a`.
     fn holds(&self, w: WorkerIdx, a: &JobId) -> bool {
-        self.holders.get(a).is_some_and(|ws| ws.binary_search(&w).is_ok())
+        holds(&self.holders, w, a)
     }
 
     /// The artifacts worker `w` holds, in ID order (a walk: not for hot
@@ -1785,7 +1783,7 @@ impl Scheduler {
         let runs = std::mem::take(&mut worker.runs);
         let first = worker.first.take_all(live_entry(&self.eras));
         let second = worker.second.take_all(live_entry(&self.eras));
-        let mut held = worker.held.take();
+        let held = worker.held.take();
         let reserved = worker.reserved.take();
         worker.res.used_slots = 0;
         worker.res.used_cpu = 0;
@@ -1803,8 +1801,8 @@ impl Scheduler {
             self.job_mut(j).places.retain(|p| *p != Place::Second(w));
             self.placed(t, false);
         }
-        held.sort_unstable();
-        held.dedup();
+        // Stale and repeated entries are no holders: forgetting them does
+        // nothing.
         for a in held {
             self.forget_holder(w, a);
         }
@@ -2479,19 +2477,9 @@ impl Scheduler {
                         continue;
                     }
                     // A tenant with no queued job of a usable class has no
-                    // front worth reading. (Classes past the mask's own
-                    // bits share its last one: those are counted one by
-                    // one.)
-                    let tenant = &self.tenants[key.1 as usize];
-                    let common = tenant.class_mask & usable_mask;
-                    let shared = SHARED_BIT as usize;
-                    if common == 0
-                        || (common == class_bit(SHARED_BIT)
-                            && !tenant.classes[shared..]
-                                .iter()
-                                .zip(&usable[shared..])
-                                .any(|(&n, &ok)| n > 0 && ok))
-                    {
+                    // front worth reading. (Classes past the 63rd share the
+                    // mask's last bit: a tenant with one of them is read.)
+                    if self.tenants[key.1 as usize].class_mask & usable_mask == 0 {
                         continue;
                     }
                     // Once one tenant's fronts gave nothing, the walk may
@@ -2700,6 +2688,11 @@ impl Scheduler {
     fn job_mut(&mut self, j: JobIdx) -> &mut Job {
         self.jobs[j as usize].as_mut().expect("live job")
     }
+}
+
+/// Whether `holders` lists worker `w` as a holder of artifact `a`.
+fn holds(holders: &IdMap<Vec<WorkerIdx>>, w: WorkerIdx, a: &JobId) -> bool {
+    holders.get(a).is_some_and(|ws| ws.binary_search(&w).is_ok())
 }
 
 /// The liveness test of a queue entry (see `queue.rs`, "Leaving the local

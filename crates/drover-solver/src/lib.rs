@@ -505,11 +505,7 @@ impl Solver {
         let Some((_, job, _)) = self.core.run_info(RunId(run)) else { return };
         let lost: Vec<JobId> = lost.iter().map(|h| JobId::from(*h)).collect();
         for (b, i) in self.job_waiters(&job) {
-            let (core, outputs, remote) = (&self.core, &self.outputs, &self.remote);
-            let available = |def: &JobDef| {
-                let id = JobId::from(def.id);
-                remote.contains(&id) || (outputs.contains_key(&id) && core.locate_artifact(&id).is_some())
-            };
+            let available = availability(&self.core, &self.outputs, &self.remote);
             let build = self.builds.get_mut(&b).expect("build exists");
             let Some((cancel, ready)) = build.rewind(i, &lost, available, self.now) else { continue };
             self.effects.push(Effect::BuildChanged { build: b });
@@ -527,11 +523,7 @@ impl Solver {
         let build = self.builds.get_mut(&id).ok_or(SolverError::UnknownBuild(id))?;
         // A succeeded job's output is gone once no live worker and not the
         // shared cache holds it: a retried job that needs it runs it again.
-        let (core, outputs, remote) = (&self.core, &self.outputs, &self.remote);
-        let available = |def: &JobDef| {
-            let id = JobId::from(def.id);
-            remote.contains(&id) || (outputs.contains_key(&id) && core.locate_artifact(&id).is_some())
-        };
+        let available = availability(&self.core, &self.outputs, &self.remote);
         let ready = build.retry(self.now, available).map_err(SolverError::CannotRetry)?;
         self.effects.push(Effect::BuildChanged { build: id });
         for i in ready {
@@ -823,6 +815,19 @@ impl Solver {
             tokens: def.tokens.clone(),
             exclusive: def.exclusive.clone(),
         }
+    }
+}
+
+/// Whether a succeeded job's output can still be had: the shared cache holds
+/// it, or a live worker does (and its tree is known).
+fn availability<'a>(
+    core: &'a Scheduler,
+    outputs: &'a BTreeMap<JobId, Hash32>,
+    remote: &'a std::collections::BTreeSet<JobId>,
+) -> impl Fn(&JobDef) -> bool + 'a {
+    move |def| {
+        let id = JobId::from(def.id);
+        remote.contains(&id) || (outputs.contains_key(&id) && core.locate_artifact(&id).is_some())
     }
 }
 

@@ -78,6 +78,21 @@ fn failed(run: u64, code: i32) -> RunResult {
     }
 }
 
+/// A run that ended before its commands: the output of `need` was to be had
+/// from nowhere (lost with its workers).
+fn lost_input(run: u64, need: &str) -> RunResult {
+    let mut lost = failed(run, 1);
+    lost.exit_code = None;
+    lost.detail = format!("cannot get the output of {need}");
+    lost.lost_inputs = vec![job(need, &[]).id];
+    lost
+}
+
+/// The job names of assignments, in order.
+fn names(runs: &[(u64, u64, String)]) -> Vec<&str> {
+    runs.iter().map(|r| r.2.as_str()).collect()
+}
+
 /// A solver with a recorded input log and a clock that moves past every
 /// locality wait.
 struct Harness {
@@ -116,6 +131,29 @@ impl Harness {
 
     fn report(&mut self, worker: u64, report: Report) {
         self.input(Input::Report { worker, report }).expect("report");
+    }
+
+    /// Worker `w` ends every run handed out so far successfully, `rounds`
+    /// times, letting time pass after each.
+    fn succeed_all(&mut self, w: u64, rounds: usize) {
+        for _ in 0..rounds {
+            for (_, run, name) in self.assigned() {
+                self.report(w, Report { finished: vec![ok(run, &name)], ..Report::default() });
+            }
+            self.later();
+        }
+    }
+
+    /// Replaying the recorded inputs on a fresh solver rebuilds an equal
+    /// state.
+    fn assert_replays(&mut self) {
+        let mut replayed = Solver::new(Config::default());
+        for (now, input) in self.log.clone() {
+            let _ = replayed.handle(now, input);
+        }
+        replayed.take_effects();
+        self.solver.take_effects();
+        assert_eq!(replayed, self.solver);
     }
 
     fn states(&self, build: u64) -> Vec<(String, JobState)> {
@@ -331,13 +369,7 @@ fn replaying_the_inputs_rebuilds_an_equal_state() {
         }
     }
     h.later();
-    let mut replayed = Solver::new(Config::default());
-    for (now, input) in h.log.clone() {
-        let _ = replayed.handle(now, input);
-    }
-    replayed.take_effects();
-    h.solver.take_effects();
-    assert_eq!(replayed, h.solver);
+    h.assert_replays();
 }
 
 #[test]
@@ -579,7 +611,6 @@ fn an_input_lost_with_its_worker_is_built_again_before_its_dependent() {
     let a = h.assigned()[0].1;
     h.report(w1, Report { finished: vec![ok(a, "a")], ..Report::default() });
     h.later();
-    let names = |runs: &[(u64, u64, String)]| runs.iter().map(|r| r.2.clone()).collect::<Vec<_>>();
     assert_eq!(names(&h.assigned()), ["b"]);
     // w1, the only holder of a's output, is lost; b goes to w2, which can
     // get a's output from nowhere.
@@ -593,10 +624,7 @@ fn an_input_lost_with_its_worker_is_built_again_before_its_dependent() {
     h.later();
     let runs = h.assigned();
     assert_eq!(names(&runs), ["b"]);
-    let mut lost = failed(runs[0].1, 1);
-    lost.exit_code = None;
-    lost.lost_inputs = vec![job("a", &[]).id];
-    h.report(w2, Report { finished: vec![lost], ..Report::default() });
+    h.report(w2, Report { finished: vec![lost_input(runs[0].1, "a")], ..Report::default() });
     assert_eq!(h.states(b), [("a".to_string(), JobState::Running), ("b".to_string(), JobState::Queued)]);
     let runs = h.assigned();
     assert_eq!(names(&runs), ["a"], "a is built again first, on the slot b left");
@@ -620,13 +648,7 @@ fn an_input_lost_with_its_worker_is_built_again_before_its_dependent() {
         !events.iter().any(|e| matches!(e.kind, EventKind::JobFinished { state: JobState::Failed, .. })),
         "no failure on the way"
     );
-    let mut replayed = Solver::new(Config::default());
-    for (now, input) in h.log.clone() {
-        let _ = replayed.handle(now, input);
-    }
-    replayed.take_effects();
-    h.solver.take_effects();
-    assert_eq!(replayed, h.solver);
+    h.assert_replays();
 }
 
 /// A lost input whose rebuild failed is a failure for the next job that
@@ -646,16 +668,11 @@ fn a_lost_input_whose_rebuild_failed_fails_its_other_dependents() {
     h.report(w, Report { finished: vec![ok(a, "a")], ..Report::default() });
     let runs = h.assigned();
     let run = |name: &str| runs.iter().find(|r| r.2 == name).map(|r| r.1).expect("assigned");
-    let lost = |run: u64| {
-        let mut lost = failed(run, 1);
-        lost.lost_inputs = vec![job("a", &[]).id];
-        lost
-    };
-    h.report(w, Report { finished: vec![lost(run("k"))], ..Report::default() });
+    h.report(w, Report { finished: vec![lost_input(run("k"), "a")], ..Report::default() });
     let again = h.assigned();
-    assert_eq!(again.iter().map(|r| r.2.as_str()).collect::<Vec<_>>(), ["a"]);
+    assert_eq!(names(&again), ["a"]);
     h.report(w, Report { finished: vec![failed(again[0].1, 2)], ..Report::default() });
-    h.report(w, Report { finished: vec![lost(run("i"))], ..Report::default() });
+    h.report(w, Report { finished: vec![lost_input(run("i"), "a")], ..Report::default() });
     let status = h.solver.build_status(b).expect("build");
     assert_eq!(status.state, BuildState::Failed, "{status:?}");
     let states: Vec<JobState> = status.jobs.iter().map(|j| j.state).collect();
@@ -679,16 +696,9 @@ fn a_lost_input_a_gang_waits_for_is_a_failure() {
     let n = h.assigned()[0].1;
     h.report(w, Report { finished: vec![ok(n, "n")], ..Report::default() });
     let runs = h.assigned();
-    assert_eq!(runs.iter().map(|r| r.2.as_str()).collect::<Vec<_>>(), ["i"], "the gang waits for two slots");
-    let mut lost = failed(runs[0].1, 1);
-    lost.lost_inputs = vec![job("n", &[]).id];
-    h.report(w, Report { finished: vec![lost], ..Report::default() });
-    for _ in 0..5 {
-        for (_, run, name) in h.assigned() {
-            h.report(w, Report { finished: vec![ok(run, &name)], ..Report::default() });
-        }
-        h.later();
-    }
+    assert_eq!(names(&runs), ["i"], "the gang waits for two slots");
+    h.report(w, Report { finished: vec![lost_input(runs[0].1, "n")], ..Report::default() });
+    h.succeed_all(w, 5);
     assert_eq!(h.solver.build_status(b).expect("build").state, BuildState::Failed);
 }
 
@@ -715,28 +725,19 @@ fn a_held_job_whose_need_is_lost_is_held_once_again() {
     let n = h.assigned()[0].1;
     h.report(w, Report { finished: vec![ok(n, "n")], ..Report::default() });
     let runs = h.assigned();
-    assert_eq!(runs.iter().map(|r| r.2.as_str()).collect::<Vec<_>>(), ["h"], "the longer path first");
-    let mut lost = failed(runs[0].1, 1);
-    lost.lost_inputs = vec![job("n", &[]).id];
-    h.report(w, Report { finished: vec![lost], ..Report::default() });
+    assert_eq!(names(&runs), ["h"], "the longer path first");
+    h.report(w, Report { finished: vec![lost_input(runs[0].1, "n")], ..Report::default() });
     let again = h.assigned();
-    assert_eq!(again.iter().map(|r| r.2.as_str()).collect::<Vec<_>>(), ["n"]);
+    assert_eq!(names(&again), ["n"]);
     h.report(w, Report { finished: vec![ok(again[0].1, "n")], ..Report::default() });
     let hs = h.assigned();
-    assert_eq!(hs.iter().map(|r| r.2.as_str()).collect::<Vec<_>>(), ["h"], "i is held again");
+    assert_eq!(names(&hs), ["h"], "i is held again");
     // Another build runs i meanwhile.
     build_id(h.input(submit(vec![job("n", &[]), job("i", &["n"])])));
     h.later();
-    for (_, run, name) in h.assigned() {
-        h.report(w, Report { finished: vec![ok(run, &name)], ..Report::default() });
-    }
+    h.succeed_all(w, 1);
     h.report(w, Report { finished: vec![ok(hs[0].1, "h")], ..Report::default() });
-    for _ in 0..5 {
-        for (_, run, name) in h.assigned() {
-            h.report(w, Report { finished: vec![ok(run, &name)], ..Report::default() });
-        }
-        h.later();
-    }
+    h.succeed_all(w, 5);
     let status = h.solver.build_status(b1).expect("build");
     assert_eq!(status.state, BuildState::Succeeded, "{status:?}");
     let finished = h
@@ -764,9 +765,7 @@ fn lost_inputs_send_a_job_back_a_bounded_number_of_times() {
         while let Some((_, run, name)) = h.assigned().first().cloned() {
             if name == "b" {
                 rounds += 1;
-                let mut lost = failed(run, 1);
-                lost.lost_inputs = vec![job(lost_job, &[]).id];
-                h.report(w, Report { finished: vec![lost], ..Report::default() });
+                h.report(w, Report { finished: vec![lost_input(run, lost_job)], ..Report::default() });
             } else {
                 h.report(w, Report { finished: vec![ok(run, &name)], ..Report::default() });
             }
@@ -1014,9 +1013,7 @@ mod random {
                     if let Some((run, w, name, need)) = target {
                         *losses.entry(name).or_default() += 1;
                         running.remove(&run);
-                        let mut lost = failed(run, 1);
-                        lost.exit_code = None;
-                        lost.lost_inputs = vec![job(&format!("j{need}"), &[]).id];
+                        let lost = lost_input(run, &format!("j{need}"));
                         h.report(w, Report { started: vec![run], finished: vec![lost], ..Report::default() });
                     }
                 }

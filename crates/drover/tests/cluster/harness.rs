@@ -174,6 +174,14 @@ impl Cluster {
         serde_json::from_slice(&out.stdout).expect("status JSON")
     }
 
+    /// The build's status once it is over (neither queued nor running).
+    pub(crate) fn final_status(&self, build: u64) -> Value {
+        eventually("the build to finish", || {
+            let status = self.status(build);
+            (status["state"] != "running" && status["state"] != "queued").then_some(status)
+        })
+    }
+
     /// Writes a build file (and sources) into a fresh directory; returns the
     /// build file's path.
     pub(crate) fn project(&self, name: &str, build: &str, files: &[(&str, &str)]) -> PathBuf {

@@ -160,10 +160,7 @@ fn a_job_on_a_killed_worker_finishes_elsewhere() {
     let first = job(&status, "slow")["worker"].as_str().expect("worker").to_owned();
     cluster.kill_worker(&first);
     eventually("the orphaned job to be killed with its worker", || process_gone(pid).then_some(()));
-    let status = eventually("the build to finish", || {
-        let status = cluster.status(id);
-        (status["state"] != "running" && status["state"] != "queued").then_some(status)
-    });
+    let status = cluster.final_status(id);
     assert_eq!(status["state"], "succeeded", "{status}");
     let slow = job(&status, "slow");
     assert_ne!(slow["worker"].as_str(), Some(first.as_str()));
@@ -189,10 +186,7 @@ fn an_empty_dependency_output_needs_no_transfer() {
     });
     cluster.kill_worker("w1");
     std::fs::write(&go, "").expect("open the gate");
-    let status = eventually("the build to finish", || {
-        let status = cluster.status(id);
-        (status["state"] != "running" && status["state"] != "queued").then_some(status)
-    });
+    let status = cluster.final_status(id);
     assert_eq!(status["state"], "succeeded", "{status}");
     assert_eq!(job(&status, "after")["worker"], "w2");
 }
@@ -216,10 +210,7 @@ fn an_output_lost_with_its_worker_is_built_again_for_its_dependent() {
     cluster.add_worker("w2", 2, &["--no-push"]);
     cluster.kill_worker("w1");
     std::fs::write(&go, "").expect("open the gate");
-    let status = eventually("the build to finish", || {
-        let status = cluster.status(id);
-        (status["state"] != "running" && status["state"] != "queued").then_some(status)
-    });
+    let status = cluster.final_status(id);
     assert_eq!(status["state"], "succeeded", "{status}");
     assert_eq!(job(&status, "after")["worker"], "w2");
     assert_eq!(job(&status, "made")["worker"], "w2", "built again where it was needed");

@@ -86,18 +86,12 @@ fn fetches_wait_in_their_own_queue_without_idling_the_builder() {
     // The holder answers again: the fetches finish, then the users build,
     // then the exclusive job runs.
     cluster.signal_worker("holder", "CONT");
-    let done = |build: u64| {
-        eventually("the build to end", || {
-            let status = cluster.status(build);
-            (status["state"] != "running" && status["state"] != "queued").then_some(status)
-        })
-    };
-    let status = done(users);
+    let status = cluster.final_status(users);
     assert_eq!(status["state"], "succeeded", "{status}");
     let waited: Vec<bool> =
         ["use1", "use2"].iter().map(|n| job(&status, n)["stages"]["wait"].as_u64().is_some()).collect();
     assert!(waited.contains(&true), "the queued fetch reports its wait: {status}");
-    assert_eq!(done(cleanup)["state"], "succeeded");
+    assert_eq!(cluster.final_status(cleanup)["state"], "succeeded");
 
     // The fetch stage's log says what came from where.
     let fetched: Vec<String> = ["use1", "use2"]
