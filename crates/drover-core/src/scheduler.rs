@@ -2478,8 +2478,18 @@ impl Scheduler {
                     }
                     // A tenant with no queued job of a usable class has no
                     // front worth reading. (Classes past the 63rd share the
-                    // mask's last bit: a tenant with one of them is read.)
-                    if self.tenants[key.1 as usize].class_mask & usable_mask == 0 {
+                    // mask's last bit: those are counted one by one, as a
+                    // workload with many classes meets them on every draw.)
+                    let tenant = &self.tenants[key.1 as usize];
+                    let common = tenant.class_mask & usable_mask;
+                    let shared = SHARED_BIT as usize;
+                    if common == 0
+                        || (common == class_bit(SHARED_BIT)
+                            && !tenant.classes[shared..]
+                                .iter()
+                                .zip(&usable[shared..])
+                                .any(|(&n, &ok)| n > 0 && ok))
+                    {
                         continue;
                     }
                     // Once one tenant's fronts gave nothing, the walk may
