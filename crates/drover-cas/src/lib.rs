@@ -285,6 +285,34 @@ impl Cas {
         Ok(cas)
     }
 
+    /// Makes every fan-out directory of `artifacts/` (`00` to `ff`) that
+    /// is missing, so that no commit makes one: on a fresh cache, each of the
+    /// first 256 commits would otherwise allocate a directory's inode on the
+    /// way to reporting its job's end (hundreds of microseconds each on a
+    /// file system busy with deletions). For a long-lived cache such as a
+    /// worker's; a one-off cache has no use for it. Under
+    /// [`Durability::PowerLoss`], `artifacts/` is fsynced once if any was
+    /// made.
+    pub fn make_fan_outs(&self) -> Result<(), CasError> {
+        let inner = &self.inner;
+        let mut made = false;
+        for byte in 0..=255u8 {
+            let dir = inner.artifacts.join(format!("{byte:02x}"));
+            match fs::create_dir(&dir) {
+                Ok(()) => made = true,
+                Err(e) if e.kind() == ErrorKind::AlreadyExists && dir.is_dir() => {}
+                Err(source) => {
+                    return Err(CasError::Io { context: format!("create {}", dir.display()), source });
+                }
+            }
+        }
+        if made && inner.durability == Durability::PowerLoss {
+            manifest::sync_dir(&inner.artifacts)?;
+        }
+        inner.lock().fan_outs = [u64::MAX; 4];
+        Ok(())
+    }
+
     /// Whether the room kept free ([`Cas::keep_free`]) went missing since
     /// the last call: `Some(true)` if an eviction pass found the filesystem
     /// still short of it with nothing left to evict (everything left is in

@@ -15,7 +15,7 @@
 //! that changed to that build's followers, once per build (see
 //! [`Followers`]).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -48,6 +48,27 @@ pub(crate) enum Command {
     Query(Box<dyn FnOnce(&Solver) + Send>),
     /// Follow a build's events from `from` (`None` for an unknown build).
     Follow { build: u64, from: u64, reply: oneshot::Sender<Option<Follow>> },
+}
+
+impl Command {
+    fn is_submit(&self) -> bool {
+        matches!(self, Command::Input { input: Input::Submit(_), .. })
+    }
+}
+
+/// What a turn carries out of the commands that came (`batch`, in order):
+/// every one that is not a submit, in order, then at most one submit, the
+/// oldest of those waiting in `submits` (where the others of `batch` join
+/// them). Each answer waits for its whole turn (one transaction), and a
+/// burst of large builds submitted together must not hold back the workers
+/// waiting meanwhile for their next job in a report's answer. No command
+/// can depend on a submit still waiting: its client learns the build's ID
+/// from the submit's answer.
+fn next_turn(batch: Vec<Command>, submits: &mut VecDeque<Command>) -> Vec<Command> {
+    let (mut turn, waiting): (Vec<Command>, Vec<Command>) = batch.into_iter().partition(|c| !c.is_submit());
+    submits.extend(waiting);
+    turn.extend(submits.pop_front());
+    turn
 }
 
 /// New events of a build, handed to each of its followers.
@@ -388,26 +409,31 @@ pub(crate) fn start(mut store: Store, mut solver: Solver) -> Result<Arc<Shared>,
 
 fn run(mut store: Store, mut solver: Solver, rx: Receiver<Command>, shared: Arc<Shared>) {
     let mut followers = Followers::default();
+    // Submits beyond the one a turn carries out, oldest first.
+    let mut submits: VecDeque<Command> = VecDeque::new();
     loop {
-        let wait = solver.poll_timeout().map(|at| Duration::from_millis(at.0.saturating_sub(now_ms())));
         let mut batch = Vec::new();
-        match wait {
-            Some(wait) => match rx.recv_timeout(wait) {
-                Ok(cmd) => batch.push(cmd),
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => return,
-            },
-            None => match rx.recv() {
-                Ok(cmd) => batch.push(cmd),
-                Err(_) => return,
-            },
+        if submits.is_empty() {
+            let wait = solver.poll_timeout().map(|at| Duration::from_millis(at.0.saturating_sub(now_ms())));
+            match wait {
+                Some(wait) => match rx.recv_timeout(wait) {
+                    Ok(cmd) => batch.push(cmd),
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => return,
+                },
+                None => match rx.recv() {
+                    Ok(cmd) => batch.push(cmd),
+                    Err(_) => return,
+                },
+            }
         }
-        while batch.len() < MAX_BATCH {
+        while batch.len() + submits.len() < MAX_BATCH {
             match rx.try_recv() {
                 Ok(cmd) => batch.push(cmd),
                 Err(_) => break,
             }
         }
+        let batch = next_turn(batch, &mut submits);
         let now = now_ms();
         let mut records: Vec<(u64, Vec<u8>)> = Vec::new();
         let mut answers = Vec::new();
@@ -662,6 +688,48 @@ mod tests {
         mb.returned(first);
         assert!(!mb.has_mail(), "and it is not queued again");
         assert!(!mb.take(Some(second.mail)).has_mail());
+    }
+
+    /// A burst of submits is carried out one per turn, oldest first, each
+    /// after the other commands that came by then.
+    #[test]
+    fn a_turn_carries_out_one_submit_after_everything_else() {
+        let submit = |name: &str| Command::Input {
+            input: Input::Submit(SubmitRequest {
+                build: BuildSpec { name: name.into(), sources: Vec::new(), jobs: vec![job("a")] },
+                tenant: "t".into(),
+                no_cache: false,
+                on_error: OnError::Quit,
+                max_parallel: None,
+                queue: None,
+            }),
+            reply: oneshot::channel().0,
+        };
+        let report = |worker: u64| Command::Report {
+            worker,
+            report: drover_proto::Report::default(),
+            deliver: Delivery::default(),
+            reply: oneshot::channel().0,
+        };
+        let describe = |turn: &[Command]| -> Vec<String> {
+            turn.iter()
+                .map(|c| match c {
+                    Command::Input { input: Input::Submit(r), .. } => r.build.name.clone(),
+                    Command::Report { worker, .. } => format!("report {worker}"),
+                    _ => "other".into(),
+                })
+                .collect()
+        };
+        let mut submits = VecDeque::new();
+        let first =
+            next_turn(vec![submit("s1"), submit("s2"), report(1), submit("s3"), report(2)], &mut submits);
+        assert_eq!(describe(&first), ["report 1", "report 2", "s1"]);
+        let second = next_turn(vec![report(3)], &mut submits);
+        assert_eq!(describe(&second), ["report 3", "s2"]);
+        let third = next_turn(vec![submit("s4")], &mut submits);
+        assert_eq!(describe(&third), ["s3"]);
+        assert_eq!(describe(&next_turn(Vec::new(), &mut submits)), ["s4"]);
+        assert!(next_turn(Vec::new(), &mut submits).is_empty() && submits.is_empty());
     }
 
     fn job(name: &str) -> JobDef {

@@ -878,6 +878,10 @@ impl Scheduler {
                 Ok(())
             }
             Event::Schedule { spec, waiter } => self.schedule(spec, waiter),
+            Event::Join { job, waiter } => {
+                let j = *self.job_index.get(&job).ok_or(Rejected::UnknownJob(job))?;
+                self.add_waiter(j, job, waiter)
+            }
             Event::Cancel { job, waiter } => self.cancel(job, waiter),
             Event::JobStarted { run } => self.job_started(run),
             Event::JobExited { run, result } => self.job_exited(run, result),
@@ -1079,12 +1083,7 @@ impl Scheduler {
 
     fn schedule(&mut self, spec: JobSpec, waiter: WaiterId) -> Result<(), Rejected> {
         if let Some(&j) = self.job_index.get(&spec.id) {
-            let job = self.job_mut(j);
-            if job.waiters.contains(&waiter) {
-                return Err(Rejected::AlreadyWaiting { job: spec.id, waiter });
-            }
-            job.waiters.push(waiter);
-            return Ok(());
+            return self.add_waiter(j, spec.id, waiter);
         }
         let invalid = |why: &str| Err(Rejected::InvalidSpec { job: spec.id, why: why.to_owned() });
         if spec.request.slots == 0 {
@@ -1169,6 +1168,16 @@ impl Scheduler {
             self.job_mut(j).gang = Some(g);
         }
         self.enqueue(j);
+        Ok(())
+    }
+
+    /// A known job (`j`, `id`) gains a waiter.
+    fn add_waiter(&mut self, j: JobIdx, id: JobId, waiter: WaiterId) -> Result<(), Rejected> {
+        let job = self.job_mut(j);
+        if job.waiters.contains(&waiter) {
+            return Err(Rejected::AlreadyWaiting { job: id, waiter });
+        }
+        job.waiters.push(waiter);
         Ok(())
     }
 

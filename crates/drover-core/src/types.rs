@@ -265,6 +265,15 @@ pub enum Event {
         /// Who waits for it.
         waiter: WaiterId,
     },
+    /// Wait for a job already pending or running: what `Schedule` does for
+    /// a known job, without building its spec again. `UnknownJob` if there
+    /// is none (the caller then schedules it).
+    Join {
+        /// The job.
+        job: JobId,
+        /// Who waits for it.
+        waiter: WaiterId,
+    },
     /// The waiter no longer needs the job.
     Cancel {
         /// The job.

@@ -629,10 +629,15 @@ impl Solver {
         let waiter = WaiterId(self.next_waiter);
         self.next_waiter += 1;
         self.waiters.insert(waiter, (build, job));
-        let spec = b.core_spec(job);
+        let id = JobId::from(b.def(job).id);
         b.queued(job, waiter, self.now);
         self.effects.push(Effect::BuildChanged { build });
-        let _ = self.core.handle(self.now, Event::Schedule { spec, waiter });
+        // A job another build already brought to the core only gains a
+        // waiter; its spec is built for the first one alone.
+        if self.core.handle(self.now, Event::Join { job: id, waiter }).is_err() {
+            let spec = self.builds[&build].core_spec(job);
+            let _ = self.core.handle(self.now, Event::Schedule { spec, waiter });
+        }
     }
 
     /// Applies the core's decisions until it has none left (completions may

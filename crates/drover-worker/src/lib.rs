@@ -335,6 +335,7 @@ pub async fn start(mut config: WorkerConfig) -> Result<Worker, WorkerError> {
     std::fs::set_permissions(&empty, std::os::unix::fs::PermissionsExt::from_mode(0o555))
         .map_err(dir_err(&empty))?;
     let cas = Arc::new(Cas::open_with(&config.dir.join("cache"), config.cache_bytes, config.durability)?);
+    cas.make_fan_outs()?;
     cas.keep_free(config.cache_keep_free);
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await

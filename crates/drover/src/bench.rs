@@ -9,7 +9,8 @@
 //!   coordinator saw them.
 //! - `noop`: a graph of N jobs built once, then again with everything cached.
 //! - `share`: 20 builds of the same 500-job graph submitted at once, against
-//!   one alone: executions are counted by the jobs themselves.
+//!   one alone, three rounds of each alternated (each on a fresh cluster),
+//!   medians compared: executions are counted by the jobs themselves.
 //! - `makespan`: random DAGs of `sleep` jobs (10 to 80 ms) on 2 workers with
 //!   2 slots each; the makespan against max(critical path, work / slots).
 //! - `transfer`: a job on one worker writes one large file (1 GiB by
@@ -292,15 +293,17 @@ fn layered(n: usize, command: impl Fn(usize) -> String) -> Vec<(String, Vec<Stri
 }
 
 async fn share(dir: &Path) -> Result<Vec<Row>, Failure> {
-    let (n, builds) = (500, 20);
-    eprintln!("share: {builds} concurrent builds of one {n}-job graph, against one alone ...");
-    let run = |name: &'static str, count: usize| {
+    let (n, builds, rounds) = (500, 20, 3);
+    eprintln!(
+        "share: {builds} concurrent builds of one {n}-job graph, against one alone, {rounds} rounds each ..."
+    );
+    let run = |name: String, count: usize| {
         let dir = dir.to_owned();
         async move {
             let counter = dir.join(format!("{name}-executions"));
             let path = counter.display().to_string();
             let jobs = layered(n, |i| format!("echo {i} >> {path}"));
-            let loaded = build_file(&dir, name, &jobs)?;
+            let loaded = build_file(&dir, &name, &jobs)?;
             let cluster = Embedded::start(&dir.join(format!("{name}-state")), 2, 2).await?;
             let start = Instant::now();
             let all = futures::future::join_all((0..count).map(|_| measure(&cluster, &loaded))).await;
@@ -309,27 +312,45 @@ async fn share(dir: &Path) -> Result<Vec<Row>, Failure> {
                 result?;
             }
             let executions = std::fs::read_to_string(&counter).map(|t| t.lines().count()).unwrap_or(0);
-            Ok::<_, Failure>((elapsed, executions))
+            Ok::<_, Failure>((elapsed.as_secs_f64(), executions))
         }
     };
-    let (alone, alone_runs) = run("share-alone", 1).await?;
-    let (together, runs) = run("share-20", builds).await?;
+    // Alternated, each on a fresh cluster, so that a slow stretch of the
+    // machine weighs on both sides alike; medians compared.
+    let (mut alone, mut together, mut runs) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let (secs, executions) = run(format!("share-alone-{round}"), 1).await?;
+        alone.push(secs);
+        runs.push(executions);
+        let (secs, executions) = run(format!("share-{builds}-{round}"), builds).await?;
+        together.push(secs);
+        runs.push(executions);
+    }
+    let (a, t) = (median(&mut alone), median(&mut together));
+    let range = |v: &[f64]| format!("{:.2}–{:.2} s", v[0], v[v.len() - 1]);
+    let executions = if runs.iter().all(|&r| r == n) {
+        format!("{n} executions in every run")
+    } else {
+        format!("executions per run: {runs:?}")
+    };
     Ok(vec![
         Row {
-            name: format!("one build of {n} jobs alone"),
-            value: format!("{:.2} s, {alone_runs} executions", alone.as_secs_f64()),
+            name: format!("one build of {n} jobs alone (median of {rounds})"),
+            value: format!("{a:.2} s ({})", range(&alone)),
             target: String::new(),
         },
         Row {
-            name: format!("{builds} concurrent builds of the same {n} jobs"),
-            value: format!(
-                "{:.2} s ({:.2}x one alone), {runs} executions",
-                together.as_secs_f64(),
-                together.as_secs_f64() / alone.as_secs_f64()
-            ),
+            name: format!("{builds} concurrent builds of the same {n} jobs (median of {rounds})"),
+            value: format!("{t:.2} s ({}), {:.2}x one alone; {executions}", range(&together), t / a),
             target: format!("{n} executions, within 1.3x"),
         },
     ])
+}
+
+/// The median of `v` (sorted in place; the upper one of an even count).
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 /// A small deterministic generator (splitmix64) for the random DAGs.

@@ -40,6 +40,30 @@ fn commit_then_reopen_rebuilds_the_index() {
     assert!(cas.verify_artifact(&id).unwrap());
 }
 
+/// Fan-out directories made ahead of time take every commit, full or
+/// empty, and making them again (after a reopen, with entries in them)
+/// changes nothing.
+#[test]
+fn fan_outs_made_ahead_take_commits_and_are_made_once() {
+    let (root, cas) = cas(1 << 20);
+    cas.make_fan_outs().unwrap();
+    let artifacts = root.path().join("cas/artifacts");
+    let fan_outs = |dir: &std::path::Path| {
+        fs::read_dir(dir).unwrap().filter(|e| e.as_ref().unwrap().file_type().unwrap().is_dir()).count()
+    };
+    assert_eq!(fan_outs(&artifacts), 256);
+    let full = build(&cas, &key(1), sample_tree);
+    let empty = cas.commit_empty_artifact(&key(2)).unwrap();
+    drop(cas);
+    let cas = Cas::open(&root.path().join("cas"), 1 << 20).unwrap();
+    cas.make_fan_outs().unwrap();
+    assert_eq!(fan_outs(&artifacts), 256);
+    assert_eq!(cas.artifacts(), vec![key(1), key(2)]);
+    assert_eq!(cas.artifact_info(&key(1)), Some(full));
+    assert_eq!(cas.artifact_info(&key(2)), Some(empty));
+    assert!(cas.verify_artifact(&key(1)).unwrap());
+}
+
 /// A cache that commits for process crashes only keeps and finds the same
 /// entries as one that commits for power loss, across reopening either way.
 #[test]

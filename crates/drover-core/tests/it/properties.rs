@@ -83,6 +83,8 @@ enum Op {
     Send(Event),
     /// Schedule job `.0` for waiter `.1`.
     Schedule(usize, u64),
+    /// Join job `.0` for waiter `.1` (refused unless it is pending).
+    Join(usize, u64),
     /// Cancel for one of the waiters of a pending job.
     Cancel(Index),
     /// Start a run that has not started.
@@ -161,6 +163,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => news().prop_map(|(worker, artifacts)| Op::Send(Event::ArtifactsAdded { worker, artifacts })),
         1 => news().prop_map(|(worker, artifacts)| Op::Send(Event::ArtifactsEvicted { worker, artifacts })),
         6 => (0..JOBS, 0..4u64).prop_map(|(job, waiter)| Op::Schedule(job, waiter)),
+        2 => (0..JOBS, 0..4u64).prop_map(|(job, waiter)| Op::Join(job, waiter)),
         3 => any::<Index>().prop_map(Op::Cancel),
         4 => any::<Index>().prop_map(Op::Start),
         4 => (any::<Index>(), prop::bool::weighted(0.8)).prop_map(|(i, ok)| Op::Exit(i, ok)),
@@ -464,6 +467,7 @@ impl Harness {
             Op::Schedule(k, w) => {
                 Event::Schedule { spec: self.specs[&job_id(*k)].clone(), waiter: WaiterId(*w) }
             }
+            Op::Join(k, w) => Event::Join { job: job_id(*k), waiter: WaiterId(*w) },
             Op::Cancel(i) => {
                 let pairs: Vec<(JobId, WaiterId)> =
                     self.pending.iter().flat_map(|(j, p)| p.waiters.iter().map(|w| (*j, *w))).collect();
@@ -496,6 +500,11 @@ impl Harness {
         let (now, ds) = (self.now, decisions.clone());
         self.log.push(Step { now, event: event.clone(), result: result.clone(), decisions: ds });
         let mut ex = Expect::default();
+        if let Event::Join { job, waiter } = &event {
+            // Join is Schedule for a pending job, and refused for any other.
+            let known = self.pending.get(job).is_some_and(|p| !p.waiters.contains(waiter));
+            check!(self, result.is_ok() == known, Dedup, "join {job} for {waiter:?}: {result:?}");
+        }
         if result.is_ok() {
             self.apply(&event, before.now(), &mut ex);
         } else {
@@ -561,6 +570,10 @@ impl Harness {
                 }
                 self.cancelled.remove(&spec.id);
                 self.pending.entry(spec.id).or_default().waiters.push(*waiter);
+            }
+            Event::Join { job, waiter } => {
+                self.saw("join a pending job");
+                self.pending.get_mut(job).expect("accepted: pending").waiters.push(*waiter);
             }
             Event::Cancel { job, waiter } => {
                 let p = self.pending.get_mut(job).expect("accepted: pending");
@@ -988,7 +1001,7 @@ fn the_generator_reaches_what_the_properties_are_about() {
     let mut runner = TestRunner::new_with_rng(cases(0), TestRng::deterministic_rng(RngAlgorithm::XorShift));
     let in_log = "Assign, Drop, Stop, stage: Queued, stage: Assigned, stage: Running, Ran(, TooManyAttempts, \
         Unplaceable(, Requeued, RunLost, Resumed, WorkerLeft, WorkerLost, CapacityBelowUsage";
-    let by_harness = "schedule joins a pending job, cancel by one of several waiters, exit of a cancelled run, \
+    let by_harness = "schedule joins a pending job, join a pending job, cancel by one of several waiters, exit of a cancelled run, \
         assign next to another run, assign with an exclusive token, reservation, waiting for a worker, \
         in a first queue, in a second queue, in the global queue, re-registration drops an artifact it no longer lists";
     let mut seen: BTreeMap<&str, u32> = by_harness.split(", ").map(|k| (k, 0)).collect();
