@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use drover_cas::{ArtifactGuard, Key};
 use drover_exec::{JobSpec, Outcome};
+use drover_http::HttpError;
 use drover_proto::{Assignment, DepInput, Hash32, HeldArtifact, RunResult, SourceFile};
 
 use crate::tokens::{Grant, Request, Stage};
@@ -40,6 +41,10 @@ pub(crate) const EMPTY_SRC: &str = "empty-src";
 
 /// How much of a failed job's standard error goes into its report.
 const STDERR_TAIL: usize = 2048;
+
+/// How long a fetch waits before trying again the holders whose failure
+/// may pass (see `worth_retrying`).
+const RETRY_PAUSE: Duration = Duration::from_millis(250);
 
 /// Runs one assignment and reports it.
 pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, control: RunControl) {
@@ -179,9 +184,25 @@ async fn get_artifact(
     url: &str,
     job: &Hash32,
     tree: Option<Hash32>,
-) -> Result<drover_cas::ArtifactInfo, String> {
+) -> Result<drover_cas::ArtifactInfo, HttpError> {
     let tree = tree.map(|t| Key(t.0));
-    shared.http.get_artifact(url, &shared.cas, Key(job.0), tree).await.map_err(|e| e.to_string())
+    shared.http.get_artifact(url, &shared.cas, Key(job.0), tree).await
+}
+
+/// Whether a failed fetch from a holder may succeed if tried again: the
+/// holder could not be reached, broke off, timed out or had trouble of its
+/// own (a 5xx answer), or the stream ended early. Not when it answered that
+/// it does not have the artifact (or refused the request), sent bad data, or
+/// the artifact is too large for this cache.
+fn worth_retrying(e: &HttpError) -> bool {
+    match e {
+        HttpError::Connect { .. } | HttpError::Timeout { .. } | HttpError::Decode { .. } => true,
+        HttpError::Status { status, .. } => *status >= 500,
+        HttpError::Artifact { source, .. } => {
+            !source.is_corruption() && !matches!(source, drover_cas::CasError::TooLarge { .. })
+        }
+        HttpError::File { .. } => false,
+    }
 }
 
 fn held(job: &Hash32, info: &drover_cas::ArtifactInfo) -> HeldArtifact {
@@ -440,7 +461,11 @@ async fn ensure_artifact(
 }
 
 /// Fetches a dependency's artifact from a peer holding it, or failing
-/// that from the shared cache.
+/// that from the shared cache: first the holders the assignment names,
+/// then, after asking the coordinator who holds it now, the new ones and,
+/// after a short pause, once more those whose failure may pass (see
+/// `worth_retrying`), so a holder's passing trouble does not cost a
+/// rebuild of the output.
 async fn fetch_artifact(shared: &Arc<Shared>, dep: &DepInput, log: &StageLog<'_>) -> Result<(), Missing> {
     // An output known to be empty (its tree digest says so) is made here:
     // there is nothing to transfer.
@@ -454,14 +479,21 @@ async fn fetch_artifact(shared: &Arc<Shared>, dep: &DepInput, log: &StageLog<'_>
         shared.outbox.added(held(&dep.job, &info));
         return Ok(());
     }
-    let mut tried = Vec::new();
+    // Holders tried, and whether each may be tried once more (see
+    // `worth_retrying`).
+    let mut tried: Vec<(String, bool)> = Vec::new();
     let mut errors = Vec::new();
     let mut holders = dep.holders.clone();
     let mut tree = dep.tree;
     let name = &dep.name;
     for round in 0..2 {
         if round == 1 {
-            // The holders we were told of failed: ask who holds it now.
+            // The holders we were told of failed: ask who holds it now, and
+            // give those whose failure may pass a moment first (rebuilding
+            // the output costs more than a pause).
+            if tried.iter().any(|(_, again)| *again) {
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
             let url = shared.coordinator(&format!("/v1/artifacts/{}", dep.job));
             match shared.http.get_json::<drover_proto::ArtifactLocation>(&url).await {
                 Ok(location) => {
@@ -472,10 +504,15 @@ async fn fetch_artifact(shared: &Arc<Shared>, dep: &DepInput, log: &StageLog<'_>
             }
         }
         for holder in &holders {
-            if *holder == shared.url || tried.contains(holder) {
+            if *holder == shared.url {
                 continue;
             }
-            tried.push(holder.clone());
+            match tried.iter_mut().find(|(h, _)| h == holder) {
+                // Once more, and only once.
+                Some((_, again)) if *again => *again = false,
+                Some(_) => continue,
+                None => tried.push((holder.clone(), false)),
+            }
             let started = Instant::now();
             let url = format!("{}/v1/artifacts/{}", holder.trim_end_matches('/'), dep.job);
             match get_artifact(shared, &url, &dep.job, tree).await {
@@ -488,6 +525,9 @@ async fn fetch_artifact(shared: &Arc<Shared>, dep: &DepInput, log: &StageLog<'_>
                     tracing::warn!(dep = %name, %holder, "artifact fetch failed: {e}");
                     log.line(format_args!("dependency {name} from {holder} failed: {e}"));
                     errors.push(format!("{holder}: {e}"));
+                    if round == 0 && worth_retrying(&e) {
+                        tried.last_mut().expect("just tried").1 = true;
+                    }
                 }
             }
         }
@@ -659,6 +699,36 @@ mod tests {
         let env = env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
         let deps = BTreeMap::from([("lib".to_owned(), PathBuf::from("/cache/lib"))]);
         uses_out(&commands, &env, Path::new("/runs/1/src"), &deps).unwrap()
+    }
+
+    /// A holder is tried again only for a failure that may pass.
+    #[test]
+    fn only_a_failure_that_may_pass_is_worth_a_retry() {
+        let url = || "http://w1/v1/artifacts/x".to_owned();
+        let status = |status| HttpError::Status { url: url(), status, message: String::new() };
+        let artifact = |source| HttpError::Artifact { url: url(), source };
+        let retried = [
+            HttpError::Connect { url: url(), message: "connection refused".into() },
+            HttpError::Timeout { url: url(), secs: 30 },
+            status(503),
+            artifact(drover_cas::CasError::Io {
+                context: "read the pack".into(),
+                source: io::Error::other("the stream broke"),
+            }),
+        ];
+        let final_ = [
+            status(404),
+            status(401),
+            artifact(drover_cas::CasError::Corrupt("a truncated pack".into())),
+            artifact(drover_cas::CasError::UnsafePath("../x".into())),
+            artifact(drover_cas::CasError::TooLarge { what: "artifact".into(), size: 2, max: 1 }),
+        ];
+        for e in &retried {
+            assert!(worth_retrying(e), "{e}");
+        }
+        for e in &final_ {
+            assert!(!worth_retrying(e), "{e}");
+        }
     }
 
     #[test]
