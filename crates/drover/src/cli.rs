@@ -56,8 +56,9 @@ pub(crate) enum Command {
     Queues(WorkersArgs),
     /// Print a job's output log.
     Logs(LogsArgs),
-    /// Measure throughput, dependency latency and no-op rebuilds on an
-    /// embedded cluster (results as a Markdown table).
+    /// Measure an embedded cluster: throughput, dependency latency, no-op
+    /// rebuilds, shared builds, makespan, weighted queues, transfers and
+    /// pulls (results as a Markdown table, next to their targets).
     Bench(BenchArgs),
 }
 
