@@ -246,3 +246,59 @@ pub(crate) fn process_gone(pid: u32) -> bool {
         Ok(stat) => stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')),
     }
 }
+
+/// A TCP relay on loopback to port `to` that cuts its first connection
+/// (closed before reading a byte) and relays every later one: a peer that
+/// fails once, for a reason that may pass. Its threads live as long as the
+/// test process.
+pub(crate) struct CutOnce {
+    pub(crate) port: u16,
+    cut: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl CutOnce {
+    pub(crate) fn start(to: u16) -> CutOnce {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the relay");
+        let port = listener.local_addr().expect("relay address").port();
+        let cut = std::sync::Arc::new(AtomicUsize::new(0));
+        let counted = cut.clone();
+        std::thread::spawn(move || {
+            for (i, client) in listener.incoming().enumerate() {
+                let Ok(client) = client else { continue };
+                if i == 0 {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    drop(client);
+                    continue;
+                }
+                if let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", to)) {
+                    relay(client, server);
+                }
+            }
+        });
+        CutOnce { port, cut }
+    }
+
+    /// Connections cut so far.
+    pub(crate) fn cut(&self) -> usize {
+        self.cut.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Copies each way between two connections until each side ends.
+fn relay(a: std::net::TcpStream, b: std::net::TcpStream) {
+    for (mut from, mut to) in
+        [(a.try_clone(), b.try_clone()), (Ok(b), Ok(a))].into_iter().filter_map(|(f, t)| f.ok().zip(t.ok()))
+    {
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut from, &mut to);
+            let _ = to.shutdown(std::net::Shutdown::Write);
+        });
+    }
+}
+
+/// A port free on loopback now (the listener is closed again: a test
+/// hands it to a process that binds it right after).
+pub(crate) fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
+}

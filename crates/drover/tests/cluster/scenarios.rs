@@ -7,7 +7,7 @@ use std::process::Stdio;
 
 use serde_json::Value;
 
-use crate::harness::{Cluster, drover, eventually, job, process_gone, wait_json};
+use crate::harness::{Cluster, CutOnce, drover, eventually, free_port, job, process_gone, wait_json};
 
 fn stderr(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
@@ -216,6 +216,34 @@ fn an_output_lost_with_its_worker_is_built_again_for_its_dependent() {
     assert_eq!(job(&status, "made")["worker"], "w2", "built again where it was needed");
     let made_runs = std::fs::read_to_string(&runs).expect("made ran").lines().count();
     assert_eq!(made_runs, 2, "made ran once on w1, once more on w2");
+}
+
+/// A holder whose first answer fails for a reason that may pass (the
+/// connection is cut) is tried again after a pause: the dependency's output
+/// is fetched from it, not built again.
+#[test]
+fn a_holder_that_fails_once_is_tried_again_instead_of_building_again() {
+    let mut cluster = Cluster::new();
+    let port = free_port();
+    let relay = CutOnce::start(port);
+    let (listen, advertise) = (format!("127.0.0.1:{port}"), format!("http://127.0.0.1:{}", relay.port));
+    let w1 = ["--no-push", "--labels", "side=a", "--listen", &listen, "--advertise", &advertise];
+    cluster.add_worker("w1", 2, &w1);
+    cluster.add_worker("w2", 2, &["--no-push", "--labels", "side=b"]);
+    let runs = cluster.scratch("made-runs");
+    let build = format!(
+        "jobs:\n  - name: made\n    labels: {{side: a}}\n    run: [\"echo run >> {runs}; echo hello > {{{{out}}}}/r\"]\n  - name: after\n    needs: [made]\n    labels: {{side: b}}\n    run: [\"cat {{{{dep:made}}}}/r > {{{{out}}}}/copy\"]\n"
+    );
+    let file = cluster.project("flaky-holder", &build, &[]);
+    let id = cluster.submit(&file);
+    let status = cluster.final_status(id);
+    assert_eq!(status["state"], "succeeded", "{status}");
+    let made_runs = std::fs::read_to_string(&runs).expect("made ran").lines().count();
+    assert_eq!(made_runs, 1, "fetched on the second try, not built again");
+    assert_eq!(relay.cut(), 1);
+    let out = cluster.run(&["logs", &id.to_string(), "after", "--stage", "fetch"]);
+    let log = String::from_utf8_lossy(&out.stdout);
+    assert!(log.contains("failed") && log.contains(&format!("dependency made from {advertise}: ")), "{log}");
 }
 
 #[test]
