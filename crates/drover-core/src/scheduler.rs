@@ -571,6 +571,11 @@ impl Scheduler {
             .unwrap_or_default()
     }
 
+    /// Whether the job is pending or running (so `Join` can wait for it).
+    pub fn has_job(&self, id: &JobId) -> bool {
+        self.job_index.get(id).is_some()
+    }
+
     /// A pending or running job's state.
     pub fn job_view(&self, id: &JobId) -> Option<JobView> {
         let j = *self.job_index.get(id)?;

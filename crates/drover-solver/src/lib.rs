@@ -634,10 +634,12 @@ impl Solver {
         self.effects.push(Effect::BuildChanged { build });
         // A job another build already brought to the core only gains a
         // waiter; its spec is built for the first one alone.
-        if self.core.handle(self.now, Event::Join { job: id, waiter }).is_err() {
-            let spec = self.builds[&build].core_spec(job);
-            let _ = self.core.handle(self.now, Event::Schedule { spec, waiter });
-        }
+        let event = if self.core.has_job(&id) {
+            Event::Join { job: id, waiter }
+        } else {
+            Event::Schedule { spec: self.builds[&build].core_spec(job), waiter }
+        };
+        let _ = self.core.handle(self.now, event);
     }
 
     /// Applies the core's decisions until it has none left (completions may

@@ -779,6 +779,7 @@ impl Harness {
         let has_timer = |kind: TimerKind| timers.iter().any(|t| t.kind == kind);
         for id in (0..JOBS).map(job_id) {
             let (view, p) = (self.sched.job_view(&id), self.pending.get(&id).cloned());
+            check!(self, self.sched.has_job(&id) == p.is_some(), Dedup, "{id}: has_job disagrees: {p:?}");
             let (Some(view), Some(p)) = (&view, &p) else {
                 check!(self, view.is_none() && p.is_none(), Dedup, "{id}: {view:?}, decisions: {p:?}");
                 continue;
