@@ -291,22 +291,22 @@ impl Cas {
     /// way to reporting its job's end (hundreds of microseconds each on a
     /// file system busy with deletions). For a long-lived cache such as a
     /// worker's; a one-off cache has no use for it. Under
-    /// [`Durability::PowerLoss`], `artifacts/` is fsynced once if any was
-    /// made.
+    /// [`Durability::PowerLoss`], `artifacts/` is then fsynced once, as a
+    /// commit into a fan-out directory would have done (one made by an
+    /// earlier process that crashed before its fsync is covered too).
     pub fn make_fan_outs(&self) -> Result<(), CasError> {
         let inner = &self.inner;
-        let mut made = false;
         for byte in 0..=255u8 {
             let dir = inner.artifacts.join(format!("{byte:02x}"));
             match fs::create_dir(&dir) {
-                Ok(()) => made = true,
+                Ok(()) => {}
                 Err(e) if e.kind() == ErrorKind::AlreadyExists && dir.is_dir() => {}
                 Err(source) => {
                     return Err(CasError::Io { context: format!("create {}", dir.display()), source });
                 }
             }
         }
-        if made && inner.durability == Durability::PowerLoss {
+        if inner.durability == Durability::PowerLoss {
             manifest::sync_dir(&inner.artifacts)?;
         }
         inner.lock().fan_outs = [u64::MAX; 4];

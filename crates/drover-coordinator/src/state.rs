@@ -51,6 +51,7 @@ pub(crate) enum Command {
 }
 
 impl Command {
+    /// A build submitted: the one command a turn carries out at most once.
     fn is_submit(&self) -> bool {
         matches!(self, Command::Input { input: Input::Submit(_), .. })
     }
@@ -427,7 +428,7 @@ fn run(mut store: Store, mut solver: Solver, rx: Receiver<Command>, shared: Arc<
                 },
             }
         }
-        while batch.len() + submits.len() < MAX_BATCH {
+        while batch.len() < MAX_BATCH {
             match rx.try_recv() {
                 Ok(cmd) => batch.push(cmd),
                 Err(_) => break,

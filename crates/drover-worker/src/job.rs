@@ -190,13 +190,15 @@ async fn get_artifact(
 }
 
 /// Whether a failed fetch from a holder may succeed if tried again: the
-/// holder could not be reached, broke off, timed out or had trouble of its
-/// own (a 5xx answer), or the stream ended early. Not when it answered that
-/// it does not have the artifact (or refused the request), sent bad data, or
-/// the artifact is too large for this cache.
+/// holder could not be reached, the connection broke (also mid-stream, or
+/// storing what came failed on this side), it timed out, or it had trouble
+/// of its own (a 5xx answer). Not when it answered that it does not have
+/// the artifact (or refused the request), sent bad or truncated data, the
+/// artifact is too large for this cache, or storing it here panicked.
 fn worth_retrying(e: &HttpError) -> bool {
     match e {
-        HttpError::Connect { .. } | HttpError::Timeout { .. } | HttpError::Decode { .. } => true,
+        HttpError::Connect { .. } | HttpError::Timeout { .. } => true,
+        HttpError::Decode { .. } => false,
         HttpError::Status { status, .. } => *status >= 500,
         HttpError::Artifact { source, .. } => {
             !source.is_corruption() && !matches!(source, drover_cas::CasError::TooLarge { .. })
@@ -507,12 +509,20 @@ async fn fetch_artifact(shared: &Arc<Shared>, dep: &DepInput, log: &StageLog<'_>
             if *holder == shared.url {
                 continue;
             }
-            match tried.iter_mut().find(|(h, _)| h == holder) {
-                // Once more, and only once.
-                Some((_, again)) if *again => *again = false,
+            // A holder is tried once, and once more in the second round if
+            // its first failure may pass; a name listed twice is not tried
+            // twice for it.
+            let first = match tried.iter().position(|(h, _)| h == holder) {
+                Some(i) if round == 1 && tried[i].1 => {
+                    tried[i].1 = false;
+                    None
+                }
                 Some(_) => continue,
-                None => tried.push((holder.clone(), false)),
-            }
+                None => {
+                    tried.push((holder.clone(), false));
+                    Some(tried.len() - 1)
+                }
+            };
             let started = Instant::now();
             let url = format!("{}/v1/artifacts/{}", holder.trim_end_matches('/'), dep.job);
             match get_artifact(shared, &url, &dep.job, tree).await {
@@ -525,8 +535,11 @@ async fn fetch_artifact(shared: &Arc<Shared>, dep: &DepInput, log: &StageLog<'_>
                     tracing::warn!(dep = %name, %holder, "artifact fetch failed: {e}");
                     log.line(format_args!("dependency {name} from {holder} failed: {e}"));
                     errors.push(format!("{holder}: {e}"));
-                    if round == 0 && worth_retrying(&e) {
-                        tried.last_mut().expect("just tried").1 = true;
+                    if let Some(i) = first
+                        && round == 0
+                        && worth_retrying(&e)
+                    {
+                        tried[i].1 = true;
                     }
                 }
             }
@@ -717,6 +730,7 @@ mod tests {
             }),
         ];
         let final_ = [
+            HttpError::Decode { url: url(), message: "the unpacking task panicked".into() },
             status(404),
             status(401),
             artifact(drover_cas::CasError::Corrupt("a truncated pack".into())),

@@ -264,10 +264,9 @@ impl CutOnce {
         let cut = std::sync::Arc::new(AtomicUsize::new(0));
         let counted = cut.clone();
         std::thread::spawn(move || {
-            for (i, client) in listener.incoming().enumerate() {
+            for client in listener.incoming() {
                 let Ok(client) = client else { continue };
-                if i == 0 {
-                    counted.fetch_add(1, Ordering::SeqCst);
+                if counted.fetch_max(1, Ordering::SeqCst) == 0 {
                     drop(client);
                     continue;
                 }
@@ -297,8 +296,17 @@ fn relay(a: std::net::TcpStream, b: std::net::TcpStream) {
     }
 }
 
-/// A port free on loopback now (the listener is closed again: a test
-/// hands it to a process that binds it right after).
+/// A port free on loopback now, for a process that binds it right after.
+/// Taken below Linux's ephemeral range (32768 and up), where neither an
+/// outgoing connection nor a listener on port 0 can take it meanwhile;
+/// where to start looking depends on the process and the call, so parallel
+/// tests rarely try the same ones.
 pub(crate) fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
+    static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let start = 20_000 + ((std::process::id() + call * 997) % 12_000) as u16;
+    (start..32_000)
+        .chain(20_000..start)
+        .find(|&port| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok())
+        .expect("a free port below 32000")
 }
