@@ -163,6 +163,28 @@ struct Tenant {
     filed: Option<TenantKey>,
 }
 
+/// Counts one queued job of `class` in or out of `counts` (queued jobs by
+/// class) and keeps `mask` (see [`class_bit`]) in step: a tenant's, or a
+/// queue's.
+fn count_class(counts: &mut Vec<u32>, mask: &mut u64, class: usize, add: bool) {
+    if counts.len() <= class {
+        counts.resize(class + 1, 0);
+    }
+    if add {
+        counts[class] += 1;
+        *mask |= class_bit(class as ClassIdx);
+    } else {
+        counts[class] -= 1;
+        if counts[class] == 0 {
+            let shared = SHARED_BIT as usize;
+            *mask &= !class_bit(class as ClassIdx);
+            if class >= shared && counts[shared..].iter().any(|&n| n > 0) {
+                *mask |= class_bit(SHARED_BIT);
+            }
+        }
+    }
+}
+
 /// Index of a gang in `Scheduler::gangs`.
 type GangIdx = u32;
 
@@ -334,6 +356,12 @@ pub struct Scheduler {
     queue_order: Vec<QueueKey>,
     /// Each leaf queue's key in `queue_order` while it has queued jobs.
     queue_filed: Vec<Option<QueueKey>>,
+    /// Per queue: its tenants' queued jobs by class, summed, and the mask of
+    /// those classes (as [`Tenant::class_mask`]): a draw passes over a
+    /// queue with none of a class the worker could take without reading
+    /// its order or its tenants.
+    queue_classes: Vec<Vec<u32>>,
+    queue_masks: Vec<u64>,
     /// Live gangs, oldest first.
     gangs: BTreeMap<GangIdx, Gang>,
     gang_index: BTreeMap<String, GangIdx>,
@@ -456,6 +484,8 @@ impl Scheduler {
             next_gang: 0,
             queue_order: Vec::new(),
             queue_filed: vec![None; quotas.nodes.len()],
+            queue_classes: vec![Vec::new(); quotas.nodes.len()],
+            queue_masks: vec![0; quotas.nodes.len()],
             quotas,
             config,
             now: Millis(0),
@@ -1560,27 +1590,14 @@ impl Scheduler {
         let amounts = self.classes[class].amounts;
         let tenant = &mut self.tenants[t as usize];
         let q = tenant.queue;
-        if tenant.classes.len() <= class {
-            tenant.classes.resize(class + 1, 0);
-        }
+        count_class(&mut tenant.classes, &mut tenant.class_mask, class, add);
+        count_class(&mut self.queue_classes[q as usize], &mut self.queue_masks[q as usize], class, add);
         if add {
-            tenant.classes[class] += 1;
-            tenant.class_mask |= class_bit(class as ClassIdx);
             *tenant.priorities.entry(priority).or_insert(0) += 1;
-        } else {
-            tenant.classes[class] -= 1;
-            if tenant.classes[class] == 0 {
-                let shared = SHARED_BIT as usize;
-                tenant.class_mask &= !class_bit(class as ClassIdx);
-                if class >= shared && tenant.classes[shared..].iter().any(|&n| n > 0) {
-                    tenant.class_mask |= class_bit(SHARED_BIT);
-                }
-            }
-            if let Some(n) = tenant.priorities.get_mut(&priority) {
-                *n -= 1;
-                if *n == 0 {
-                    tenant.priorities.remove(&priority);
-                }
+        } else if let Some(n) = tenant.priorities.get_mut(&priority) {
+            *n -= 1;
+            if *n == 0 {
+                tenant.priorities.remove(&priority);
             }
         }
         self.quotas.charge(q, |node| {
@@ -2476,6 +2493,12 @@ impl Scheduler {
                 // Every job takes a slot: a queue without room for one more
                 // has nothing to offer in this phase.
                 if quotas && !self.quotas.admits(q, Amounts::new(1, 0, 0), within_deserved) {
+                    continue;
+                }
+                // Nothing queued in this queue is of a class the worker
+                // could take. (Classes past the 63rd share a bit: such a
+                // queue is walked.)
+                if self.queue_masks[q as usize] & usable_mask == 0 {
                     continue;
                 }
                 let mut after: Option<TenantKey> = None;

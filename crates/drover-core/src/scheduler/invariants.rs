@@ -355,6 +355,34 @@ impl Scheduler {
                 ));
             }
         }
+        // Each queue's counts by class are its tenants' summed, its mask
+        // their masks together.
+        let mut queue_counts = vec![Vec::<u32>::new(); self.queue_classes.len()];
+        let mut queue_masks = vec![0u64; self.queue_masks.len()];
+        for tenant in &self.tenants {
+            let q = tenant.queue as usize;
+            let sums = &mut queue_counts[q];
+            if sums.len() < tenant.classes.len() {
+                sums.resize(tenant.classes.len(), 0);
+            }
+            for (sum, n) in sums.iter_mut().zip(&tenant.classes) {
+                *sum += n;
+            }
+            queue_masks[q] |= tenant.class_mask;
+        }
+        for (q, (expected, counted)) in queue_counts.iter().zip(&self.queue_classes).enumerate() {
+            let len = expected.len().max(counted.len());
+            if (0..len).any(|c| expected.get(c).copied().unwrap_or(0) != counted.get(c).copied().unwrap_or(0))
+            {
+                return Err(format!("queue {q} counts its queued jobs by class wrong"));
+            }
+            if queue_masks[q] != self.queue_masks[q] {
+                return Err(format!(
+                    "queue {q}'s class mask is {:#x}, not {:#x}",
+                    self.queue_masks[q], queue_masks[q]
+                ));
+            }
+        }
         let mut tenants = vec![Amounts::default(); self.tenants.len()];
         for &(_, run) in &runs {
             let leaf = self.tenants[run.tenant as usize].queue;
