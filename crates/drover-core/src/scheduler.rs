@@ -126,6 +126,11 @@ struct Worker {
     lease: Millis,
     first: Queue,
     second: Queue,
+    /// Per tenant: the classes of its entries in `first` and `second`,
+    /// or more (bits come with entries and are trimmed to the two queues'
+    /// masks when a draw reads the tenant's fronts here), so a draw's check
+    /// of a tenant costs one cold load here, not one per queue.
+    local_masks: Vec<u64>,
     /// The artifacts it holds, for walks over its cache (see `held.rs`;
     /// whether it holds one is `Scheduler::holds`).
     held: HeldList,
@@ -1028,6 +1033,7 @@ impl Scheduler {
                     lease: Millis(0),
                     first: Queue::default(),
                     second: Queue::default(),
+                    local_masks: Vec::new(),
                     held: HeldList::default(),
                     runs: Vec::new(),
                     reserved: None,
@@ -1479,8 +1485,17 @@ impl Scheduler {
         let (class, tenant, key, era) = (job.class, job.tenant, job.key, self.eras[j as usize]);
         match place {
             Place::Global => self.global.insert(class, tenant, key, j),
-            Place::First(w) => self.workers[w as usize].first.insert(class, tenant, key, j, era),
-            Place::Second(w) => self.workers[w as usize].second.insert(class, tenant, key, j, era),
+            Place::First(w) | Place::Second(w) => {
+                let worker = &mut self.workers[w as usize];
+                let queue =
+                    if matches!(place, Place::First(_)) { &mut worker.first } else { &mut worker.second };
+                queue.insert(class, tenant, key, j, era);
+                let t = tenant as usize;
+                if worker.local_masks.len() <= t {
+                    worker.local_masks.resize(t + 1, 0);
+                }
+                worker.local_masks[t] |= class_bit(class);
+            }
         }
         self.placed(tenant, true);
         match place {
@@ -2539,13 +2554,8 @@ impl Scheduler {
                     // below its share, often for want of a worker that can
                     // run its jobs, and is checked too.
                     let worker = &self.workers[w as usize];
-                    if (read_any || quotas)
-                        && (self.global.class_mask(key.1)
-                            | worker.first.class_mask(key.1)
-                            | worker.second.class_mask(key.1))
-                            & usable_mask
-                            == 0
-                    {
+                    let local = worker.local_masks.get(key.1 as usize).copied().unwrap_or(0);
+                    if (read_any || quotas) && (self.global.class_mask(key.1) | local) & usable_mask == 0 {
                         continue;
                     }
                     read_any = true;
@@ -2616,6 +2626,10 @@ impl Scheduler {
         let worker = &mut workers[w as usize];
         for (place, queue) in [(Place::First(w), &mut worker.first), (Place::Second(w), &mut worker.second)] {
             queue.fronts(tenant, live_entry(eras), |class, key, j| out.push((place, class, key, j)));
+        }
+        // Both queues' masks for the tenant are at hand: trim its bits.
+        if let Some(mask) = worker.local_masks.get_mut(tenant as usize) {
+            *mask = worker.first.class_mask(tenant) | worker.second.class_mask(tenant);
         }
         out.extend(global.fronts(tenant).map(|(class, key, j)| (Place::Global, class, key, j)));
     }

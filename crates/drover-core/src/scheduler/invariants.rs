@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{DrawBuffers, JobState, Place, Scheduler, Stage, TimerSlot, WorkerIdx, live_entry};
-use crate::queue::{ClassIdx, class_bit};
+use crate::queue::{ClassIdx, TenantIdx, class_bit};
 use crate::quota::Amounts;
 use crate::resources::WorkerResources;
 use crate::types::JobId;
@@ -423,6 +423,17 @@ impl Scheduler {
         for (w, worker) in self.workers.iter().enumerate() {
             if worker.alive && !self.timers.contains(&(worker.lease, TimerSlot::Lease(w as WorkerIdx))) {
                 return Err(format!("worker {:?} has no lease timer", worker.id));
+            }
+            // Its combined local masks cover what its two queues hold.
+            for t in 0..self.tenants.len() as TenantIdx {
+                let held = worker.first.class_mask(t) | worker.second.class_mask(t);
+                let combined = worker.local_masks.get(t as usize).copied().unwrap_or(0);
+                if held & !combined != 0 {
+                    return Err(format!(
+                        "worker {:?}'s local mask for tenant {t} is {combined:#x}, short of {held:#x}",
+                        worker.id
+                    ));
+                }
             }
         }
         if self.draw_buffers != DrawBuffers::default() {
