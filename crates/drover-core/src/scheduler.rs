@@ -126,10 +126,12 @@ struct Worker {
     lease: Millis,
     first: Queue,
     second: Queue,
-    /// Per tenant: the classes of its entries in `first` and `second`,
-    /// or more (bits come with entries and are trimmed to the two queues'
-    /// masks when a draw reads the tenant's fronts here), so a draw's check
-    /// of a tenant costs one cold load here, not one per queue.
+    /// With queues: per tenant, the classes of its entries in `first` and
+    /// `second`, or more (bits come with entries and are trimmed to the two
+    /// queues' masks when a draw reads the tenant's fronts here), so a
+    /// draw's check of a tenant costs one cold load here, not one per
+    /// queue. (Without queues a draw checks tenants only once one gave
+    /// nothing, rarely: the upkeep would cost more than it saves.)
     local_masks: Vec<u64>,
     /// The artifacts it holds, for walks over its cache (see `held.rs`;
     /// whether it holds one is `Scheduler::holds`).
@@ -1490,11 +1492,13 @@ impl Scheduler {
                 let queue =
                     if matches!(place, Place::First(_)) { &mut worker.first } else { &mut worker.second };
                 queue.insert(class, tenant, key, j, era);
-                let t = tenant as usize;
-                if worker.local_masks.len() <= t {
-                    worker.local_masks.resize(t + 1, 0);
+                if self.quotas.active() {
+                    let t = tenant as usize;
+                    if worker.local_masks.len() <= t {
+                        worker.local_masks.resize(t + 1, 0);
+                    }
+                    worker.local_masks[t] |= class_bit(class);
                 }
-                worker.local_masks[t] |= class_bit(class);
             }
         }
         self.placed(tenant, true);
@@ -2554,8 +2558,16 @@ impl Scheduler {
                     // below its share, often for want of a worker that can
                     // run its jobs, and is checked too.
                     let worker = &self.workers[w as usize];
-                    let local = worker.local_masks.get(key.1 as usize).copied().unwrap_or(0);
-                    if (read_any || quotas) && (self.global.class_mask(key.1) | local) & usable_mask == 0 {
+                    let local = |t: TenantIdx| {
+                        if quotas {
+                            worker.local_masks.get(t as usize).copied().unwrap_or(0)
+                        } else {
+                            worker.first.class_mask(t) | worker.second.class_mask(t)
+                        }
+                    };
+                    if (read_any || quotas)
+                        && (self.global.class_mask(key.1) | local(key.1)) & usable_mask == 0
+                    {
                         continue;
                     }
                     read_any = true;

@@ -424,8 +424,9 @@ impl Scheduler {
             if worker.alive && !self.timers.contains(&(worker.lease, TimerSlot::Lease(w as WorkerIdx))) {
                 return Err(format!("worker {:?} has no lease timer", worker.id));
             }
-            // Its combined local masks cover what its two queues hold.
-            for t in 0..self.tenants.len() as TenantIdx {
+            // With queues, its combined local masks cover what its two
+            // queues hold.
+            for t in (0..self.tenants.len() as TenantIdx).filter(|_| self.quotas.active()) {
                 let held = worker.first.class_mask(t) | worker.second.class_mask(t);
                 let combined = worker.local_masks.get(t as usize).copied().unwrap_or(0);
                 if held & !combined != 0 {
