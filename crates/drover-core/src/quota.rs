@@ -74,11 +74,6 @@ impl Amounts {
         (0..3).all(|d| self.0[d] <= other.0[d])
     }
 
-    /// More than `other` in every dimension.
-    fn above(&self, other: &Amounts) -> bool {
-        (0..3).all(|d| self.0[d] > other.0[d])
-    }
-
     pub(crate) fn is_zero(&self) -> bool {
         self.0 == [0; 3]
     }
@@ -301,12 +296,17 @@ impl Queues {
     /// deserved amounts `dirty` if a request changed in a way that can move
     /// them.
     ///
-    /// A queue whose request exceeds its deserved amount in every dimension,
-    /// before and after the change, is never capped by its request in
+    /// In a dimension where a queue's request exceeds its deserved amount
+    /// before and after the change, the request never caps it in
     /// [`Queues::deserve`]'s rounds (deserved amounts only grow from round to
-    /// round, up to the result), so the rounds, and their result, are the
-    /// same with either request. In a busy cluster every queue asks for more
-    /// than it deserves, and a job's end or arrival costs no recomputation.
+    /// round, up to the result), and the queue is never met by its request
+    /// (which needs the request within the deserved amount in every
+    /// dimension): if every dimension either keeps its request or stays
+    /// above like that, the rounds, and their result, are the same with
+    /// either request. In a busy cluster every queue asks for more than it
+    /// deserves in what its jobs ask for (and keeps asking for none of what
+    /// they do not, say memory), and a job's end or arrival costs no
+    /// recomputation.
     pub(crate) fn charge(&mut self, leaf: QueueIdx, mut f: impl FnMut(&mut QueueNode)) {
         let mut q = Some(leaf);
         while let Some(i) = q {
@@ -314,7 +314,11 @@ impl Queues {
             let before = node.request();
             f(node);
             let after = node.request();
-            if before != after && !(before.above(&node.deserved) && after.above(&node.deserved)) {
+            let deserved = node.deserved;
+            let moves = |d: usize| {
+                before.0[d] != after.0[d] && !(before.0[d] > deserved.0[d] && after.0[d] > deserved.0[d])
+            };
+            if (0..3).any(moves) {
                 self.dirty = true;
             }
             q = node.parent;
