@@ -1,7 +1,9 @@
 //! The state thread: the one owner of the solver and the input log.
 //!
 //! Requests arrive as [`Command`]s on a channel. Each turn of the loop takes
-//! every command waiting (group commit), applies the inputs to the solver,
+//! every command waiting (group commit), except that it carries out at most
+//! one submit, after the others (the rest wait for the next turns: see
+//! `next_turn`), applies the inputs to the solver,
 //! appends them to the log in one transaction, and only then carries out the
 //! effects and answers the requests: nothing becomes visible before it is
 //! durable. A report that asks for it is answered with its worker's mail as
