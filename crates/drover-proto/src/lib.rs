@@ -250,6 +250,26 @@ pub struct SubmitRequest {
     pub queue: Option<String>,
 }
 
+/// [`SubmitRequest`] as a client sends it, borrowing the build: the same
+/// JSON, without copying a large build first.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct SubmitRequestRef<'a> {
+    /// The build.
+    pub build: &'a BuildSpec,
+    /// Whose build.
+    pub tenant: &'a str,
+    /// Re-run jobs even when a cached result exists.
+    pub no_cache: bool,
+    /// What the rest of the build does when a job fails.
+    pub on_error: OnError,
+    /// At most this many of the build's jobs queued or running at once.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_parallel: Option<u32>,
+    /// The leaf queue the build's jobs go to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue: Option<&'a str>,
+}
+
 /// A build's policy when one of its jobs fails (BuildStream's on-error).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -789,6 +809,37 @@ pub struct ErrorBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A borrowed submit request is the owned one's JSON, with and without
+    /// its optional fields.
+    #[test]
+    fn a_borrowed_submit_request_serializes_as_the_owned_one() {
+        let mut job = JobDef::new("a", Hash32([1; 32]));
+        job.commands = vec!["true".into()];
+        let build = BuildSpec { name: "b".into(), sources: Vec::new(), jobs: vec![job] };
+        for (max_parallel, queue) in [(None, None), (Some(3), Some("ci".to_owned()))] {
+            let owned = SubmitRequest {
+                build: build.clone(),
+                tenant: "t".into(),
+                no_cache: true,
+                on_error: OnError::Continue,
+                max_parallel,
+                queue: queue.clone(),
+            };
+            let borrowed = SubmitRequestRef {
+                build: &build,
+                tenant: "t",
+                no_cache: true,
+                on_error: OnError::Continue,
+                max_parallel,
+                queue: queue.as_deref(),
+            };
+            assert_eq!(
+                serde_json::to_string(&borrowed).expect("json"),
+                serde_json::to_string(&owned).expect("json")
+            );
+        }
+    }
 
     #[test]
     fn hashes_round_trip_as_hex_and_reject_garbage() {

@@ -11,8 +11,8 @@ use anyhow::{Context, anyhow};
 use drover_http::{Http, HttpError};
 use drover_proto::{
     ArtifactLocation, BuildEvent, BuildSpec, BuildState, BuildStatus, EventKind, GangDef, Hash32, JobDef,
-    MissingReply, MissingRequest, OnError, QueueAmounts, QueueView, SourceFile, SubmitReply, SubmitRequest,
-    WorkerStatus,
+    MissingReply, MissingRequest, OnError, QueueAmounts, QueueView, SourceFile, SubmitReply,
+    SubmitRequestRef, WorkerStatus,
 };
 use futures::{StreamExt, TryStreamExt};
 
@@ -170,13 +170,13 @@ pub(crate) async fn submit_loaded(
     options: &Options,
 ) -> Result<u64, Failure> {
     upload(http, base, loaded).await?;
-    let request = SubmitRequest {
-        build: loaded.spec.clone(),
-        tenant: options.tenant.clone(),
+    let request = SubmitRequestRef {
+        build: &loaded.spec,
+        tenant: &options.tenant,
         no_cache: options.no_cache,
         on_error: options.on_error,
         max_parallel: options.max_parallel.or(loaded.max_parallel),
-        queue: options.queue.clone().or_else(|| loaded.queue.clone()),
+        queue: options.queue.as_deref().or(loaded.queue.as_deref()),
     };
     let reply: SubmitReply =
         http.post_json(&api(base, "/v1/builds"), &request, None).await.map_err(reach(base))?;
