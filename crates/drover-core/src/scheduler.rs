@@ -2551,8 +2551,9 @@ impl Scheduler {
                     // Once one tenant's fronts gave nothing, the walk may
                     // pass many more such (queues below their share whose
                     // jobs this worker cannot run): the classes each has in
-                    // this worker's three queues, a load apiece, spare a
-                    // read of its fronts. Without queues the first tenant
+                    // this worker's three queues (the global queue's mask,
+                    // and the local queues' together: see `local_masks`)
+                    // spare a read of its fronts. Without queues the first tenant
                     // usually gives a job, and its fronts are read without
                     // the check; with queues the first is the one furthest
                     // below its share, often for want of a worker that can

@@ -509,13 +509,19 @@ impl Solver {
             let build = self.builds.get_mut(&b).expect("build exists");
             let Some((cancel, ready)) = build.rewind(i, &lost, available, self.now) else { continue };
             self.effects.push(Effect::BuildChanged { build: b });
-            for (job, waiter) in cancel {
-                self.waiters.remove(&waiter);
-                let _ = self.core.handle(self.now, Event::Cancel { job, waiter });
-            }
+            self.withdraw(cancel);
             for d in ready {
                 self.schedule(b, d);
             }
+        }
+    }
+
+    /// Builds give up waiting: each waiter leaves the core's job (which
+    /// stops once its last waiter is gone).
+    fn withdraw(&mut self, waiters: Vec<(JobId, WaiterId)>) {
+        for (job, waiter) in waiters {
+            self.waiters.remove(&waiter);
+            let _ = self.core.handle(self.now, Event::Cancel { job, waiter });
         }
     }
 
@@ -539,10 +545,7 @@ impl Solver {
             return Ok(Reply::Done);
         }
         let waiters = build.cancel_all(self.now);
-        for (job, waiter) in waiters {
-            self.waiters.remove(&waiter);
-            let _ = self.core.handle(self.now, Event::Cancel { job, waiter });
-        }
+        self.withdraw(waiters);
         self.effects.push(Effect::BuildChanged { build: id });
         self.finish_if_done(id);
         Ok(Reply::Done)
@@ -759,20 +762,15 @@ impl Solver {
             }
         } else if let Some((cancel, again)) = build.restart_gang(i, self.now) {
             // A gang that restarts on failure runs again, whole.
-            for (job, waiter) in cancel {
-                self.waiters.remove(&waiter);
-                let _ = self.core.handle(self.now, Event::Cancel { job, waiter });
-            }
+            self.withdraw(cancel);
             for m in again {
                 self.schedule(b, m);
             }
         } else {
             // The build's on-error policy decides what else stops.
             let build = self.builds.get_mut(&b).expect("build exists");
-            for (job, waiter) in build.stop_after_failure(i, self.now) {
-                self.waiters.remove(&waiter);
-                let _ = self.core.handle(self.now, Event::Cancel { job, waiter });
-            }
+            let cancel = build.stop_after_failure(i, self.now);
+            self.withdraw(cancel);
         }
         // A job left the core: a job held back by max_parallel may go.
         while let Some(j) = self.builds.get_mut(&b).expect("build exists").next_held() {

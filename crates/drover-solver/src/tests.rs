@@ -133,17 +133,6 @@ impl Harness {
         self.input(Input::Report { worker, report }).expect("report");
     }
 
-    /// Worker `w` ends every run handed out so far successfully, `rounds`
-    /// times, letting time pass after each.
-    fn succeed_all(&mut self, w: u64, rounds: usize) {
-        for _ in 0..rounds {
-            for (_, run, name) in self.assigned() {
-                self.report(w, Report { finished: vec![ok(run, &name)], ..Report::default() });
-            }
-            self.later();
-        }
-    }
-
     /// Replaying the recorded inputs on a fresh solver rebuilds an equal
     /// state.
     fn assert_replays(&mut self) {
@@ -698,7 +687,7 @@ fn a_lost_input_a_gang_waits_for_is_a_failure() {
     let runs = h.assigned();
     assert_eq!(names(&runs), ["i"], "the gang waits for two slots");
     h.report(w, Report { finished: vec![lost_input(runs[0].1, "n")], ..Report::default() });
-    h.succeed_all(w, 5);
+    run_all(&mut h, w, 5);
     assert_eq!(h.solver.build_status(b).expect("build").state, BuildState::Failed);
 }
 
@@ -734,10 +723,9 @@ fn a_held_job_whose_need_is_lost_is_held_once_again() {
     assert_eq!(names(&hs), ["h"], "i is held again");
     // Another build runs i meanwhile.
     build_id(h.input(submit(vec![job("n", &[]), job("i", &["n"])])));
-    h.later();
-    h.succeed_all(w, 1);
+    run_all(&mut h, w, 1);
     h.report(w, Report { finished: vec![ok(hs[0].1, "h")], ..Report::default() });
-    h.succeed_all(w, 5);
+    run_all(&mut h, w, 5);
     let status = h.solver.build_status(b1).expect("build");
     assert_eq!(status.state, BuildState::Succeeded, "{status:?}");
     let finished = h
