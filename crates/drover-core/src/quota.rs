@@ -120,6 +120,8 @@ pub(crate) struct QueueNode {
     /// Asked for by queued jobs.
     pub(crate) pending: Amounts,
     pub(crate) deserved: Amounts,
+    /// The request `deserved` was last computed from.
+    asked: Amounts,
     /// Jobs queued and runs holding resources, for people.
     pub(crate) queued_jobs: u64,
     pub(crate) running: u64,
@@ -140,8 +142,11 @@ pub(crate) struct Queues {
     /// Tenant name → leaf queue.
     pub(crate) tenants: BTreeMap<String, QueueIdx>,
     pub(crate) default: QueueIdx,
-    /// Requests or the cluster changed since deserved amounts were computed.
+    /// Requests or the cluster may have changed in a way that moves the
+    /// deserved amounts since they were computed (see [`Queues::settle`]).
     pub(crate) dirty: bool,
+    /// The cluster's total the deserved amounts were last computed for.
+    split_total: Amounts,
     /// The queues without a parent, in index order.
     top: Vec<QueueIdx>,
     /// [`Queues::split`]'s working list, kept between calls.
@@ -163,6 +168,13 @@ struct Sibling {
     met: bool,
 }
 
+/// Can a queue's request going from `before` to `after` move the deserved
+/// amounts computed with `deserved` (see [`Queues::charge`])? Not if every
+/// dimension keeps its request or stays above its deserved amount.
+fn moves(before: Amounts, after: Amounts, deserved: Amounts) -> bool {
+    (0..3).any(|d| before.0[d] != after.0[d] && !(before.0[d] > deserved.0[d] && after.0[d] > deserved.0[d]))
+}
+
 /// The name of the queue of jobs that name none and whose tenant maps to none.
 pub const DEFAULT_QUEUE: &str = "default";
 
@@ -177,6 +189,8 @@ impl Queues {
             tenants: BTreeMap::new(),
             default: 0,
             dirty: true,
+            // No cluster has this total: the first settle computes.
+            split_total: Amounts([u64::MAX; 3]),
             top: Vec::new(),
             scratch: Vec::new(),
         };
@@ -197,6 +211,7 @@ impl Queues {
                 allocated: Amounts::default(),
                 pending: Amounts::default(),
                 deserved: Amounts::default(),
+                asked: Amounts::default(),
                 queued_jobs: 0,
                 running: 0,
             });
@@ -233,6 +248,7 @@ impl Queues {
                     allocated: Amounts::default(),
                     pending: Amounts::default(),
                     deserved: Amounts::default(),
+                    asked: Amounts::default(),
                     queued_jobs: 0,
                     running: 0,
                 });
@@ -313,12 +329,7 @@ impl Queues {
             let node = &mut self.nodes[i as usize];
             let before = node.request();
             f(node);
-            let after = node.request();
-            let deserved = node.deserved;
-            let moves = |d: usize| {
-                before.0[d] != after.0[d] && !(before.0[d] > deserved.0[d] && after.0[d] > deserved.0[d])
-            };
-            if (0..3).any(moves) {
+            if moves(before, node.request(), node.deserved) {
                 self.dirty = true;
             }
             q = node.parent;
@@ -388,9 +399,31 @@ impl Queues {
         node.allocated.share_of(&node.deserved)
     }
 
+    /// Recomputes the deserved amounts if [`Queues::charge`] saw a change
+    /// that may move them and the requests (or `total`) now differ from
+    /// those they were computed from in a way that does (the same test,
+    /// against the requests of the last computation). Within one step a
+    /// request may dip and come back (a started job leaves its queue's
+    /// pending amount before its run is charged as allocated): only the
+    /// net change counts. Returns whether anything was recomputed.
+    pub(crate) fn settle(&mut self, total: Amounts) -> bool {
+        if !std::mem::take(&mut self.dirty) {
+            return false;
+        }
+        if total == self.split_total && !self.nodes.iter().any(|n| moves(n.asked, n.request(), n.deserved)) {
+            return false;
+        }
+        self.deserve(total);
+        true
+    }
+
     /// Recomputes every queue's deserved amount for a cluster of `total`.
     pub(crate) fn deserve(&mut self, total: Amounts) {
         self.dirty = false;
+        self.split_total = total;
+        for node in &mut self.nodes {
+            node.asked = node.request();
+        }
         let top = std::mem::take(&mut self.top);
         self.deserve_level(&top, total);
         self.top = top;
@@ -541,6 +574,41 @@ mod tests {
         assert!(!q.nodes[q.index["b"] as usize].children.is_empty());
         assert_eq!(q.resolve(Some("b"), "t").unwrap_err(), "queue b has child queues: jobs go to its leaves");
         assert_eq!(q.resolve(None, "t"), Ok(q.default));
+    }
+
+    /// A request that dips to its deserved amount and comes back within
+    /// one step, or moves only above it, leaves the deserved amounts as they
+    /// are without recomputing them; a net change below, or a new cluster
+    /// total, recomputes them.
+    #[test]
+    fn settle_recomputes_only_for_a_net_change_that_can_move_shares() {
+        let mut q = Queues::new(&[queue("a", 1), queue("b", 1)], &BTreeMap::new());
+        let (a, b) = (q.index["a"], q.index["b"]);
+        q.charge(a, |n| n.pending = cpu(2_000));
+        q.charge(b, |n| n.pending = cpu(100_000));
+        let total = cpu(12_000);
+        assert!(q.settle(total), "the first settle computes");
+        let d = |q: &Queues, i: QueueIdx| q.nodes[i as usize].deserved.0[1];
+        assert_eq!((d(&q, a), d(&q, b)), (2_000, 10_000));
+        assert!(!q.settle(total), "nothing changed");
+        // a's job ends and another of a's starts: down to 1,000, back to
+        // 2,000. Each step could move the shares, the net change cannot.
+        q.charge(a, |n| n.pending = cpu(1_000));
+        q.charge(a, |n| n.pending = cpu(2_000));
+        assert!(q.dirty, "each step was seen");
+        assert!(!q.settle(total), "no net change");
+        assert!(!q.dirty);
+        // b asks for more, above its deserved amount before and after.
+        q.charge(b, |n| n.pending = cpu(200_000));
+        assert!(!q.dirty && !q.settle(total));
+        // a asks for less: b's share grows.
+        q.charge(a, |n| n.pending = cpu(1_000));
+        assert!(q.settle(total));
+        assert_eq!((d(&q, a), d(&q, b)), (1_000, 11_000));
+        // A new cluster total always recomputes.
+        q.dirty = true;
+        assert!(q.settle(cpu(6_000)));
+        assert_eq!((d(&q, a), d(&q, b)), (1_000, 5_000));
     }
 
     #[test]

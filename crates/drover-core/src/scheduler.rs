@@ -1962,8 +1962,7 @@ impl Scheduler {
         if !self.suspended.is_empty() {
             self.resume_suspended();
         }
-        if self.quotas.dirty && self.quotas.active() {
-            self.quotas.deserve(self.total);
+        if self.quotas.active() && self.quotas.settle(self.total) {
             self.refile_all_queues();
         }
         if !self.gangs.is_empty() {
