@@ -559,8 +559,20 @@ impl Cas {
         expected_tree: Option<&Key>,
         input: &mut dyn Read,
     ) -> Result<ArtifactInfo, CasError> {
+        // The pack's header and first entry tag: an end tag there makes an
+        // empty pack, which is read and verified like any other but needs
+        // no directory to unpack into (the empty artifact is a link, see
+        // "The empty artifact" above).
+        let mut head = [0u8; pack::HEAD_LEN + 1];
+        let got = read_up_to(input, &mut head)?;
+        let mut input = std::io::Cursor::new(&head[..got]).chain(input);
+        if got == head.len() && pack::is_end_tag(head[pack::HEAD_LEN]) {
+            pack::read_pack(&mut input, Path::new(""), self.inner.max_bytes, expected_tree)?;
+            return self.inner.install_empty(id);
+        }
         let writer = self.begin_artifact(id)?;
-        let (manifest, info) = pack::read_pack(input, writer.dir(), self.inner.max_bytes, expected_tree)?;
+        let (manifest, info) =
+            pack::read_pack(&mut input, writer.dir(), self.inner.max_bytes, expected_tree)?;
         writer.commit_prepared(&manifest, info)
     }
 
@@ -581,6 +593,21 @@ impl Cas {
             other => other,
         }
     }
+}
+
+/// Reads from `input` until `buf` is full or the input ends; returns how
+/// many bytes it read.
+fn read_up_to(input: &mut dyn Read, buf: &mut [u8]) -> Result<usize, CasError> {
+    let mut got = 0;
+    while got < buf.len() {
+        match input.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e).ctx(|| "read pack stream".into()),
+        }
+    }
+    Ok(got)
 }
 
 /// Whether an error says a stored artifact is damaged.

@@ -53,6 +53,13 @@ use crate::{ArtifactInfo, Key};
 pub const PACK_MAGIC: &[u8; 8] = b"DRVPACK\0";
 /// The pack format version this crate writes and reads.
 pub const PACK_VERSION: u32 = 1;
+/// Bytes before a pack's first entry tag: the magic and the version.
+pub(crate) const HEAD_LEN: usize = 12;
+
+/// Whether an entry tag ends the pack's entries.
+pub(crate) fn is_end_tag(tag: u8) -> bool {
+    tag == TAG_END
+}
 
 /// Writes the artifact whose files are under `root` as a pack.
 pub(crate) fn write_pack(
@@ -178,7 +185,9 @@ pub(crate) fn read_pack(
     let mut dirs: BTreeSet<String> = BTreeSet::new();
     let mut total = 0u64;
     let mut path_bytes = 0u64;
-    let mut buf = vec![0u8; CHUNK];
+    // Allocated at the first file: an empty pack or one of directories and
+    // links needs no buffer.
+    let mut buf = Vec::new();
     loop {
         let tag = input.u8()?;
         if tag == TAG_END {
@@ -236,6 +245,9 @@ pub(crate) fn read_pack(
                 if total > max_bytes {
                     return Err(CasError::TooLarge { what: "pack".into(), size: total, max: max_bytes });
                 }
+                if buf.is_empty() {
+                    buf = vec![0u8; CHUNK];
+                }
                 let digest = read_file(&mut input, &full, size, exec, &mut buf)?;
                 Entry::File { path, exec, size, digest }
             }
@@ -266,7 +278,10 @@ pub(crate) fn read_pack(
     for dir in dirs.iter().rev() {
         sync_dir(&root.join(dir))?;
     }
-    sync_dir(root)?;
+    // An empty pack created nothing under `root` (which need not exist).
+    if !entries.is_empty() {
+        sync_dir(root)?;
+    }
     Ok((Manifest { entries }, info))
 }
 

@@ -58,6 +58,35 @@ fn an_empty_artifact_round_trips() {
     assert_eq!(b.unpack(&key(1), Some(&info.tree), &mut stream.as_slice()).unwrap(), info);
 }
 
+/// An empty pack takes a shorter way in (no directory to unpack into) but
+/// is verified the same: a lying trailer, a truncated one or another tree
+/// than the one asked for is refused, and nothing past it is read.
+#[test]
+fn an_empty_pack_is_verified_like_any_other() {
+    let (_a_root, a) = cas(1 << 20);
+    let info = build(&a, &key(1), |_| {});
+    let mut stream = Vec::new();
+    a.pack(&key(1), &mut stream).unwrap();
+    for at in [stream.len() - 1, stream.len() - 33, stream.len() - 41] {
+        let mut flipped = stream.clone();
+        flipped[at] ^= 0x01;
+        assert!(refused(&flipped, None).is_corruption(), "byte {at} flipped");
+    }
+    for len in [13, stream.len() - 1] {
+        assert!(matches!(refused(&stream[..len], None), CasError::Corrupt(_)), "{len} bytes");
+    }
+    let wrong = Key::digest(b"another tree");
+    assert!(matches!(refused(&stream, Some(&wrong)), CasError::DigestMismatch { .. }));
+    let mut followed = stream.clone();
+    followed.extend_from_slice(b"NEXT");
+    let (_b_root, b) = cas(1 << 20);
+    let mut input = followed.as_slice();
+    assert_eq!(b.unpack(&key(2), Some(&info.tree), &mut input).unwrap(), info);
+    assert_eq!(input, b"NEXT");
+    assert_eq!(b.artifacts(), vec![key(2)]);
+    assert!(tmp_is_empty(&b));
+}
+
 /// Unpacking `stream` fails and leaves the receiving cache as it was.
 fn refused(stream: &[u8], expected_tree: Option<&Key>) -> CasError {
     let (_root, b) = cas(1 << 20);
