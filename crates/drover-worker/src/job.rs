@@ -14,9 +14,9 @@
 //! failed). Each part exists only if needed: `src/` for a job with sources
 //! (the others share the read-only `runs/empty-src/`), each command log once
 //! the job writes to it (the supervisor creates it, and the directory, on
-//! the first byte), each stage log once something crosses the network, so
-//! a job that has no source, needs nothing remote and prints nothing
-//! touches no directory. `src/` is removed when the run ends; the logs stay for the
+//! the first byte), each stage log once its lines pass 4 KiB (the worker
+//! holds fewer in memory, see [`StageLog`]), so a job that has no source and
+//! prints nothing touches no directory, even when its output is pushed. `src/` is removed when the run ends; the logs stay for the
 //! most recent runs. Likewise a job whose commands never mention `{{out}}`
 //! gets no output directory: its output is the empty tree, committed
 //! without one.
@@ -86,34 +86,89 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, control: Ru
     shared.runs.lock().expect("runs").remove(&run);
     shared.outbox.finished(result);
     for run in old {
+        shared.notes.lock().expect("notes").retain(|&(r, _), _| r != run);
         let _ = remove_tree(&shared.runs_dir().join(run.to_string()));
     }
 }
 
-/// A stage's log file (`runs/<run>/<stage>.log`), created on its first
-/// line; lines of a run whose logs are no longer kept are dropped.
-struct StageLog<'a> {
-    shared: &'a Shared,
-    run: u64,
-    stage: Stage,
+/// Bytes of a stage's log held in memory before they go to its file.
+const NOTES_IN_MEMORY: usize = 4096;
+
+/// A stage's log (pull, fetch or push): its lines are held in memory (see
+/// `Shared::notes`) until they pass [`NOTES_IN_MEMORY`] bytes, then
+/// appended to `runs/<run>/<stage>.log`, so the log is the file followed by
+/// what memory holds. A stage that says a line or two (a push's "pushed
+/// …") creates no directory or file: on some file systems those cost more
+/// than a trivial job. Lines of a run whose logs are no longer kept are
+/// dropped.
+pub(crate) struct StageLog<'a> {
+    pub(crate) shared: &'a Shared,
+    pub(crate) run: u64,
+    pub(crate) stage: Stage,
 }
 
 impl StageLog<'_> {
     fn line(&self, text: impl std::fmt::Display) {
-        use std::io::Write;
         if !self.shared.knows_run(self.run) {
             return;
         }
-        let dir = self.shared.runs_dir().join(self.run.to_string());
-        let path = dir.join(format!("{}.log", self.stage.name()));
-        let written = std::fs::create_dir_all(&dir).and_then(|()| {
-            let mut file = std::fs::OpenOptions::new().create(true).append(true).open(&path)?;
-            writeln!(file, "{text}")
-        });
-        if let Err(e) = written {
-            tracing::warn!("cannot write {}: {e}", path.display());
-        }
+        let mut notes = self.shared.notes.lock().expect("notes");
+        let held = notes.entry((self.run, self.stage.name())).or_default();
+        hold(held, &self.path(), format_args!("{text}"));
     }
+
+    fn path(&self) -> PathBuf {
+        self.shared.runs_dir().join(self.run.to_string()).join(format!("{}.log", self.stage.name()))
+    }
+
+    /// The log from byte `from` on, at most `max` bytes (read under the
+    /// lock that moves lines from memory to the file, so nothing is seen
+    /// twice or missed).
+    pub(crate) fn read(&self, from: u64, max: usize) -> io::Result<Vec<u8>> {
+        let notes = self.shared.notes.lock().expect("notes");
+        let held = notes.get(&(self.run, self.stage.name())).map_or(&[][..], Vec::as_slice);
+        read_held(&self.path(), held, from, max)
+    }
+}
+
+/// Adds a line to a stage log's bytes in memory; past [`NOTES_IN_MEMORY`]
+/// they are appended to its file at `path` (made with its directory if
+/// need be). A line that cannot be written is dropped with a warning.
+fn hold(held: &mut Vec<u8>, path: &Path, text: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(held, "{text}");
+    if held.len() <= NOTES_IN_MEMORY {
+        return;
+    }
+    let written = std::fs::create_dir_all(path.parent().unwrap_or(path))
+        .and_then(|()| std::fs::OpenOptions::new().create(true).append(true).open(path)?.write_all(held));
+    if let Err(e) = written {
+        tracing::warn!("cannot write {}: {e}", path.display());
+    }
+    held.clear();
+}
+
+/// Bytes `from` on (at most `max`) of a stage log: its file at `path` (if
+/// any), then `held`.
+fn read_held(path: &Path, held: &[u8], from: u64, max: usize) -> io::Result<Vec<u8>> {
+    use std::io::{Read, Seek};
+    let mut out = Vec::new();
+    let mut in_file = 0;
+    match std::fs::File::open(path) {
+        Ok(mut file) => {
+            in_file = file.metadata()?.len();
+            if from < in_file {
+                file.seek(io::SeekFrom::Start(from))?;
+                file.take(max as u64).read_to_end(&mut out)?;
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let start = usize::try_from(from.saturating_sub(in_file)).unwrap_or(usize::MAX).min(held.len());
+    let end = held.len().min(start.saturating_add(max - out.len()));
+    out.extend_from_slice(&held[start..end]);
+    Ok(out)
 }
 
 /// Milliseconds since `since`.
@@ -712,6 +767,40 @@ mod tests {
         let env = env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
         let deps = BTreeMap::from([("lib".to_owned(), PathBuf::from("/cache/lib"))]);
         uses_out(&commands, &env, Path::new("/runs/1/src"), &deps).unwrap()
+    }
+
+    /// A stage log's lines stay in memory until they pass the limit, then
+    /// go to its file; reading from any offset sees the file, then memory,
+    /// with nothing twice or missing.
+    #[test]
+    fn a_stage_log_is_its_file_then_what_memory_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("runs/7/fetch.log");
+        let mut held = Vec::new();
+        let mut all = Vec::new();
+        for i in 0..200 {
+            let line = format!("line {i}: fetched something from somewhere");
+            hold(&mut held, &path, format_args!("{line}"));
+            all.extend_from_slice(format!("{line}\n").as_bytes());
+            if i == 0 {
+                assert!(!path.exists(), "one line makes no file");
+            }
+        }
+        assert!(path.exists() && !held.is_empty() && held.len() <= NOTES_IN_MEMORY);
+        assert_eq!(read_held(&path, &held, 0, usize::MAX).unwrap(), all);
+        let in_file = std::fs::metadata(&path).unwrap().len() as usize;
+        for from in [0, 5, in_file - 1, in_file, in_file + 3, all.len(), all.len() + 10] {
+            for max in [1, 100, usize::MAX] {
+                let want = &all[from.min(all.len())..];
+                let want = &want[..want.len().min(max)];
+                assert_eq!(
+                    read_held(&path, &held, from as u64, max).unwrap(),
+                    want,
+                    "from {from}, max {max}"
+                );
+            }
+        }
+        assert_eq!(read_held(&dir.path().join("none.log"), b"x\n", 0, 10).unwrap(), b"x\n");
     }
 
     /// A holder is tried again only for a failure that may pass.

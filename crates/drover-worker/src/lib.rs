@@ -124,6 +124,9 @@ struct Shared {
     outbox: report::Outbox,
     /// Run directories kept for their logs, oldest first.
     kept: Mutex<VecDeque<u64>>,
+    /// The newest lines of the pull, fetch and push stages' logs of running
+    /// and kept runs, by run and stage (see `job::StageLog`).
+    notes: Mutex<BTreeMap<(u64, &'static str), Vec<u8>>>,
     /// Artifacts being fetched from peers, so one fetch serves every job.
     fetching: Mutex<BTreeSet<Key>>,
     fetched: tokio::sync::Notify,
@@ -351,6 +354,7 @@ pub async fn start(mut config: WorkerConfig) -> Result<Worker, WorkerError> {
         runs: Mutex::new(BTreeMap::new()),
         outbox: report::Outbox::default(),
         kept: Mutex::new(VecDeque::new()),
+        notes: Mutex::new(BTreeMap::new()),
         fetching: Mutex::new(BTreeSet::new()),
         fetched: tokio::sync::Notify::new(),
         tokens: tokens::Arbiter::new(pools(&config)),

@@ -18,6 +18,8 @@ use drover_cas::Key;
 use serde::Deserialize;
 
 use crate::Shared;
+use crate::job::StageLog;
+use crate::tokens::Stage;
 
 type Reply = Result<Response, (StatusCode, String)>;
 
@@ -63,25 +65,46 @@ struct LogQuery {
 /// How often a followed log is checked for new bytes.
 const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// A run's log: a file the build stage's supervisor writes, or another
+/// stage's log (its file, then the lines the worker still holds).
+#[derive(Clone, Copy)]
+enum Source {
+    Build(&'static str),
+    Stage(Stage),
+}
+
+/// Bytes `from` on (at most `max`) of a run's log; none if it has none.
+async fn read_log(shared: Arc<Shared>, run: u64, source: Source, from: u64, max: usize) -> Vec<u8> {
+    let read = move || match source {
+        Source::Build(name) => {
+            use std::io::{Read, Seek};
+            let path = shared.runs_dir().join(run.to_string()).join(name);
+            let mut out = Vec::new();
+            if let Ok(mut file) = std::fs::File::open(path)
+                && file.seek(std::io::SeekFrom::Start(from)).is_ok()
+            {
+                let _ = file.take(max as u64).read_to_end(&mut out);
+            }
+            out
+        }
+        Source::Stage(stage) => StageLog { shared: &shared, run, stage }.read(from, max).unwrap_or_default(),
+    };
+    tokio::task::spawn_blocking(read).await.unwrap_or_default()
+}
+
 /// The log from the start, then what the run writes, until the run ends
 /// (then what is left).
-fn follow_log(shared: Arc<Shared>, run: u64, path: std::path::PathBuf) -> Body {
-    use tokio::io::{AsyncReadExt, AsyncSeekExt};
-    let state = (shared, path, 0u64);
-    let stream = futures::stream::unfold(state, move |(shared, path, offset)| async move {
+fn follow_log(shared: Arc<Shared>, run: u64, source: Source) -> Body {
+    let state = (shared, 0u64);
+    let stream = futures::stream::unfold(state, move |(shared, offset)| async move {
         loop {
             // Read whether the run is still going before reading, so bytes
             // written just before it ended are not missed.
             let running = shared.runs.lock().expect("runs").contains_key(&run);
-            let mut chunk = Vec::new();
-            if let Ok(mut file) = tokio::fs::File::open(&path).await
-                && file.seek(std::io::SeekFrom::Start(offset)).await.is_ok()
-            {
-                let _ = file.take(1 << 20).read_to_end(&mut chunk).await;
-            }
+            let chunk = read_log(shared.clone(), run, source, offset, 1 << 20).await;
             if !chunk.is_empty() {
                 let next = offset + chunk.len() as u64;
-                return Some((Ok::<_, std::io::Error>(axum::body::Bytes::from(chunk)), (shared, path, next)));
+                return Some((Ok::<_, std::io::Error>(axum::body::Bytes::from(chunk)), (shared, next)));
             }
             if !running {
                 return None;
@@ -93,12 +116,12 @@ fn follow_log(shared: Arc<Shared>, run: u64, path: std::path::PathBuf) -> Body {
 }
 
 async fn log(State(shared): State<Arc<Shared>>, Path(run): Path<u64>, Query(q): Query<LogQuery>) -> Reply {
-    let name = match q.stream.as_deref().unwrap_or("stdout") {
-        "stdout" => "stdout.log",
-        "stderr" => "stderr.log",
-        "pull" => "pull.log",
-        "fetch" => "fetch.log",
-        "push" => "push.log",
+    let source = match q.stream.as_deref().unwrap_or("stdout") {
+        "stdout" => Source::Build("stdout.log"),
+        "stderr" => Source::Build("stderr.log"),
+        "pull" => Source::Stage(Stage::Pull),
+        "fetch" => Source::Stage(Stage::Fetch),
+        "push" => Source::Stage(Stage::Push),
         other => {
             return Err((
                 StatusCode::BAD_REQUEST,
@@ -106,23 +129,31 @@ async fn log(State(shared): State<Arc<Shared>>, Path(run): Path<u64>, Query(q): 
             ));
         }
     };
-    let path = shared.runs_dir().join(run.to_string()).join(name);
-    if q.follow {
-        if !shared.knows_run(run) {
-            return Err((StatusCode::NOT_FOUND, format!("no log for run {run} on this worker")));
+    let text = [(header::CONTENT_TYPE, "text/plain; charset=utf-8")];
+    let unknown = || (StatusCode::NOT_FOUND, format!("no log for run {run} on this worker"));
+    let name = match source {
+        _ if q.follow => {
+            if !shared.knows_run(run) {
+                return Err(unknown());
+            }
+            return Ok((text, follow_log(shared.clone(), run, source)).into_response());
         }
-        let body = follow_log(shared.clone(), run, path);
-        return Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response());
-    }
+        Source::Stage(_) if shared.knows_run(run) => {
+            return Ok((text, read_log(shared.clone(), run, source, 0, usize::MAX).await).into_response());
+        }
+        Source::Stage(_) => return Err(unknown()),
+        Source::Build(name) => name,
+    };
+    let path = shared.runs_dir().join(run.to_string()).join(name);
     let file = match tokio::fs::File::open(&path).await {
         Ok(file) => file,
         // A run that printed nothing (yet) has no log file: that is an
         // empty log, if the run is running or kept.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && shared.knows_run(run) => {
-            return Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], "").into_response());
+            return Ok((text, "").into_response());
         }
-        Err(_) => return Err((StatusCode::NOT_FOUND, format!("no log for run {run} on this worker"))),
+        Err(_) => return Err(unknown()),
     };
     let body = Body::from_stream(tokio_util::io::ReaderStream::new(file));
-    Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response())
+    Ok((text, body).into_response())
 }
