@@ -86,7 +86,11 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, control: Ru
     shared.runs.lock().expect("runs").remove(&run);
     shared.outbox.finished(result);
     for run in old {
-        shared.notes.lock().expect("notes").retain(|&(r, _), _| r != run);
+        let mut notes = shared.notes.lock().expect("notes");
+        for stage in [Stage::Pull, Stage::Fetch, Stage::Push] {
+            notes.remove(&(run, stage.name()));
+        }
+        drop(notes);
         let _ = remove_tree(&shared.runs_dir().join(run.to_string()));
     }
 }
