@@ -216,19 +216,39 @@ async fn finish(
     if args.json {
         println!("{}", serde_json::to_string_pretty(status).map_err(anyhow::Error::from)?);
     }
-    let count = |f: fn(drover_proto::JobState) -> bool| status.jobs.iter().filter(|j| f(j.state)).count();
     eprintln!(
-        "build {} {} in {:.1}s: {} jobs, {} ran, {} cached, {} failed, {} skipped",
+        "build {} {} in {:.1}s: {}",
         status.id,
         status.state,
         started.elapsed().as_secs_f64(),
-        status.jobs.len(),
-        count(|s| s == drover_proto::JobState::Succeeded),
-        count(|s| s == drover_proto::JobState::Cached),
-        count(|s| s == drover_proto::JobState::Failed),
-        count(|s| s == drover_proto::JobState::Skipped),
+        summary(status)
     );
     if status.state == BuildState::Succeeded { Ok(()) } else { Err(Failure::Build) }
+}
+
+/// "12 jobs: 9 succeeded, 2 cached, 1 failed": how the jobs ended, each state
+/// that some job is in, in the order a build goes.
+fn summary(status: &BuildStatus) -> String {
+    use drover_proto::JobState as S;
+    let states = [
+        (S::Succeeded, "succeeded"),
+        (S::Cached, "cached"),
+        (S::Failed, "failed"),
+        (S::Skipped, "skipped"),
+        (S::Cancelled, "cancelled"),
+        (S::Running, "running"),
+        (S::Queued, "queued"),
+    ];
+    let counts: Vec<String> = states
+        .iter()
+        .filter_map(|&(state, word)| {
+            let n = status.jobs.iter().filter(|j| j.state == state).count();
+            (n > 0).then(|| format!("{n} {word}"))
+        })
+        .collect();
+    let jobs =
+        if status.jobs.len() == 1 { "1 job".to_owned() } else { format!("{} jobs", status.jobs.len()) };
+    if counts.is_empty() { jobs } else { format!("{jobs}: {}", counts.join(", ")) }
 }
 
 /// `--logs`: what each job that ran in the build wrote, on standard error.
@@ -688,4 +708,31 @@ pub(crate) async fn logs(args: LogsArgs) -> Result<(), Failure> {
     }
     stdout.flush().await.context("writing the log")?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(states: &[&str]) -> BuildStatus {
+        let jobs: Vec<serde_json::Value> = states
+            .iter()
+            .enumerate()
+            .map(|(i, state)| {
+                serde_json::json!({"name": format!("j{i}"), "id": "00".repeat(32), "state": state,
+                    "worker": null, "attempts": 1, "exit_code": null})
+            })
+            .collect();
+        serde_json::from_value(serde_json::json!({"id": 3, "state": "failed", "jobs": jobs})).unwrap()
+    }
+
+    /// The closing line counts each state some job is in; a job that ran and
+    /// failed is counted as failed only.
+    #[test]
+    fn the_summary_counts_the_states_jobs_are_in() {
+        let s = status(&["succeeded", "cached", "failed", "skipped", "succeeded", "cancelled"]);
+        assert_eq!(summary(&s), "6 jobs: 2 succeeded, 1 cached, 1 failed, 1 skipped, 1 cancelled");
+        assert_eq!(summary(&status(&["cached"])), "1 job: 1 cached");
+        assert_eq!(summary(&status(&[])), "0 jobs");
+    }
 }
