@@ -35,6 +35,9 @@ struct GangRec {
     min_available: u32,
     restart: bool,
     restarts: u32,
+    /// Instances sent to the core so far, less one: a restart or a lost
+    /// input sends the gang again as a new instance.
+    instance: u32,
     /// Members whose needs are done, held until the whole gang is ready.
     ready: std::collections::BTreeSet<u32>,
     /// This instance of the gang went to the core.
@@ -127,6 +130,7 @@ fn gangs(jobs: &[JobDef], index: &BTreeMap<String, u32>) -> Result<BTreeMap<Stri
             min_available: g.min_available,
             restart: g.restart,
             restarts: 0,
+            instance: 0,
             ready: std::collections::BTreeSet::new(),
             sent: false,
             core_min: g.min_available,
@@ -338,10 +342,30 @@ impl Build {
             return None;
         }
         gang.restarts += 1;
+        let mut cancel = Vec::new();
+        let mut again = self.send_gang_again(&name, &mut cancel, None, now);
+        self.order(&mut again);
+        Some((cancel, again))
+    }
+
+    /// Sends gang `name` back whole, as a new instance: every member's core
+    /// waiter is cancelled (into `cancel`), every member not waiting for a
+    /// need goes back to the queue and runs again, cache or not, and those
+    /// whose needs are done are returned, to be scheduled (they gather
+    /// until the whole gang is ready). A member still waiting for a need
+    /// joins the new instance when the need is done.
+    fn send_gang_again(
+        &mut self,
+        name: &str,
+        cancel: &mut Vec<(JobId, WaiterId)>,
+        reason: Option<&str>,
+        now: Millis,
+    ) -> Vec<u32> {
+        let Some(gang) = self.gangs.get_mut(name) else { return Vec::new() };
+        gang.instance += 1;
         gang.sent = false;
         gang.ready.clear();
         let members = gang.members.clone();
-        let mut cancel = Vec::new();
         let mut again = Vec::new();
         for m in members {
             if let Some(w) = self.take_waiter(m) {
@@ -352,18 +376,19 @@ impl Build {
                 continue; // not started yet: it will join the new gang when ready
             }
             rec.state = JobState::Queued;
+            rec.run = None;
+            rec.worker = None;
             rec.exit_code = None;
             rec.detail.clear();
             let attempts = rec.attempts;
             self.rerun.insert(m);
             let job = self.name_of(m);
-            self.event(now, EventKind::JobRequeued { job, attempts, reason: None });
+            self.event(now, EventKind::JobRequeued { job, attempts, reason: reason.map(str::to_owned) });
             if self.pending[m as usize] == 0 {
                 again.push(m);
             }
         }
-        self.order(&mut again);
-        Some((cancel, again))
+        again
     }
 
     /// The sources job `i` sees.
@@ -416,7 +441,7 @@ impl Build {
             gang: def.gang.as_ref().map(|g| {
                 let rec = &self.gangs[&g.name];
                 drover_core::GangSpec {
-                    id: format!("{}/{}#{}", self.id, g.name, rec.restarts),
+                    id: format!("{}/{}#{}", self.id, g.name, rec.instance),
                     min_available: rec.core_min,
                 }
             }),
@@ -800,11 +825,15 @@ impl Build {
     /// loss sent them back already), with every need of theirs whose output
     /// is gone too (`available` says no), and run again, cache or not; job
     /// `i` and the other dependents of what goes back that the core holds
-    /// but has not started wait for them again. Nothing counts as a failure
-    /// or an attempt. Returns the core waiters to cancel and the jobs to
-    /// schedule; `None` if the failure stands: no lost output is a need of
-    /// `i`, a gang member would go back, the build is stopping, or `i`
-    /// already went back [`MAX_REWINDS`] times.
+    /// but has not started wait for them again. A gang among those (`i`'s,
+    /// or one with a member not started that needs what goes back) goes
+    /// back whole, as a new instance: its running members are called off,
+    /// and it starts together again once its needs are done. Nothing counts
+    /// as a failure, an attempt or a gang restart. Returns the core waiters
+    /// to cancel and the jobs to schedule; `None` if the failure stands: no
+    /// lost output is a need of `i`, a gang member's output would go back
+    /// (it cannot run alone), the build is stopping, or `i` already went
+    /// back [`MAX_REWINDS`] times.
     pub(crate) fn rewind(
         &mut self,
         i: u32,
@@ -847,18 +876,20 @@ impl Build {
             }
         }
         let back: Vec<u32> = (0..self.jobs.len() as u32).filter(|&j| again[j as usize]).collect();
-        // Gangs go to the core whole, once: one that waits on what goes
-        // back, or any member of it, keeps the failure instead.
-        let gang_involved = self.in_gang(i)
-            || back.iter().any(|&j| {
-                self.in_gang(j)
-                    || self.dependents[j as usize]
-                        .iter()
-                        .any(|&d| self.in_gang(d) && !self.jobs[d as usize].state.is_final())
-            });
-        if gang_involved {
+        // Gangs go to the core whole: a gang member's output cannot be
+        // built again alone, so a loss of one keeps the failure.
+        if back.iter().any(|&j| self.in_gang(j)) {
             return None;
         }
+        // A gang that waits on what goes back goes back whole, as a new
+        // instance (see `send_gang_again`): `i`'s own, and one with a member
+        // not started yet that needs what goes back (a running member has
+        // its inputs already).
+        let gangs: std::collections::BTreeSet<String> = std::iter::once(i)
+            .chain(back.iter().flat_map(|&j| self.dependents[j as usize].iter().copied()))
+            .filter(|&d| d == i || self.jobs[d as usize].state == JobState::Queued)
+            .filter_map(|d| self.def(d).gang.as_ref().map(|g| g.name.clone()))
+            .collect();
         self.jobs[i as usize].rewinds += 1;
         let mut cancel = Vec::new();
         let mut waits = vec![i];
@@ -906,6 +937,10 @@ impl Build {
             self.event(now, EventKind::JobRequeued { job, attempts, reason });
         }
         let mut ready: Vec<u32> = back.into_iter().filter(|&j| self.pending[j as usize] == 0).collect();
+        let reason = "its gang waits for a need whose output was lost to be built again";
+        for gang in gangs {
+            ready.extend(self.send_gang_again(&gang, &mut cancel, Some(reason), now));
+        }
         self.order(&mut ready);
         Some((cancel, ready))
     }

@@ -668,16 +668,28 @@ fn a_lost_input_whose_rebuild_failed_fails_its_other_dependents() {
     assert_eq!(states, [JobState::Failed, JobState::Skipped, JobState::Failed]);
 }
 
-/// A gang waiting on a need that is lost keeps the failure: gangs go to the
-/// core whole, once, so the loss is not worked around (and nothing hangs).
+/// Counts the assignments of each job until nothing more is handed out,
+/// every run succeeding.
+fn run_counting(h: &mut Harness, w: u64, counts: &mut BTreeMap<String, u32>) {
+    for _ in 0..8 {
+        h.later();
+        for (_, run, name) in h.assigned() {
+            *counts.entry(name.clone()).or_default() += 1;
+            h.report(w, Report { finished: vec![ok(run, &name)], ..Report::default() });
+        }
+    }
+}
+
+/// A gang handed to the core and waiting for room, whose need is lost
+/// (another job's run says so), goes back whole: the need is built again,
+/// then the gang starts together as a new instance, and nothing fails.
 #[test]
-fn a_lost_input_a_gang_waits_for_is_a_failure() {
+fn a_gang_waiting_on_a_lost_need_goes_back_whole_and_runs_after_it() {
     let mut h = Harness::new();
     let w = worker_id(h.input(register("w1", 2, vec![])));
     let b = build_id(h.input(submit(vec![
         job("n", &[]),
         job("i", &["n"]),
-        job("x", &["i"]),
         in_gang(job("g1", &["n"]), "pair", 2, false),
         in_gang(job("g2", &["n"]), "pair", 2, false),
     ])));
@@ -687,6 +699,88 @@ fn a_lost_input_a_gang_waits_for_is_a_failure() {
     let runs = h.assigned();
     assert_eq!(names(&runs), ["i"], "the gang waits for two slots");
     h.report(w, Report { finished: vec![lost_input(runs[0].1, "n")], ..Report::default() });
+    let runs = h.assigned();
+    assert_eq!(names(&runs), ["n"], "n is built again before anything that needs it");
+    let mut counts = BTreeMap::from([("n".to_owned(), 1)]);
+    h.report(w, Report { finished: vec![ok(runs[0].1, "n")], ..Report::default() });
+    run_counting(&mut h, w, &mut counts);
+    assert_eq!(h.solver.build_status(b).expect("build").state, BuildState::Succeeded);
+    let want = [("g1", 1), ("g2", 1), ("i", 1), ("n", 1)].map(|(k, v)| (k.to_owned(), v));
+    assert_eq!(counts, BTreeMap::from(want));
+    h.assert_replays();
+}
+
+/// A running gang member whose input is lost sends its whole gang back:
+/// the other member's run is stopped, the input is built again, and the
+/// gang runs together again after it. No failure is recorded, and the
+/// gang's restarts on failure are not used up (it has none here).
+#[test]
+fn a_gang_member_that_lost_an_input_sends_its_gang_back_whole() {
+    let mut h = Harness::new();
+    let w = worker_id(h.input(register("w1", 2, vec![])));
+    let b = build_id(h.input(submit(vec![
+        job("n", &[]),
+        in_gang(job("g1", &["n"]), "pair", 2, false),
+        in_gang(job("g2", &[]), "pair", 2, false),
+    ])));
+    h.later();
+    let n = h.assigned()[0].1;
+    h.report(w, Report { finished: vec![ok(n, "n")], ..Report::default() });
+    h.later();
+    let pair = h.assigned();
+    let mut started = names(&pair);
+    started.sort_unstable();
+    assert_eq!(started, ["g1", "g2"]);
+    let run = |name: &str| pair.iter().find(|a| a.2 == name).map(|a| a.1).expect("assigned");
+    h.report(w, Report { finished: vec![lost_input(run("g1"), "n")], ..Report::default() });
+    let effects = h.solver.take_effects();
+    let stopped = effects
+        .iter()
+        .any(|e| matches!(e, Effect::Stop { run: r, .. } | Effect::Drop { run: r, .. } if *r == run("g2")));
+    assert!(stopped, "g2's run is called off: {effects:?}");
+    let again: Vec<(u64, String)> = effects
+        .into_iter()
+        .filter_map(|e| match e {
+            Effect::Assign { assignment, .. } => Some((assignment.run, assignment.name)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(again.iter().map(|a| a.1.as_str()).collect::<Vec<_>>(), ["n"], "n is built again at once");
+    // g2's run ends as called off; n succeeds, then the pair runs again.
+    h.report(w, Report { finished: vec![failed(run("g2"), 143)], ..Report::default() });
+    h.report(w, Report { finished: vec![ok(again[0].0, "n")], ..Report::default() });
+    let mut counts = BTreeMap::from([("n".to_owned(), 0)]);
+    run_counting(&mut h, w, &mut counts);
+    assert_eq!(h.solver.build_status(b).expect("build").state, BuildState::Succeeded);
+    let want = [("g1", 1), ("g2", 1), ("n", 0)].map(|(k, v)| (k.to_owned(), v));
+    assert_eq!(counts, BTreeMap::from(want), "then the pair once more, together");
+    let events = h.solver.events(b, 0).expect("events").0;
+    assert!(
+        !events.iter().any(|e| matches!(e.kind, EventKind::JobFinished { state: JobState::Failed, .. })),
+        "no failure on the way"
+    );
+    h.assert_replays();
+}
+
+/// The lost output of a gang member cannot be built again alone (gangs run
+/// whole): the job that needed it keeps its failure, and nothing hangs.
+#[test]
+fn a_lost_output_of_a_gang_member_is_a_failure() {
+    let mut h = Harness::new();
+    let w = worker_id(h.input(register("w1", 2, vec![])));
+    let b = build_id(h.input(submit(vec![
+        in_gang(job("g1", &[]), "pair", 2, false),
+        in_gang(job("g2", &[]), "pair", 2, false),
+        job("x", &["g1"]),
+    ])));
+    h.later();
+    for (_, run, name) in h.assigned() {
+        h.report(w, Report { finished: vec![ok(run, &name)], ..Report::default() });
+    }
+    h.later();
+    let runs = h.assigned();
+    assert_eq!(names(&runs), ["x"]);
+    h.report(w, Report { finished: vec![lost_input(runs[0].1, "g1")], ..Report::default() });
     run_all(&mut h, w, 5);
     assert_eq!(h.solver.build_status(b).expect("build").state, BuildState::Failed);
 }
