@@ -140,6 +140,10 @@ pub struct SourceFile {
 }
 
 /// One job of a submitted build, as the client resolved it.
+///
+/// Fields at their default are left out of the JSON (and read back as
+/// the default): a build of many plain jobs is sent, logged and read
+/// without them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobDef {
     /// Unique within the build.
@@ -151,24 +155,34 @@ pub struct JobDef {
     /// shell: see drover-exec); placeholders unrendered.
     pub commands: Vec<String>,
     /// Environment variables (placeholders allowed in values).
+    #[serde(default, skip_serializing_if = "is_default")]
     pub env: BTreeMap<String, String>,
     /// Names of the jobs whose outputs this one reads.
+    #[serde(default, skip_serializing_if = "is_default")]
     pub needs: Vec<String>,
     /// Millicores.
+    #[serde(default, skip_serializing_if = "is_default")]
     pub cpu_millis: u64,
     /// Bytes.
+    #[serde(default, skip_serializing_if = "is_default")]
     pub memory: u64,
     /// Named tokens.
+    #[serde(default, skip_serializing_if = "is_default")]
     pub tokens: BTreeMap<String, u64>,
     /// Tokens taken exclusively on the worker.
+    #[serde(default, skip_serializing_if = "is_default")]
     pub exclusive: Vec<String>,
     /// Required worker labels.
+    #[serde(default, skip_serializing_if = "is_default")]
     pub labels: BTreeMap<String, String>,
     /// Higher runs first within its tenant.
+    #[serde(default, skip_serializing_if = "is_default")]
     pub priority: i32,
     /// Milliseconds; the worker stops the job after this long.
+    #[serde(default, skip_serializing_if = "is_default")]
     pub timeout_ms: Option<u64>,
     /// Reruns allowed after worker losses.
+    #[serde(default, skip_serializing_if = "is_default")]
     pub retries: u32,
     /// The source paths this job sees (`None`: all of the build's sources).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -177,6 +191,10 @@ pub struct JobDef {
     /// gang's other jobs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gang: Option<GangDef>,
+}
+
+fn is_default<T: Default + PartialEq>(value: &T) -> bool {
+    *value == T::default()
 }
 
 impl JobDef {
@@ -839,6 +857,32 @@ mod tests {
                 serde_json::to_string(&owned).expect("json")
             );
         }
+    }
+
+    /// A job's fields at their default are left out of its JSON and read
+    /// back as the default; JSON that spells them out reads the same.
+    #[test]
+    fn a_job_leaves_out_its_default_fields() {
+        let plain = JobDef { commands: vec!["true".into()], ..JobDef::new("a", Hash32([1; 32])) };
+        let json = serde_json::to_string(&plain).expect("json");
+        assert_eq!(json, format!(r#"{{"name":"a","id":"{}","commands":["true"]}}"#, "01".repeat(32)));
+        assert_eq!(serde_json::from_str::<JobDef>(&json).expect("parse"), plain);
+        let spelled = format!(
+            r#"{{"name":"a","id":"{}","commands":["true"],"env":{{}},"needs":[],"cpu_millis":0,"memory":0,
+            "tokens":{{}},"exclusive":[],"labels":{{}},"priority":0,"timeout_ms":null,"retries":0}}"#,
+            "01".repeat(32)
+        );
+        assert_eq!(serde_json::from_str::<JobDef>(&spelled).expect("parse"), plain);
+        let mut full = plain.clone();
+        full.env.insert("K".into(), "v".into());
+        full.needs = vec!["b".into()];
+        (full.cpu_millis, full.memory, full.priority, full.timeout_ms, full.retries) =
+            (500, 1 << 20, -1, Some(9), 2);
+        full.tokens.insert("gpu".into(), 1);
+        full.exclusive = vec!["gpu".into()];
+        full.labels.insert("os".into(), "linux".into());
+        let json = serde_json::to_string(&full).expect("json");
+        assert_eq!(serde_json::from_str::<JobDef>(&json).expect("parse"), full);
     }
 
     #[test]

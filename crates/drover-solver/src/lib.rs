@@ -443,8 +443,15 @@ impl Solver {
                 && !r.cached
                 && let Some((_, job, _)) = self.core.run_info(RunId(r.run))
             {
+                let took = r.duration_ms.max(1);
                 for (b, i) in self.job_waiters(&job) {
-                    self.durations.insert(self.builds[&b].def(i).name.clone(), r.duration_ms.max(1));
+                    // Builds sharing a job mostly share its name too: the
+                    // name is copied only the first time it is seen.
+                    let name = &self.builds[&b].def(i).name;
+                    match self.durations.get_mut(name) {
+                        Some(known) => *known = took,
+                        None => _ = self.durations.insert(name.clone(), took),
+                    }
                 }
             }
             if let Some(out) = &r.output {
