@@ -98,6 +98,8 @@ pub enum CoordinatorError {
 #[derive(Debug)]
 pub struct Coordinator {
     addr: SocketAddr,
+    /// The API, also served in process (see [`Coordinator::router`]).
+    router: axum::Router,
     server: tokio::task::JoinHandle<()>,
     /// Held while the coordinator lives: one coordinator per data directory.
     _lock: std::fs::File,
@@ -107,6 +109,13 @@ impl Coordinator {
     /// The address it listens on.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Its API as a router, for clients in the same process (see
+    /// `drover_http::Http::with_local`): the same handlers as over the
+    /// socket.
+    pub fn router(&self) -> axum::Router {
+        self.router.clone()
     }
 
     /// Its base URL.
@@ -158,11 +167,12 @@ pub async fn start(config: CoordinatorConfig) -> Result<Coordinator, Coordinator
     let addr =
         listener.local_addr().map_err(|source| CoordinatorError::Listen { addr: config.listen, source })?;
     let router = api::router(app);
+    let served = router.clone();
     let server = tokio::spawn(async move {
-        if let Err(e) = axum::serve(drover_http::no_delay(listener), router).await {
+        if let Err(e) = axum::serve(drover_http::no_delay(listener), served).await {
             tracing::error!("coordinator server stopped: {e}");
         }
     });
     tracing::info!(%addr, "coordinator listening");
-    Ok(Coordinator { addr, server, _lock: lock })
+    Ok(Coordinator { addr, router, server, _lock: lock })
 }

@@ -3,6 +3,12 @@
 //! time limits, and streaming downloads and uploads (artifacts straight
 //! into a content-addressed store; bodies written or read by blocking code,
 //! in bounded chunks).
+//!
+//! **In-process requests.** A client made [`Http::with_local`] hands the
+//! requests for one base URL (an embedded coordinator's) straight to that
+//! server's router in this process: the same handlers, middleware, bodies
+//! and answers, without the socket, the HTTP/1 encoding and parsing on
+//! both sides, or the hand-offs between their tasks.
 
 use std::path::Path;
 use std::time::Duration;
@@ -20,6 +26,8 @@ use serde::de::DeserializeOwned;
 use tokio::io::AsyncRead;
 
 type Body = BoxBody<Bytes, std::io::Error>;
+/// An answer's body, from the network or from a router in this process.
+type Answer = hyper::Response<http_body_util::combinators::UnsyncBoxBody<Bytes, std::io::Error>>;
 
 /// A failed request.
 #[derive(Debug, thiserror::Error)]
@@ -217,6 +225,8 @@ pub struct Http {
     client: Client<HttpConnector, Body>,
     token: Option<String>,
     timeout: Duration,
+    /// Requests for URLs under this base go to this router, in process.
+    local: Option<(std::sync::Arc<str>, axum::Router)>,
 }
 
 fn full(bytes: impl Into<Bytes>) -> Body {
@@ -232,7 +242,41 @@ impl Http {
         connector.set_connect_timeout(Some(Duration::from_secs(5)));
         let client =
             Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(30)).build(connector);
-        Http { client, token, timeout }
+        Http { client, token, timeout, local: None }
+    }
+
+    /// This client, with the requests for URLs under `base` (say
+    /// `http://127.0.0.1:7700`) handed to `router` in this process instead
+    /// of sent over a socket: for a server embedded in the same process.
+    pub fn with_local(mut self, base: &str, router: axum::Router) -> Http {
+        self.local = Some((base.trim_end_matches('/').into(), router));
+        self
+    }
+
+    /// The router to hand `req` to, if its URL is under the local base.
+    fn local_for(&self, req: &Request<Body>) -> Option<axum::Router> {
+        let (base, router) = self.local.as_ref()?;
+        let url = req.uri().to_string();
+        let rest = url.strip_prefix(&**base)?;
+        (rest.is_empty() || rest.starts_with('/')).then(|| router.clone())
+    }
+
+    /// Sends `req` over the network, or to the local router.
+    async fn exchange(&self, req: Request<Body>, url: &str) -> Result<Answer, HttpError> {
+        use tower_service::Service;
+        if let Some(mut router) = self.local_for(&req) {
+            let resp = match router.call(req.map(axum::body::Body::new)).await {
+                Ok(resp) => resp,
+                Err(never) => match never {},
+            };
+            return Ok(resp.map(|b| BodyExt::boxed_unsync(b.map_err(std::io::Error::other))));
+        }
+        let resp = self
+            .client
+            .request(req)
+            .await
+            .map_err(|e| HttpError::Connect { url: url.to_owned(), message: error_chain(&e) })?;
+        Ok(resp.map(|b| BodyExt::boxed_unsync(b.map_err(std::io::Error::other))))
     }
 
     fn request(&self, method: Method, url: &str, body: Body, content_type: &str) -> Request<Body> {
@@ -244,20 +288,15 @@ impl Http {
         builder.body(body).expect("a valid request")
     }
 
-    async fn send(
-        &self,
-        req: Request<Body>,
-        limit: Option<Duration>,
-    ) -> Result<hyper::Response<hyper::body::Incoming>, HttpError> {
+    async fn send(&self, req: Request<Body>, limit: Option<Duration>) -> Result<Answer, HttpError> {
         let url = req.uri().to_string();
-        let fut = self.client.request(req);
+        let fut = self.exchange(req, &url);
         let resp = match limit {
             Some(limit) => tokio::time::timeout(limit, fut)
                 .await
                 .map_err(|_| HttpError::Timeout { url: url.clone(), secs: limit.as_secs() })?,
             None => fut.await,
-        }
-        .map_err(|e| HttpError::Connect { url: url.clone(), message: error_chain(&e) })?;
+        }?;
         if resp.status().is_success() {
             return Ok(resp);
         }
@@ -270,11 +309,7 @@ impl Http {
         Err(HttpError::Status { url, status: status.as_u16(), message })
     }
 
-    async fn read_all(
-        &self,
-        url: &str,
-        resp: hyper::Response<hyper::body::Incoming>,
-    ) -> Result<Bytes, HttpError> {
+    async fn read_all(&self, url: &str, resp: Answer) -> Result<Bytes, HttpError> {
         resp.into_body()
             .collect()
             .await
@@ -408,6 +443,51 @@ pub fn no_delay(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Requests under the local base reach the router in this process (no
+    /// server listens there), with their bodies, answers, errors and
+    /// streams; a URL that only starts with the same characters goes to
+    /// the network.
+    #[tokio::test]
+    async fn requests_under_the_local_base_reach_the_router_without_a_socket() {
+        use axum::routing::{get, post};
+        let router = axum::Router::new()
+            .route("/v1/echo", post(|body: String| async move { axum::Json(format!("got {body}")) }))
+            .route(
+                "/v1/missing",
+                get(|| async {
+                    (
+                        axum::http::StatusCode::NOT_FOUND,
+                        axum::Json(serde_json::json!({"error": "no such thing"})),
+                    )
+                }),
+            )
+            .route(
+                "/v1/stream",
+                get(|| async {
+                    axum::body::Body::from_stream(write_stream(|out| {
+                        out.write_all(&[7u8; 300_000]).expect("write")
+                    }))
+                }),
+            );
+        // A port nothing listens on: only the local route can answer.
+        let base = "http://127.0.0.1:9";
+        let http = Http::new(None, Duration::from_secs(5)).with_local(&format!("{base}/"), router);
+        let got: String = http.post_json(&format!("{base}/v1/echo"), &"hello", None).await.expect("echo");
+        assert_eq!(got, "got \"hello\"");
+        match http.get_json::<String>(&format!("{base}/v1/missing")).await {
+            Err(HttpError::Status { status: 404, message, .. }) => assert_eq!(message, "no such thing"),
+            other => panic!("unexpected {other:?}"),
+        }
+        let mut body = Vec::new();
+        let mut stream = http.get_stream(&format!("{base}/v1/stream")).await.expect("stream");
+        while let Some(chunk) = stream.next().await {
+            body.extend_from_slice(&chunk.expect("chunk"));
+        }
+        assert_eq!(body, vec![7u8; 300_000]);
+        let elsewhere = http.get_json::<String>(&format!("{base}0/v1/echo")).await;
+        assert!(matches!(elsewhere, Err(HttpError::Connect { .. })), "{elsewhere:?}");
+    }
 
     #[tokio::test]
     async fn a_written_body_arrives_whole_in_bounded_chunks() {

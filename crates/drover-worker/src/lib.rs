@@ -38,6 +38,9 @@ use tokio_util::sync::CancellationToken;
 pub struct WorkerConfig {
     /// The coordinator's base URL.
     pub coordinator: String,
+    /// The coordinator's API in this process, if it runs here (an embedded
+    /// cluster): requests for `coordinator` go to it without a socket.
+    pub coordinator_router: Option<axum::Router>,
     /// Where to serve artifacts and logs (port 0: any free port).
     pub listen: SocketAddr,
     /// The URL peers and the coordinator reach this worker at (default: the
@@ -347,7 +350,11 @@ pub async fn start(mut config: WorkerConfig) -> Result<Worker, WorkerError> {
     let url = config.advertise.clone().unwrap_or_else(|| format!("http://{addr}"));
     let name = config.name.clone().unwrap_or_else(|| format!("worker-{}", addr.port()));
     let shared = Arc::new(Shared {
-        http: Http::new(config.token.clone(), Duration::from_secs(30)),
+        http: match &config.coordinator_router {
+            Some(router) => Http::new(config.token.clone(), Duration::from_secs(30))
+                .with_local(&config.coordinator, router.clone()),
+            None => Http::new(config.token.clone(), Duration::from_secs(30)),
+        },
         url: url.clone(),
         name,
         cas,

@@ -300,6 +300,7 @@ fn worker_config(args: &WorkerArgs) -> anyhow::Result<WorkerConfig> {
     };
     Ok(WorkerConfig {
         coordinator: args.coordinator.clone(),
+        coordinator_router: None,
         listen: args.listen,
         advertise: args.advertise.clone(),
         name: args.name.clone(),
@@ -345,13 +346,17 @@ async fn shutdown_signal() {
     }
 }
 
-/// A coordinator and local workers in this process, on loopback.
+/// A coordinator and local workers in this process. The coordinator and
+/// the workers also listen on loopback (workers fetch each other's outputs
+/// there, and other clients may connect), but the workers' requests to the
+/// coordinator and this process's own (`Embedded::http`) go to its router
+/// directly.
 #[derive(Debug)]
 pub(crate) struct Embedded {
     /// The coordinator's URL.
     pub(crate) url: String,
     // Kept for their lifetime: the servers run on the runtime's tasks.
-    _coordinator: drover_coordinator::Coordinator,
+    coordinator: drover_coordinator::Coordinator,
     _workers: Vec<drover_worker::Worker>,
 }
 
@@ -375,17 +380,18 @@ impl Embedded {
         let url = coordinator.url();
         let mut started = Vec::new();
         for i in 1..=workers {
-            let config = embedded_worker(state, i, slots, &url).map_err(Failure::Runtime)?;
+            let config = embedded_worker(state, i, slots, &coordinator).map_err(Failure::Runtime)?;
             started.push(drover_worker::start(config).await.map_err(|e| Failure::Runtime(e.into()))?);
         }
-        let embedded = Embedded { url, _coordinator: coordinator, _workers: started };
+        let embedded = Embedded { url, coordinator, _workers: started };
         client::wait_for_workers(&embedded.http(), &embedded.url, workers as usize).await?;
         Ok(embedded)
     }
 
-    /// A client for it.
+    /// A client for it, in this process.
     pub(crate) fn http(&self) -> drover_http::Http {
         client::connect(&crate::cli::Remote { coordinator: self.url.clone(), token: None })
+            .with_local(&self.url, self.coordinator.router())
     }
 }
 
@@ -426,10 +432,17 @@ async fn embedded_coordinator(
         .with_context(|| format!("cannot start the embedded coordinator in {}", state.display()))
 }
 
-fn embedded_worker(state: &Path, i: u32, slots: u32, coordinator: &str) -> anyhow::Result<WorkerConfig> {
+fn embedded_worker(
+    state: &Path,
+    i: u32,
+    slots: u32,
+    coordinator: &drover_coordinator::Coordinator,
+) -> anyhow::Result<WorkerConfig> {
     let cpus = units::cpus();
     Ok(WorkerConfig {
-        coordinator: coordinator.to_owned(),
+        coordinator: coordinator.url(),
+        // In this process: the workers' requests skip the socket.
+        coordinator_router: Some(coordinator.router()),
         listen: ([127, 0, 0, 1], 0).into(),
         advertise: None,
         name: Some(format!("local-{i}")),
