@@ -218,6 +218,34 @@ fn an_output_lost_with_its_worker_is_built_again_for_its_dependent() {
     assert_eq!(made_runs, 2, "made ran once on w1, once more on w2");
 }
 
+/// A gang whose member finds a dependency's output lost with its worker
+/// goes back whole: the output is built again on the live worker, then the
+/// gang starts together again there, and the build succeeds.
+#[test]
+fn a_gang_that_lost_an_input_runs_whole_again_after_it() {
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", 2, &["--no-push"]);
+    let (go, made_runs, g2_runs) =
+        (cluster.scratch("go"), cluster.scratch("made-runs"), cluster.scratch("g2-runs"));
+    let build = format!(
+        "jobs:\n  - name: made\n    run: [\"echo run >> {made_runs}; echo hello > {{{{out}}}}/r\"]\n  - name: gate\n    run: [\"while [ ! -e {go} ]; do sleep 0.02; done\"]\n  - name: g1\n    needs: [made, gate]\n    gang: {{name: pair, min_available: 2}}\n    run: [\"cat {{{{dep:made}}}}/r > {{{{out}}}}/copy\"]\n  - name: g2\n    needs: [gate]\n    gang: {{name: pair, min_available: 2}}\n    run: [\"echo run >> {g2_runs}; sleep 0.3\"]\n"
+    );
+    let file = cluster.project("lost-gang-input", &build, &[]);
+    let id = cluster.submit(&file);
+    eventually("made to succeed on w1", || {
+        (job(&cluster.status(id), "made")["state"] == "succeeded").then_some(())
+    });
+    cluster.add_worker("w2", 2, &["--no-push"]);
+    cluster.kill_worker("w1");
+    std::fs::write(&go, "").expect("open the gate");
+    let status = cluster.final_status(id);
+    assert_eq!(status["state"], "succeeded", "{status}");
+    assert_eq!(job(&status, "made")["worker"], "w2", "built again on the live worker");
+    let count = |path: &str| std::fs::read_to_string(path).map(|t| t.lines().count()).unwrap_or(0);
+    assert_eq!(count(&made_runs), 2, "made ran on w1, then once more on w2");
+    assert_eq!(count(&g2_runs), 2, "g2 started with the gang, then again with the whole gang");
+}
+
 /// A holder whose first answer fails for a reason that may pass (the
 /// connection is cut) is tried again after a pause: the dependency's output
 /// is fetched from it, not built again.
