@@ -105,6 +105,14 @@ pub struct Coordinator {
     _lock: std::fs::File,
 }
 
+/// Dropping the coordinator stops its server: an embedded cluster that ends
+/// leaves no listener behind it. (Its state thread stays, idle.)
+impl Drop for Coordinator {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
 impl Coordinator {
     /// The address it listens on.
     pub fn addr(&self) -> SocketAddr {
@@ -124,8 +132,8 @@ impl Coordinator {
     }
 
     /// Serves until the server stops (it does not stop on its own).
-    pub async fn wait(self) {
-        let _ = self.server.await;
+    pub async fn wait(mut self) {
+        let _ = (&mut self.server).await;
     }
 }
 
