@@ -402,7 +402,9 @@ pub(crate) fn start(mut store: Store, mut solver: Solver) -> Result<Arc<Shared>,
         renewed: Mutex::new(BTreeMap::new()),
         stages: Mutex::new(BTreeMap::new()),
     });
-    let thread_shared = shared.clone();
+    // The thread holds the shared state weakly: once every handler and
+    // client has let go of it, the channel closes and the thread ends.
+    let thread_shared = Arc::downgrade(&shared);
     std::thread::Builder::new()
         .name("drover-state".into())
         .spawn(move || run(store, solver, rx, thread_shared))
@@ -410,7 +412,7 @@ pub(crate) fn start(mut store: Store, mut solver: Solver) -> Result<Arc<Shared>,
     Ok(shared)
 }
 
-fn run(mut store: Store, mut solver: Solver, rx: Receiver<Command>, shared: Arc<Shared>) {
+fn run(mut store: Store, mut solver: Solver, rx: Receiver<Command>, weak: std::sync::Weak<Shared>) {
     let mut followers = Followers::default();
     // Submits beyond the one a turn carries out, oldest first.
     let mut submits: VecDeque<Command> = VecDeque::new();
@@ -437,6 +439,8 @@ fn run(mut store: Store, mut solver: Solver, rx: Receiver<Command>, shared: Arc<
             }
         }
         let batch = next_turn(batch, &mut submits);
+        // Held for this turn only (see `start`).
+        let Some(shared) = weak.upgrade() else { return };
         let now = now_ms();
         let mut records: Vec<(u64, Vec<u8>)> = Vec::new();
         let mut answers = Vec::new();
