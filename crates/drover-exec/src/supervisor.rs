@@ -196,6 +196,8 @@ struct Process {
     home: OwnedFd,
     /// What the commands inherit, as it was when the supervisor started.
     inherited: Inherited,
+    /// Where to read it again after each job.
+    proc_files: ProcFiles,
 }
 
 /// The job's pipes, from the worker: closed when the job ends.
@@ -228,8 +230,9 @@ impl Process {
         let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
         let home = nix::fcntl::open(".", flags, Mode::empty())
             .map_err(|e| format!("cannot open the working directory: {e}"))?;
-        let inherited = Inherited::now().ok_or("cannot read the process's attributes")?;
-        Ok(Process { me: std::process::id() as i32, signals, home, inherited })
+        let proc_files = ProcFiles::open().map_err(|e| format!("cannot open /proc/self: {e}"))?;
+        let inherited = Inherited::now(&proc_files).ok_or("cannot read the process's attributes")?;
+        Ok(Process { me: std::process::id() as i32, signals, home, inherited, proc_files })
     }
 
     /// Runs the job of one start request (see the `zygote` module), and
@@ -263,7 +266,7 @@ impl Process {
         // End of file for the worker, and no descriptor of the job left.
         drop(io);
         let home = nix::unistd::fchdir(&self.home).is_ok();
-        let same = Inherited::now().is_some_and(|now| now == self.inherited);
+        let same = Inherited::now(&self.proc_files).is_some_and(|now| now == self.inherited);
         Ended { code, reusable: code != EXIT_SUPERVISOR_ERROR && clean && home && same }
     }
 
@@ -349,16 +352,49 @@ const RESOURCES: [Resource; 16] = [
     Resource::RLIMIT_STACK,
 ];
 
+/// The supervisor's own `/proc/self` files that [`Inherited`] reads, kept
+/// open: each read from offset 0 renders the file anew, without the path
+/// walk, open and close of reading it by name after every job.
+#[derive(Debug)]
+struct ProcFiles {
+    stat: std::fs::File,
+    oom_score_adj: std::fs::File,
+    cgroup: std::fs::File,
+}
+
+impl ProcFiles {
+    fn open() -> std::io::Result<ProcFiles> {
+        let open = |name: &str| std::fs::File::open(format!("/proc/self/{name}"));
+        Ok(ProcFiles { stat: open("stat")?, oom_score_adj: open("oom_score_adj")?, cgroup: open("cgroup")? })
+    }
+}
+
+/// The whole of an open `/proc` file, read from its start.
+fn read_whole(file: &std::fs::File) -> Option<String> {
+    use std::os::unix::fs::FileExt;
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match file.read_at(&mut buf, out.len() as u64) {
+            Ok(0) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
 impl Inherited {
-    /// The calling process's; `None` if something cannot be read.
-    fn now() -> Option<Inherited> {
+    /// The calling process's, its `/proc/self` files read through
+    /// `files`; `None` if something cannot be read.
+    fn now(files: &ProcFiles) -> Option<Inherited> {
         let limits = RESOURCES.iter().map(|r| getrlimit(*r).ok()).collect::<Option<Vec<_>>>()?;
         let affinity = sched_getaffinity(Pid::from_raw(0)).ok()?;
-        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-        let stat = procfs::inherited_fields(&stat)?;
-        let oom_score_adj = std::fs::read_to_string("/proc/self/oom_score_adj").ok()?;
+        let stat = procfs::inherited_fields(&read_whole(&files.stat)?)?;
+        let oom_score_adj = read_whole(&files.oom_score_adj)?;
         let io_priority = crate::sys::io_priority().ok()?;
-        let cgroup = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+        let cgroup = read_whole(&files.cgroup)?;
         Some(Inherited { limits, affinity, stat, oom_score_adj, io_priority, cgroup })
     }
 }
