@@ -369,15 +369,22 @@ impl ProcFiles {
     }
 }
 
-/// The whole of an open `/proc` file, read from its start.
+/// The whole of an open `/proc` file, read from its start. A read that
+/// does not fill the buffer got the rest of the file (`/proc` files fill
+/// what they are asked for while they have more): no read just to see the
+/// end, which would render the file once more.
 fn read_whole(file: &std::fs::File) -> Option<String> {
     use std::os::unix::fs::FileExt;
     let mut out = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
         match file.read_at(&mut buf, out.len() as u64) {
-            Ok(0) => break,
-            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Ok(n) => {
+                out.extend_from_slice(&buf[..n]);
+                if n < buf.len() {
+                    break;
+                }
+            }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(_) => return None,
         }
@@ -993,4 +1000,27 @@ fn spawn(path: &CStr, args: &[CString], envp: &[CString], io: [&File; 3]) -> Res
     }
     attr.set_sigdefault(&defaults)?;
     posix_spawn(path, &actions, &attr, args, envp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A whole file comes back whatever its size against the buffer's, and
+    /// an open `/proc/self` file reads the same as by name.
+    #[test]
+    fn read_whole_reads_every_byte_from_the_start() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for len in [0, 1, 4095, 4096, 4097, 10_000] {
+            let path = dir.path().join(format!("f{len}"));
+            let data: String = (0..len).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
+            std::fs::write(&path, &data).expect("write");
+            let file = std::fs::File::open(&path).expect("open");
+            assert_eq!(read_whole(&file).as_deref(), Some(data.as_str()), "{len} bytes");
+            assert_eq!(read_whole(&file).as_deref(), Some(data.as_str()), "{len} bytes, read again");
+        }
+        let cgroup = std::fs::File::open("/proc/self/cgroup").expect("open");
+        let by_name = std::fs::read_to_string("/proc/self/cgroup").expect("read");
+        assert_eq!(read_whole(&cgroup), Some(by_name));
+    }
 }
