@@ -16,8 +16,9 @@
 //! the job writes to it (the supervisor creates it, and the directory, on
 //! the first byte), each stage log once its lines pass 4 KiB (the worker
 //! holds fewer in memory, see [`StageLog`]), so a job that has no source and
-//! prints nothing touches no directory, even when its output is pushed. `src/` is removed when the run ends; the logs stay for the
-//! most recent runs. Likewise a job whose commands never mention `{{out}}`
+//! prints nothing touches no directory, even when its output is pushed.
+//! `src/` is removed when the run ends; the logs stay for the most recent
+//! runs. Likewise a job whose commands never mention `{{out}}`
 //! gets no output directory: its output is the empty tree, committed
 //! without one.
 
