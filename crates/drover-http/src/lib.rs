@@ -263,11 +263,19 @@ impl Http {
 
     /// Sends `req` over the network, or to the local router.
     async fn exchange(&self, req: Request<Body>, url: &str) -> Result<Answer, HttpError> {
+        use futures::FutureExt;
         use tower_service::Service;
         if let Some(mut router) = self.local_for(&req) {
-            let resp = match router.call(req.map(axum::body::Body::new)).await {
-                Ok(resp) => resp,
-                Err(never) => match never {},
+            // A handler that panics fails this request, as it would close
+            // its connection over the network, not the caller's task.
+            let call = std::panic::AssertUnwindSafe(router.call(req.map(axum::body::Body::new)));
+            let resp = match call.catch_unwind().await {
+                Ok(Ok(resp)) => resp,
+                Ok(Err(never)) => match never {},
+                Err(_) => {
+                    let message = "the server failed while handling the request".to_owned();
+                    return Err(HttpError::Connect { url: url.to_owned(), message });
+                }
             };
             return Ok(resp.map(|b| BodyExt::boxed_unsync(b.map_err(std::io::Error::other))));
         }
@@ -446,8 +454,12 @@ mod tests {
 
     /// Requests under the local base reach the router in this process (no
     /// server listens there), with their bodies, answers, errors and
-    /// streams; a URL that only starts with the same characters goes to
-    /// the network.
+    /// streams; a handler that panics fails its request only; a URL that
+    /// only starts with the same characters goes to the network.
+    async fn boom() -> &'static str {
+        panic!("a handler's bug")
+    }
+
     #[tokio::test]
     async fn requests_under_the_local_base_reach_the_router_without_a_socket() {
         use axum::routing::{get, post};
@@ -462,6 +474,7 @@ mod tests {
                     )
                 }),
             )
+            .route("/v1/panic", get(boom))
             .route(
                 "/v1/stream",
                 get(|| async {
@@ -485,6 +498,8 @@ mod tests {
             body.extend_from_slice(&chunk.expect("chunk"));
         }
         assert_eq!(body, vec![7u8; 300_000]);
+        let failed = http.get_json::<String>(&format!("{base}/v1/panic")).await;
+        assert!(matches!(failed, Err(HttpError::Connect { .. })), "{failed:?}");
         let elsewhere = http.get_json::<String>(&format!("{base}0/v1/echo")).await;
         assert!(matches!(elsewhere, Err(HttpError::Connect { .. })), "{elsewhere:?}");
     }
