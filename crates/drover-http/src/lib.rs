@@ -253,10 +253,10 @@ impl Http {
         self
     }
 
-    /// The router to hand `req` to, if its URL is under the local base.
-    fn local_for(&self, req: &Request<Body>) -> Option<axum::Router> {
+    /// The router to hand a request for `url` to, if it is under the local
+    /// base.
+    fn local_for(&self, url: &str) -> Option<axum::Router> {
         let (base, router) = self.local.as_ref()?;
-        let url = req.uri().to_string();
         let rest = url.strip_prefix(&**base)?;
         (rest.is_empty() || rest.starts_with('/')).then(|| router.clone())
     }
@@ -265,7 +265,7 @@ impl Http {
     async fn exchange(&self, req: Request<Body>, url: &str) -> Result<Answer, HttpError> {
         use futures::FutureExt;
         use tower_service::Service;
-        if let Some(mut router) = self.local_for(&req) {
+        if let Some(mut router) = self.local_for(url) {
             // A handler that panics fails this request, as it would close
             // its connection over the network, not the caller's task.
             let call = std::panic::AssertUnwindSafe(router.call(req.map(axum::body::Body::new)));

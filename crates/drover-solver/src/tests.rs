@@ -633,10 +633,7 @@ fn an_input_lost_with_its_worker_is_built_again_before_its_dependent() {
         })
         .collect();
     assert_eq!(rewound, ["b", "a"], "both go back, each with its reason");
-    assert!(
-        !events.iter().any(|e| matches!(e.kind, EventKind::JobFinished { state: JobState::Failed, .. })),
-        "no failure on the way"
-    );
+    assert_no_failure(&h, b);
     h.assert_replays();
 }
 
@@ -668,16 +665,25 @@ fn a_lost_input_whose_rebuild_failed_fails_its_other_dependents() {
     assert_eq!(states, [JobState::Failed, JobState::Skipped, JobState::Failed]);
 }
 
-/// Counts the assignments of each job until nothing more is handed out,
+/// Counts the assignments of each job over `rounds` rounds of time passing,
 /// every run succeeding.
-fn run_counting(h: &mut Harness, w: u64, counts: &mut BTreeMap<String, u32>) {
-    for _ in 0..8 {
+fn run_counting(h: &mut Harness, w: u64, rounds: usize, counts: &mut BTreeMap<String, u32>) {
+    for _ in 0..rounds {
         h.later();
         for (_, run, name) in h.assigned() {
             *counts.entry(name.clone()).or_default() += 1;
             h.report(w, Report { finished: vec![ok(run, &name)], ..Report::default() });
         }
     }
+}
+
+/// No job of build `b` failed on the way.
+fn assert_no_failure(h: &Harness, b: u64) {
+    let events = h.solver.events(b, 0).expect("events").0;
+    assert!(
+        !events.iter().any(|e| matches!(e.kind, EventKind::JobFinished { state: JobState::Failed, .. })),
+        "no failure on the way"
+    );
 }
 
 /// A gang handed to the core and waiting for room, whose need is lost
@@ -703,7 +709,7 @@ fn a_gang_waiting_on_a_lost_need_goes_back_whole_and_runs_after_it() {
     assert_eq!(names(&runs), ["n"], "n is built again before anything that needs it");
     let mut counts = BTreeMap::from([("n".to_owned(), 1)]);
     h.report(w, Report { finished: vec![ok(runs[0].1, "n")], ..Report::default() });
-    run_counting(&mut h, w, &mut counts);
+    run_counting(&mut h, w, 8, &mut counts);
     assert_eq!(h.solver.build_status(b).expect("build").state, BuildState::Succeeded);
     let want = [("g1", 1), ("g2", 1), ("i", 1), ("n", 1)].map(|(k, v)| (k.to_owned(), v));
     assert_eq!(counts, BTreeMap::from(want));
@@ -750,15 +756,11 @@ fn a_gang_member_that_lost_an_input_sends_its_gang_back_whole() {
     h.report(w, Report { finished: vec![failed(run("g2"), 143)], ..Report::default() });
     h.report(w, Report { finished: vec![ok(again[0].0, "n")], ..Report::default() });
     let mut counts = BTreeMap::from([("n".to_owned(), 0)]);
-    run_counting(&mut h, w, &mut counts);
+    run_counting(&mut h, w, 8, &mut counts);
     assert_eq!(h.solver.build_status(b).expect("build").state, BuildState::Succeeded);
     let want = [("g1", 1), ("g2", 1), ("n", 0)].map(|(k, v)| (k.to_owned(), v));
     assert_eq!(counts, BTreeMap::from(want), "then the pair once more, together");
-    let events = h.solver.events(b, 0).expect("events").0;
-    assert!(
-        !events.iter().any(|e| matches!(e.kind, EventKind::JobFinished { state: JobState::Failed, .. })),
-        "no failure on the way"
-    );
+    assert_no_failure(&h, b);
     h.assert_replays();
 }
 
@@ -1249,12 +1251,7 @@ fn queued_jobs_say_why_they_wait() {
 
 /// Runs every assignment to success, round after round.
 fn run_all(h: &mut Harness, w: u64, rounds: usize) {
-    for _ in 0..rounds {
-        h.later();
-        for (_, run, name) in h.assigned() {
-            h.report(w, Report { finished: vec![ok(run, &name)], ..Report::default() });
-        }
-    }
+    run_counting(h, w, rounds, &mut BTreeMap::new());
 }
 
 #[test]

@@ -191,18 +191,19 @@ fn an_empty_dependency_output_needs_no_transfer() {
     assert_eq!(job(&status, "after")["worker"], "w2");
 }
 
-/// A dependency's output lost with the only worker that held it (never
-/// pushed to the shared cache) is built again on a live worker, and the job
-/// that needs it runs after it: the build succeeds without a retry.
-#[test]
-fn an_output_lost_with_its_worker_is_built_again_for_its_dependent() {
-    let mut cluster = Cluster::new();
+/// Builds `made` (counting its runs in `made-runs`), a `gate` that waits
+/// for a file, and the jobs of `rest` (YAML job entries) on w1 alone,
+/// without pushes. Once `made` succeeded there,
+/// w2 joins, w1 is killed (the only holder of `made`'s output) and the gate
+/// opens. Returns the build's final status and how often `made` ran.
+fn lose_made_with_w1(cluster: &mut Cluster, project: &str, rest: &str) -> (serde_json::Value, usize) {
     cluster.add_worker("w1", 2, &["--no-push"]);
     let (go, runs) = (cluster.scratch("go"), cluster.scratch("made-runs"));
     let build = format!(
-        "jobs:\n  - name: made\n    run: [\"echo run >> {runs}; echo hello > {{{{out}}}}/r\"]\n  - name: gate\n    run: [\"while [ ! -e {go} ]; do sleep 0.02; done\"]\n  - name: after\n    needs: [made, gate]\n    run: [\"cat {{{{dep:made}}}}/r > {{{{out}}}}/copy\"]\n"
+        "jobs:\n  - name: made\n    run: [\"echo run >> {runs}; echo hello > {{{{out}}}}/r\"]\n  - name: gate\n    run: [\"while [ ! -e {go} ]; do sleep 0.02; done\"]\n{}",
+        rest
     );
-    let file = cluster.project("lost-output", &build, &[]);
+    let file = cluster.project(project, &build, &[]);
     let id = cluster.submit(&file);
     eventually("made to succeed on w1", || {
         (job(&cluster.status(id), "made")["state"] == "succeeded").then_some(())
@@ -211,10 +212,22 @@ fn an_output_lost_with_its_worker_is_built_again_for_its_dependent() {
     cluster.kill_worker("w1");
     std::fs::write(&go, "").expect("open the gate");
     let status = cluster.final_status(id);
+    let made_runs = std::fs::read_to_string(&runs).expect("made ran").lines().count();
+    (status, made_runs)
+}
+
+/// A dependency's output lost with the only worker that held it (never
+/// pushed to the shared cache) is built again on a live worker, and the job
+/// that needs it runs after it: the build succeeds without a retry.
+#[test]
+fn an_output_lost_with_its_worker_is_built_again_for_its_dependent() {
+    let mut cluster = Cluster::new();
+    let after =
+        "  - name: after\n    needs: [made, gate]\n    run: [\"cat {{dep:made}}/r > {{out}}/copy\"]\n";
+    let (status, made_runs) = lose_made_with_w1(&mut cluster, "lost-output", after);
     assert_eq!(status["state"], "succeeded", "{status}");
     assert_eq!(job(&status, "after")["worker"], "w2");
     assert_eq!(job(&status, "made")["worker"], "w2", "built again where it was needed");
-    let made_runs = std::fs::read_to_string(&runs).expect("made ran").lines().count();
     assert_eq!(made_runs, 2, "made ran once on w1, once more on w2");
 }
 
@@ -224,26 +237,16 @@ fn an_output_lost_with_its_worker_is_built_again_for_its_dependent() {
 #[test]
 fn a_gang_that_lost_an_input_runs_whole_again_after_it() {
     let mut cluster = Cluster::new();
-    cluster.add_worker("w1", 2, &["--no-push"]);
-    let (go, made_runs, g2_runs) =
-        (cluster.scratch("go"), cluster.scratch("made-runs"), cluster.scratch("g2-runs"));
-    let build = format!(
-        "jobs:\n  - name: made\n    run: [\"echo run >> {made_runs}; echo hello > {{{{out}}}}/r\"]\n  - name: gate\n    run: [\"while [ ! -e {go} ]; do sleep 0.02; done\"]\n  - name: g1\n    needs: [made, gate]\n    gang: {{name: pair, min_available: 2}}\n    run: [\"cat {{{{dep:made}}}}/r > {{{{out}}}}/copy\"]\n  - name: g2\n    needs: [gate]\n    gang: {{name: pair, min_available: 2}}\n    run: [\"echo run >> {g2_runs}; sleep 0.3\"]\n"
+    let g2_runs = cluster.scratch("g2-runs");
+    let gang = format!(
+        "  - name: g1\n    needs: [made, gate]\n    gang: {{name: pair, min_available: 2}}\n    run: [\"cat {{{{dep:made}}}}/r > {{{{out}}}}/copy\"]\n  - name: g2\n    needs: [gate]\n    gang: {{name: pair, min_available: 2}}\n    run: [\"echo run >> {g2_runs}; sleep 0.3\"]\n"
     );
-    let file = cluster.project("lost-gang-input", &build, &[]);
-    let id = cluster.submit(&file);
-    eventually("made to succeed on w1", || {
-        (job(&cluster.status(id), "made")["state"] == "succeeded").then_some(())
-    });
-    cluster.add_worker("w2", 2, &["--no-push"]);
-    cluster.kill_worker("w1");
-    std::fs::write(&go, "").expect("open the gate");
-    let status = cluster.final_status(id);
+    let (status, made_runs) = lose_made_with_w1(&mut cluster, "lost-gang-input", &gang);
     assert_eq!(status["state"], "succeeded", "{status}");
     assert_eq!(job(&status, "made")["worker"], "w2", "built again on the live worker");
-    let count = |path: &str| std::fs::read_to_string(path).map(|t| t.lines().count()).unwrap_or(0);
-    assert_eq!(count(&made_runs), 2, "made ran on w1, then once more on w2");
-    assert_eq!(count(&g2_runs), 2, "g2 started with the gang, then again with the whole gang");
+    assert_eq!(made_runs, 2, "made ran on w1, then once more on w2");
+    let g2 = std::fs::read_to_string(&g2_runs).map(|t| t.lines().count()).unwrap_or(0);
+    assert_eq!(g2, 2, "g2 started with the gang, then again with the whole gang");
 }
 
 /// A holder whose first answer fails for a reason that may pass (the
