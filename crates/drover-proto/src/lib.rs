@@ -347,8 +347,8 @@ impl BuildState {
     }
 }
 
-/// A job's state within a build.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// A job's state within a build (ordered as declared).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum JobState {
     /// Waiting for its dependencies or for a worker.
@@ -543,6 +543,11 @@ pub enum EventKind {
     BuildFinished {
         /// How.
         state: BuildState,
+        /// How many of its jobs ended in each state (states no job is in
+        /// are left out), so that a client following the build can say how
+        /// it went without asking for its whole status.
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        counts: BTreeMap<JobState, usize>,
     },
     /// `drover retry`: the failed, skipped and cancelled jobs are queued
     /// again; a `build_finished` follows when they are over.
@@ -827,6 +832,76 @@ pub struct ErrorBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every kind of event reads back as it was written (optional fields
+    /// set and unset), and events that lack a field, name an unknown kind or
+    /// carry a wrong state are refused.
+    #[test]
+    fn events_round_trip_and_bad_ones_are_refused() {
+        let job = || "n1".to_owned();
+        let kinds = vec![
+            EventKind::BuildQueued { jobs: 3 },
+            EventKind::JobQueued { job: job() },
+            EventKind::JobStarted { job: job(), worker: "w\"1".into(), attempt: 2 },
+            EventKind::JobFinished {
+                job: job(),
+                state: JobState::Failed,
+                exit_code: Some(3),
+                detail: "x\ny".into(),
+            },
+            EventKind::JobFinished {
+                job: job(),
+                state: JobState::Cached,
+                exit_code: None,
+                detail: String::new(),
+            },
+            EventKind::JobSuspended { job: job(), evicted_by: Some("n2".into()) },
+            EventKind::JobSuspended { job: job(), evicted_by: None },
+            EventKind::JobResumed { job: job() },
+            EventKind::JobRequeued { job: job(), attempts: 1, reason: Some("lost".into()) },
+            EventKind::JobRequeued { job: job(), attempts: 1, reason: None },
+            EventKind::JobSkipped { job: job(), reason: "a dependency failed".into() },
+            EventKind::JobCancelled { job: job() },
+            EventKind::BuildFinished { state: BuildState::Cancelled, counts: BTreeMap::new() },
+            EventKind::BuildFinished {
+                state: BuildState::Failed,
+                counts: BTreeMap::from([(JobState::Succeeded, 4), (JobState::Failed, 1)]),
+            },
+            EventKind::BuildRetried { jobs: 2 },
+        ];
+        // Each kind is among them (the match fails to compile when a kind
+        // is added, as a reminder to add it here).
+        let mut seen = std::collections::BTreeSet::new();
+        for (seq, kind) in kinds.into_iter().enumerate() {
+            seen.insert(match &kind {
+                EventKind::BuildQueued { .. } => 0,
+                EventKind::JobQueued { .. } => 1,
+                EventKind::JobStarted { .. } => 2,
+                EventKind::JobFinished { .. } => 3,
+                EventKind::JobSuspended { .. } => 4,
+                EventKind::JobResumed { .. } => 5,
+                EventKind::JobRequeued { .. } => 6,
+                EventKind::JobSkipped { .. } => 7,
+                EventKind::JobCancelled { .. } => 8,
+                EventKind::BuildFinished { .. } => 9,
+                EventKind::BuildRetried { .. } => 10,
+            });
+            let event = BuildEvent { seq: seq as u64, at: 1_700_000_000_000, kind };
+            let line = serde_json::to_string(&event).unwrap();
+            let read: BuildEvent = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line}: {e}"));
+            assert_eq!(read, event, "{line}");
+        }
+        assert_eq!(seen.len(), 11);
+        for (bad, why) in [
+            (r#"{"seq":0,"at":1,"event":"job_started","job":"a","attempt":1}"#, "missing field `worker`"),
+            (r#"{"seq":0,"at":1,"event":"job_exploded","job":"a"}"#, "unknown variant"),
+            (r#"{"seq":0,"at":1,"event":"build_finished","state":"melted"}"#, "melted"),
+            (r#"{"seq":0,"event":"job_queued","job":"a"}"#, "missing field `at`"),
+        ] {
+            let e = serde_json::from_str::<BuildEvent>(bad).unwrap_err().to_string();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+    }
 
     /// A borrowed submit request is the owned one's JSON, with and without
     /// its optional fields.

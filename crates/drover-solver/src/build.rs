@@ -976,7 +976,11 @@ impl Build {
             BuildState::Failed
         };
         let state = self.state;
-        self.event(now, EventKind::BuildFinished { state });
+        let mut counts = BTreeMap::new();
+        for job in &self.jobs {
+            *counts.entry(job.state).or_insert(0) += 1;
+        }
+        self.event(now, EventKind::BuildFinished { state, counts });
         true
     }
 

@@ -185,10 +185,14 @@ fn jobs_run_after_their_needs_and_the_build_succeeds() {
     let (events, over) = h.solver.events(b, 0).expect("events");
     assert!(over);
     assert!(matches!(events.first().map(|e| &e.kind), Some(EventKind::BuildQueued { jobs: 3 })));
-    assert!(matches!(
+    assert_eq!(
         events.last().map(|e| &e.kind),
-        Some(EventKind::BuildFinished { state: BuildState::Succeeded })
-    ));
+        Some(&EventKind::BuildFinished {
+            state: BuildState::Succeeded,
+            counts: [(JobState::Succeeded, 3)].into(),
+        }),
+        "the last event says how the jobs ended"
+    );
     assert!(events.windows(2).all(|w| w[1].seq == w[0].seq + 1), "events are numbered in order");
 }
 

@@ -119,17 +119,17 @@ async fn measure(
     cluster: &Embedded,
     loaded: &client::Loaded,
 ) -> Result<(Vec<BuildEvent>, Duration), Failure> {
-    let (events, _, elapsed) = measure_status(cluster, loaded, false).await?;
+    let (_, events, elapsed) = measure_with(cluster, loaded, false).await?;
     Ok((events, elapsed))
 }
 
-/// [`measure`], with the build's final status; with `no_cache`, every job
-/// runs even if its output is known.
-async fn measure_status(
+/// [`measure`], with the build's ID; with `no_cache`, every job runs even
+/// if its output is known.
+async fn measure_with(
     cluster: &Embedded,
     loaded: &client::Loaded,
     no_cache: bool,
-) -> Result<(Vec<BuildEvent>, BuildStatus, Duration), Failure> {
+) -> Result<(u64, Vec<BuildEvent>, Duration), Failure> {
     let http = cluster.http();
     let start = Instant::now();
     let options = client::Options {
@@ -141,12 +141,12 @@ async fn measure_status(
     };
     let id = client::submit_loaded(&http, &cluster.url, loaded, &options).await?;
     let mut events = Vec::new();
-    let status = client::follow_events(&http, &cluster.url, id, 0, |e| events.push(e.clone())).await?;
+    let ended = client::follow_events(&http, &cluster.url, id, 0, |e| events.push(e.clone())).await?;
     let elapsed = start.elapsed();
-    if status.state != BuildState::Succeeded {
-        return Err(Failure::Runtime(anyhow::anyhow!("the benchmark build ended {}", status.state)));
+    if ended.state != BuildState::Succeeded {
+        return Err(Failure::Runtime(anyhow::anyhow!("the benchmark build ended {}", ended.state)));
     }
-    Ok((events, status, elapsed))
+    Ok((id, events, elapsed))
 }
 
 fn rate(n: usize, d: Duration) -> f64 {
@@ -297,7 +297,7 @@ fn layered(n: usize, command: impl Fn(usize) -> String) -> Vec<(String, Vec<Stri
 }
 
 async fn share(dir: &Path) -> Result<Vec<Row>, Failure> {
-    let (n, builds, rounds) = (500, 20, 3);
+    let (n, builds, rounds) = (500, 20, 5);
     eprintln!(
         "share: {builds} concurrent builds of one {n}-job graph, against one alone, {rounds} rounds each ..."
     );
@@ -414,7 +414,7 @@ async fn makespan(dir: &Path) -> Result<Vec<Row>, Failure> {
         let (_, elapsed) = measure(&cluster, &loaded).await?;
         // The same build again, nothing taken from the cache: the
         // critical path now uses the durations the first build recorded.
-        let (_, _, again) = measure_status(&cluster, &loaded, true).await?;
+        let (_, _, again) = measure_with(&cluster, &loaded, true).await?;
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
         let (ratio, known) = (ms(elapsed) / bound as f64, ms(again) / bound as f64);
         ratios.push(ratio);
@@ -791,14 +791,16 @@ async fn pull(dir: &Path, n: usize) -> Result<Vec<Row>, Failure> {
     let http = cluster.http();
     let builder = worker_process(&cluster.url, &dir.join("pull-worker-1"), "pull-1")?;
     await_worker(&http, &cluster.url, "pull-1", true).await?;
-    let (_, first, built) = measure_status(&cluster, &loaded, false).await?;
+    let (id, _, built) = measure_with(&cluster, &loaded, false).await?;
+    let first = client::build_status(&http, &cluster.url, id).await?;
     let pushed = await_pushed(&http, &cluster.url, &first).await?;
     drop(builder);
     await_worker(&http, &cluster.url, "pull-1", false).await?;
 
     let _fresh = worker_process(&cluster.url, &dir.join("pull-worker-2"), "pull-2")?;
     await_worker(&http, &cluster.url, "pull-2", true).await?;
-    let (_, second, pulled) = measure_status(&cluster, &loaded, false).await?;
+    let (id, _, pulled) = measure_with(&cluster, &loaded, false).await?;
+    let second = client::build_status(&http, &cluster.url, id).await?;
     let executions = std::fs::read_to_string(&counter).map(|t| t.lines().count()).unwrap_or(0);
     let cached = second
         .jobs

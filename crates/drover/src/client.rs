@@ -3,7 +3,7 @@
 //! coordinator restart), print the result and export outputs; and the small
 //! commands `status`, `cancel`, `workers` and `logs`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -11,7 +11,7 @@ use anyhow::{Context, anyhow};
 use drover_http::{Http, HttpError};
 use drover_proto::{
     ArtifactLocation, BuildEvent, BuildSpec, BuildState, BuildStatus, EventKind, GangDef, Hash32, JobDef,
-    MissingReply, MissingRequest, OnError, QueueAmounts, QueueView, SourceFile, SubmitReply,
+    JobState, MissingReply, MissingRequest, OnError, QueueAmounts, QueueView, SourceFile, SubmitReply,
     SubmitRequestRef, WorkerStatus,
 };
 use futures::{StreamExt, TryStreamExt};
@@ -192,44 +192,48 @@ pub(crate) async fn build_and_wait(
 ) -> Result<(), Failure> {
     let started = Instant::now();
     let id = submit_loaded(http, base, &loaded, &Options::from_args(args)).await?;
-    let status = follow(http, base, id, 0, loaded.spec.jobs.len()).await?;
-    finish(http, base, &loaded, args, &status, started).await
+    let ended = follow(http, base, id, 0, loaded.spec.jobs.len()).await?;
+    finish(http, base, id, &loaded, args, &ended, started).await
 }
 
 /// Prints the outcome, exports outputs and maps the state to the result.
+/// The build's whole status is asked for only when it is needed (outputs
+/// to export, logs, `--json`): the closing line comes from its last event.
 async fn finish(
     http: &Http,
     base: &str,
+    id: u64,
     loaded: &Loaded,
     args: &BuildArgs,
-    status: &BuildStatus,
+    ended: &Ended,
     started: Instant,
 ) -> Result<(), Failure> {
-    if status.state == BuildState::Succeeded
-        && let Some(out) = &args.out
-    {
-        export(http, base, loaded, status, out).await?;
-    }
-    if args.logs {
-        print_logs(http, base, status).await;
-    }
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(status).map_err(anyhow::Error::from)?);
+    let export_to = args.out.as_ref().filter(|_| ended.state == BuildState::Succeeded);
+    if export_to.is_some() || args.logs || args.json {
+        let status = build_status(http, base, id).await?;
+        if let Some(out) = export_to {
+            export(http, base, loaded, &status, out).await?;
+        }
+        if args.logs {
+            print_logs(http, base, &status).await;
+        }
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&status).map_err(anyhow::Error::from)?);
+        }
     }
     eprintln!(
-        "build {} {} in {:.1}s: {}",
-        status.id,
-        status.state,
+        "build {id} {} in {:.1}s: {}",
+        ended.state,
         started.elapsed().as_secs_f64(),
-        summary(status)
+        summary(&ended.counts)
     );
-    if status.state == BuildState::Succeeded { Ok(()) } else { Err(Failure::Build) }
+    if ended.state == BuildState::Succeeded { Ok(()) } else { Err(Failure::Build) }
 }
 
 /// "12 jobs: 9 succeeded, 2 cached, 1 failed": how the jobs ended, each state
 /// that some job is in, in the order a build goes.
-fn summary(status: &BuildStatus) -> String {
-    use drover_proto::JobState as S;
+fn summary(counts: &BTreeMap<JobState, usize>) -> String {
+    use JobState as S;
     let states = [
         (S::Succeeded, "succeeded"),
         (S::Cached, "cached"),
@@ -239,16 +243,16 @@ fn summary(status: &BuildStatus) -> String {
         (S::Running, "running"),
         (S::Queued, "queued"),
     ];
-    let counts: Vec<String> = states
+    let words: Vec<String> = states
         .iter()
         .filter_map(|&(state, word)| {
-            let n = status.jobs.iter().filter(|j| j.state == state).count();
+            let n = counts.get(&state).copied().unwrap_or(0);
             (n > 0).then(|| format!("{n} {word}"))
         })
         .collect();
-    let jobs =
-        if status.jobs.len() == 1 { "1 job".to_owned() } else { format!("{} jobs", status.jobs.len()) };
-    if counts.is_empty() { jobs } else { format!("{jobs}: {}", counts.join(", ")) }
+    let total: usize = counts.values().sum();
+    let jobs = if total == 1 { "1 job".to_owned() } else { format!("{total} jobs") };
+    if words.is_empty() { jobs } else { format!("{jobs}: {}", words.join(", ")) }
 }
 
 /// `--logs`: what each job that ran in the build wrote, on standard error.
@@ -289,11 +293,27 @@ async fn read_log(http: &Http, url: &str, text: &mut Vec<u8>) -> anyhow::Result<
 }
 
 /// Follows a build's events until it ends, showing progress.
-async fn follow(http: &Http, base: &str, id: u64, from: u64, total: usize) -> Result<BuildStatus, Failure> {
+async fn follow(http: &Http, base: &str, id: u64, from: u64, total: usize) -> Result<Ended, Failure> {
     let mut progress = Progress::new(id, total);
     let result = follow_events(http, base, id, from, |event| progress.event(event)).await;
     progress.clear();
     result
+}
+
+/// How a followed build ended: what its last `build_finished` event says.
+pub(crate) struct Ended {
+    /// The build's final state.
+    pub(crate) state: BuildState,
+    /// How many of its jobs ended in each state.
+    pub(crate) counts: BTreeMap<JobState, usize>,
+}
+
+/// `GET /v1/builds/{id}`.
+pub(crate) async fn build_status(http: &Http, base: &str, id: u64) -> Result<BuildStatus, Failure> {
+    http.get_json(&api(base, &format!("/v1/builds/{id}"))).await.map_err(|e| match e.status() {
+        Some(404) => Failure::Usage(anyhow!("no build {id}")),
+        _ => reach(base)(e),
+    })
 }
 
 /// Follows a build's events from `from` until it ends, handing each to
@@ -307,9 +327,9 @@ pub(crate) async fn follow_events(
     id: u64,
     from: u64,
     mut on_event: impl FnMut(&BuildEvent),
-) -> Result<BuildStatus, Failure> {
+) -> Result<Ended, Failure> {
     let mut next = from;
-    let mut ended = false;
+    let mut ended = None;
     let mut failures = 0u32;
     'outer: loop {
         let url = api(base, &format!("/v1/builds/{id}/events?from={next}"));
@@ -330,50 +350,38 @@ pub(crate) async fn follow_events(
             }
         };
         failures = 0;
-        let mut lines = ndjson(stream);
-        while let Some(item) = lines.next().await {
-            let Ok(line) = item else { continue 'outer };
-            let event: BuildEvent = serde_json::from_slice(&line)
-                .with_context(|| format!("bad event from {url}"))
-                .map_err(Failure::Runtime)?;
-            if event.seq < next {
-                continue;
+        // Newline-delimited JSON: the lines of each chunk are read where
+        // they lie, and only a partial last line is kept for the next.
+        let mut stream = stream;
+        let mut buf = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            let Ok(chunk) = chunk else { continue 'outer };
+            buf.extend_from_slice(&chunk);
+            let mut start = 0;
+            while let Some(len) = buf[start..].iter().position(|&b| b == b'\n') {
+                let line = &buf[start..start + len];
+                start += len + 1;
+                let event: BuildEvent = serde_json::from_slice(line)
+                    .with_context(|| format!("bad event from {url}"))
+                    .map_err(Failure::Runtime)?;
+                if event.seq < next {
+                    continue;
+                }
+                next = event.seq + 1;
+                on_event(&event);
+                ended = match event.kind {
+                    EventKind::BuildFinished { state, counts } => Some(Ended { state, counts }),
+                    _ => None,
+                };
             }
-            next = event.seq + 1;
-            on_event(&event);
-            ended = matches!(event.kind, EventKind::BuildFinished { .. });
+            buf.drain(..start);
         }
-        if ended {
-            break;
+        if let Some(ended) = ended {
+            return Ok(ended);
         }
         // The stream ended without the build's end: the coordinator went away.
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let status: BuildStatus =
-        http.get_json(&api(base, &format!("/v1/builds/{id}"))).await.map_err(anyhow::Error::from)?;
-    Ok(status)
-}
-
-/// Splits a byte stream into lines.
-fn ndjson(
-    stream: drover_http::ByteStream,
-) -> impl futures::Stream<Item = Result<Vec<u8>, std::io::Error>> + Unpin {
-    Box::pin(futures::stream::unfold((stream, Vec::new(), false), |(mut stream, mut buf, done)| async move {
-        loop {
-            if let Some(pos) = buf.iter().position(|&b| b == b'\n') {
-                let line: Vec<u8> = buf.drain(..=pos).collect();
-                return Some((Ok(line), (stream, buf, done)));
-            }
-            if done {
-                return None;
-            }
-            match stream.next().await {
-                Some(Ok(chunk)) => buf.extend_from_slice(&chunk),
-                Some(Err(e)) => return Some((Err(e), (stream, buf, true))),
-                None => return None,
-            }
-        }
-    }))
 }
 
 /// Copies the outputs of the jobs nothing depends on into `out/<job>/`.
@@ -461,8 +469,8 @@ pub(crate) async fn submit(args: SubmitArgs) -> Result<(), Failure> {
     if !args.wait {
         return Ok(());
     }
-    let status = follow(&http, base, id, 0, loaded.spec.jobs.len()).await?;
-    finish(&http, base, &loaded, &args.build, &status, started).await
+    let ended = follow(&http, base, id, 0, loaded.spec.jobs.len()).await?;
+    finish(&http, base, id, &loaded, &args.build, &ended, started).await
 }
 
 /// `drover status`.
@@ -481,18 +489,10 @@ pub(crate) async fn status(args: StatusArgs) -> Result<(), Failure> {
         }
         return Ok(());
     };
-    let get = || async {
-        http.get_json::<BuildStatus>(&api(base, &format!("/v1/builds/{id}"))).await.map_err(|e| {
-            match e.status() {
-                Some(404) => Failure::Usage(anyhow!("no build {id}")),
-                _ => reach(base)(e),
-            }
-        })
-    };
-    let mut status = get().await?;
+    let mut status = build_status(&http, base, id).await?;
     if args.events {
         let mut failed = None;
-        let status = follow_events(&http, base, id, 0, |event| match serde_json::to_string(event) {
+        let ended = follow_events(&http, base, id, 0, |event| match serde_json::to_string(event) {
             Ok(line) => println!("{line}"),
             Err(e) => failed = Some(e),
         })
@@ -500,10 +500,11 @@ pub(crate) async fn status(args: StatusArgs) -> Result<(), Failure> {
         if let Some(e) = failed {
             return Err(Failure::Runtime(e.into()));
         }
-        return if status.state == BuildState::Succeeded { Ok(()) } else { Err(Failure::Build) };
+        return if ended.state == BuildState::Succeeded { Ok(()) } else { Err(Failure::Build) };
     }
     if args.watch {
-        status = follow(&http, base, id, 0, status.jobs.len()).await?;
+        follow(&http, base, id, 0, status.jobs.len()).await?;
+        status = build_status(&http, base, id).await?;
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&status).map_err(anyhow::Error::from)?);
@@ -603,12 +604,13 @@ pub(crate) async fn retry(args: RetryArgs) -> Result<(), Failure> {
     if !args.wait {
         return Ok(());
     }
-    let status = follow(&http, base, args.build, history, before.jobs.len()).await?;
+    let ended = follow(&http, base, args.build, history, before.jobs.len()).await?;
     if args.json {
+        let status = build_status(&http, base, args.build).await?;
         println!("{}", serde_json::to_string_pretty(&status).map_err(anyhow::Error::from)?);
     }
-    eprintln!("build {} {}", status.id, status.state);
-    if status.state == BuildState::Succeeded { Ok(()) } else { Err(Failure::Build) }
+    eprintln!("build {} {}: {}", args.build, ended.state, summary(&ended.counts));
+    if ended.state == BuildState::Succeeded { Ok(()) } else { Err(Failure::Build) }
 }
 
 /// How many events a finished build's history holds.
@@ -714,25 +716,22 @@ pub(crate) async fn logs(args: LogsArgs) -> Result<(), Failure> {
 mod tests {
     use super::*;
 
-    fn status(states: &[&str]) -> BuildStatus {
-        let jobs: Vec<serde_json::Value> = states
-            .iter()
-            .enumerate()
-            .map(|(i, state)| {
-                serde_json::json!({"name": format!("j{i}"), "id": "00".repeat(32), "state": state,
-                    "worker": null, "attempts": 1, "exit_code": null})
-            })
-            .collect();
-        serde_json::from_value(serde_json::json!({"id": 3, "state": "failed", "jobs": jobs})).unwrap()
+    fn counts(states: &[JobState]) -> BTreeMap<JobState, usize> {
+        let mut counts = BTreeMap::new();
+        for &state in states {
+            *counts.entry(state).or_insert(0) += 1;
+        }
+        counts
     }
 
     /// The closing line counts each state some job is in; a job that ran and
     /// failed is counted as failed only.
     #[test]
     fn the_summary_counts_the_states_jobs_are_in() {
-        let s = status(&["succeeded", "cached", "failed", "skipped", "succeeded", "cancelled"]);
+        use JobState::*;
+        let s = counts(&[Succeeded, Cached, Failed, Skipped, Succeeded, Cancelled]);
         assert_eq!(summary(&s), "6 jobs: 2 succeeded, 1 cached, 1 failed, 1 skipped, 1 cancelled");
-        assert_eq!(summary(&status(&["cached"])), "1 job: 1 cached");
-        assert_eq!(summary(&status(&[])), "0 jobs");
+        assert_eq!(summary(&counts(&[Cached])), "1 job: 1 cached");
+        assert_eq!(summary(&counts(&[])), "0 jobs");
     }
 }

@@ -168,7 +168,7 @@ fn line(event: &BuildEvent) -> Option<String> {
         EventKind::JobResumed { job } => format!("resumed   {job}"),
         EventKind::JobSkipped { job, reason } => format!("skipped   {job}: {reason}"),
         EventKind::JobCancelled { job } => format!("cancelled {job}"),
-        EventKind::BuildFinished { state } => format!("build {state}"),
+        EventKind::BuildFinished { state, .. } => format!("build {state}"),
         EventKind::BuildRetried { jobs } => format!("retrying {jobs} job(s)"),
     })
 }
