@@ -393,6 +393,9 @@ pub struct Scheduler {
     timers: BTreeSet<(Millis, TimerSlot)>,
     /// Live workers with a free slot.
     hungry: BTreeSet<WorkerIdx>,
+    /// The hungry workers whose last draw passed over a queue or a job for
+    /// a capability (see [`Self::allocate`]).
+    capped_out: BTreeSet<WorkerIdx>,
     /// Workers that should draw before this step ends.
     dirty: BTreeSet<WorkerIdx>,
     /// The global queue gained jobs: every hungry worker should draw.
@@ -458,6 +461,8 @@ struct DrawBuffers {
     /// reservable): the second phase, which only admits more, skips them
     /// instead of reading their fronts again.
     barren: Vec<TenantIdx>,
+    /// The draw passed over a queue or a job for a capability.
+    capped: bool,
 }
 
 impl DrawBuffers {
@@ -467,6 +472,7 @@ impl DrawBuffers {
         self.fronts.clear();
         self.fitting.clear();
         self.barren.clear();
+        self.capped = false;
     }
 }
 
@@ -519,6 +525,7 @@ impl Scheduler {
             unplaceable: BTreeSet::new(),
             timers: BTreeSet::new(),
             hungry: BTreeSet::new(),
+            capped_out: BTreeSet::new(),
             dirty: BTreeSet::new(),
             global_dirty: false,
             ranked: Vec::new(),
@@ -1659,9 +1666,11 @@ impl Scheduler {
                 // Room under a capability: an idle worker may now take a
                 // job its queue held back. (Only a capability on this
                 // queue's way up can have held anything back that this
-                // frees: what else an idle worker found no room for is as
-                // it was.)
-                self.dirty.extend(self.hungry.iter().copied());
+                // frees, and only from a worker whose last draw met a
+                // capability: what else an idle worker found no room for
+                // is as it was. Those that met none would draw for
+                // nothing, as often as runs of capped queues end.)
+                self.dirty.extend(self.capped_out.iter().copied());
             }
         }
         self.quotas.charge(tenant.queue, |node| {
@@ -1826,6 +1835,7 @@ impl Scheduler {
         let name = worker.name.clone();
         self.timers.remove(&(worker.lease, TimerSlot::Lease(w)));
         self.hungry.remove(&w);
+        self.capped_out.remove(&w);
         self.dirty.remove(&w);
         self.decisions.push(Decision::WorkerLost { worker: id });
 
@@ -1950,6 +1960,7 @@ impl Scheduler {
             }
         } else {
             self.hungry.remove(&w);
+            self.capped_out.remove(&w);
         }
     }
 
@@ -2021,6 +2032,9 @@ impl Scheduler {
                 if !worker.alive || !worker.res.free_slot() {
                     break;
                 }
+                // Whether this round met a capability (the reservation's
+                // queue or the draw's): see `capped_out`.
+                let mut capped = false;
                 if let Some(j) = worker.reserved {
                     let job = self.job(j);
                     // The worker or the job may have changed since the
@@ -2038,6 +2052,7 @@ impl Scheduler {
                     let tenant = &self.tenants[job.tenant as usize];
                     let admitted = !self.quotas.active()
                         || self.quotas.admits(tenant.queue, self.classes[job.class as usize].amounts, false);
+                    capped = !admitted;
                     if !capable || !visible {
                         self.workers[w as usize].reserved = None;
                         self.job_mut(j).reserved_on = None;
@@ -2051,13 +2066,21 @@ impl Scheduler {
                         continue;
                     }
                 }
-                match self.draw(w) {
+                let (pick, capped_draw) = self.draw(w);
+                match pick {
                     Some(Pick::Run(j)) => self.assign(w, j),
                     Some(Pick::Reserve(j)) => {
                         self.workers[w as usize].reserved = Some(j);
                         self.job_mut(j).reserved_on = Some(w);
                     }
-                    None => break,
+                    None => {
+                        if capped || capped_draw {
+                            self.capped_out.insert(w);
+                        } else {
+                            self.capped_out.remove(&w);
+                        }
+                        break;
+                    }
                 }
             }
         }
@@ -2466,17 +2489,21 @@ impl Scheduler {
     /// busy cluster that is the first or second tenant, since the global
     /// queue offers every tenant's jobs. Each step costs one lookup per
     /// worker queue.
-    fn draw(&mut self, w: WorkerIdx) -> Option<Pick> {
+    ///
+    /// Also says whether the draw passed over a queue or a job for a
+    /// capability (queues without a capability never do).
+    fn draw(&mut self, w: WorkerIdx) -> (Option<Pick>, bool) {
         let mut buffers = std::mem::take(&mut self.draw_buffers);
         let pick = self.draw_with(w, &mut buffers);
+        let capped = buffers.capped;
         buffers.clear();
         self.draw_buffers = buffers;
-        pick
+        (pick, capped)
     }
 
     /// [`Self::draw`], with its working lists in `buffers`.
     fn draw_with(&mut self, w: WorkerIdx, buffers: &mut DrawBuffers) -> Option<Pick> {
-        let DrawBuffers { usable, leaves, fronts, fitting, barren } = buffers;
+        let DrawBuffers { usable, leaves, fronts, fitting, barren, capped } = buffers;
         let worker = &self.workers[w as usize];
         let reserved_key = worker.reserved.map(|j| &self.classes[self.job(j).class as usize].key);
         // The classes this worker could take, or reserve room for, now: those
@@ -2508,15 +2535,16 @@ impl Scheduler {
         let phases: &[bool] = if quotas && self.policy.proportion { &[true, false] } else { &[false] };
         for &within_deserved in phases {
             for &(_, q) in leaves.iter() {
-                // Every job takes a slot: a queue without room for one more
-                // has nothing to offer in this phase.
-                if quotas && !self.quotas.admits(q, Amounts::new(1, 0, 0), within_deserved) {
-                    continue;
-                }
                 // Nothing queued in this queue is of a class the worker
                 // could take. (Classes past the 63rd share a bit: such a
                 // queue is walked.)
                 if self.queue_masks[q as usize] & usable_mask == 0 {
+                    continue;
+                }
+                // Every job takes a slot: a queue without room for one more
+                // has nothing to offer in this phase.
+                if quotas && !self.quotas.admits(q, Amounts::new(1, 0, 0), within_deserved) {
+                    *capped |= !within_deserved;
                     continue;
                 }
                 let mut after: Option<TenantKey> = None;
@@ -2586,6 +2614,7 @@ impl Scheduler {
                         let fits = worker.res.fits(&class.key, reserved_key);
                         promising |= fits || (worker.reserved.is_none() && self.job(j).reserved_on.is_none());
                         if quotas && !self.quotas.admits(q, class.amounts, within_deserved) {
+                            *capped |= !within_deserved;
                             continue;
                         }
                         if fits {
