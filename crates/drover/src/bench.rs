@@ -307,13 +307,20 @@ async fn share(dir: &Path) -> Result<Vec<Row>, Failure> {
             let counter = dir.join(format!("{name}-executions"));
             let path = counter.display().to_string();
             let jobs = layered(n, |i| format!("echo {i} >> {path}"));
-            let loaded = build_file(&dir, &name, &jobs)?;
-            let cluster = Embedded::start(&dir.join(format!("{name}-state")), 2, 2).await?;
+            let loaded = std::sync::Arc::new(build_file(&dir, &name, &jobs)?);
+            let cluster =
+                std::sync::Arc::new(Embedded::start(&dir.join(format!("{name}-state")), 2, 2).await?);
+            // Each client a task of its own, as separate `drover submit
+            // --wait` processes would be: not all polled in turn by one.
             let start = Instant::now();
-            let all = futures::future::join_all((0..count).map(|_| measure(&cluster, &loaded))).await;
+            let clients = (0..count).map(|_| {
+                let (cluster, loaded) = (cluster.clone(), loaded.clone());
+                tokio::spawn(async move { measure(&cluster, &loaded).await })
+            });
+            let all = futures::future::join_all(clients).await;
             let elapsed = start.elapsed();
             for result in all {
-                result?;
+                result.context("a client task").map_err(Failure::Runtime)??;
             }
             let executions = std::fs::read_to_string(&counter).map(|t| t.lines().count()).unwrap_or(0);
             Ok::<_, Failure>((elapsed.as_secs_f64(), executions))

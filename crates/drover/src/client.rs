@@ -111,12 +111,18 @@ async fn upload(http: &Http, base: &str, loaded: &Loaded) -> Result<(), Failure>
         http.post_json(&api(base, "/v1/blobs/missing"), &request, None).await.map_err(reach(base))?;
     let missing: BTreeSet<Hash32> = reply.missing.into_iter().collect();
     let mut seen = BTreeSet::new();
-    let files: Vec<&SourceFile> =
-        loaded.spec.sources.iter().filter(|s| missing.contains(&s.digest) && seen.insert(s.digest)).collect();
+    // Owned (path, digest) pairs: the upload futures then borrow nothing
+    // per file, and a client may run on a task of its own.
+    let files: Vec<(std::path::PathBuf, Hash32)> = loaded
+        .spec
+        .sources
+        .iter()
+        .filter(|s| missing.contains(&s.digest) && seen.insert(s.digest))
+        .map(|s| (loaded.root.join(&s.path), s.digest))
+        .collect();
     futures::stream::iter(files)
-        .map(|file| async move {
-            let path = loaded.root.join(&file.path);
-            http.put_file(&api(base, &format!("/v1/blobs/{}", file.digest)), &path)
+        .map(|(path, digest)| async move {
+            http.put_file(&api(base, &format!("/v1/blobs/{digest}")), &path)
                 .await
                 .with_context(|| format!("uploading {} (did it change since it was read?)", path.display()))
         })
