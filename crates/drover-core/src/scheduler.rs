@@ -615,6 +615,15 @@ impl Scheduler {
             .unwrap_or_default()
     }
 
+    /// The gang a pending or running job belongs to: the gang's ID and how
+    /// many of its member jobs are pending or running. `None` for a job
+    /// that is not, or is in no gang.
+    pub fn job_gang(&self, id: &JobId) -> Option<(&str, u32)> {
+        let j = *self.job_index.get(id)?;
+        let gang = &self.gangs[&self.job(j).gang?];
+        Some((gang.id.as_str(), gang.members))
+    }
+
     /// Whether the job is pending or running (so `Join` can wait for it).
     pub fn has_job(&self, id: &JobId) -> bool {
         self.job_index.get(id).is_some()

@@ -167,7 +167,68 @@ fn gangs(jobs: &[JobDef], index: &BTreeMap<String, u32>) -> Result<BTreeMap<Stri
             stack.extend(jobs[d as usize].needs.iter().map(|n| index[n]));
         }
     }
+    if !gangs.is_empty() {
+        gangs_can_start(jobs, index, &gangs)?;
+    }
     Ok(gangs)
+}
+
+/// Every gang can start some day. A gang goes on once all its members'
+/// needs are done, so two gangs that wait for each other (a job of one
+/// needs, directly or not, a job of the other, and the other way round, as
+/// in `a` (gang x), `b` (gang y), `c` needs `a` (gang y), `d` needs `b`
+/// (gang x)) never would: their builds would wait forever. Plays the build
+/// out, jobs going on as their needs are done and gangs once all their
+/// members' are, and names the gangs left waiting.
+fn gangs_can_start(
+    jobs: &[JobDef],
+    index: &BTreeMap<String, u32>,
+    gangs: &BTreeMap<String, GangRec>,
+) -> Result<(), String> {
+    let mut waiting: Vec<usize> = jobs.iter().map(|j| j.needs.len()).collect();
+    let mut dependents = vec![Vec::new(); jobs.len()];
+    for (i, job) in jobs.iter().enumerate() {
+        for need in &job.needs {
+            dependents[index[need] as usize].push(i as u32);
+        }
+    }
+    // Members of each gang whose needs are done.
+    let mut ready: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut needs_done: Vec<u32> = (0..jobs.len() as u32).filter(|&i| waiting[i as usize] == 0).collect();
+    let mut over = Vec::new();
+    while let Some(i) = needs_done.pop() {
+        match &jobs[i as usize].gang {
+            None => over.push(i),
+            Some(g) => {
+                let n = ready.entry(g.name.as_str()).or_insert(0);
+                *n += 1;
+                if *n == gangs[&g.name].members.len() {
+                    over.extend(gangs[&g.name].members.iter().copied());
+                }
+            }
+        }
+        for j in over.drain(..) {
+            for &d in &dependents[j as usize] {
+                waiting[d as usize] -= 1;
+                if waiting[d as usize] == 0 {
+                    needs_done.push(d);
+                }
+            }
+        }
+    }
+    let stuck: Vec<String> = gangs
+        .iter()
+        .filter(|(name, rec)| ready.get(name.as_str()).copied().unwrap_or(0) < rec.members.len())
+        .map(|(name, _)| format!("{name:?}"))
+        .collect();
+    if stuck.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "gangs {} wait for each other: a job of one needs, directly or not, a job of another (a gang's jobs \
+         start together, once all their needs are done)",
+        stuck.join(", ")
+    ))
 }
 
 fn valid_name(name: &str) -> bool {
@@ -479,6 +540,20 @@ impl Build {
             });
         }
         out
+    }
+
+    /// Whether job `i` was cancelled or skipped: it will not run.
+    pub(crate) fn called_off(&self, i: u32) -> bool {
+        matches!(self.jobs[i as usize].state, JobState::Cancelled | JobState::Skipped)
+    }
+
+    /// Puts a released gang's `members` back, ready, to be released again
+    /// later (see `Solver::release_gangs`).
+    pub(crate) fn hold_gang(&mut self, name: &str, members: &[u32]) {
+        if let Some(rec) = self.gangs.get_mut(name) {
+            rec.sent = false;
+            rec.ready.extend(members.iter().copied());
+        }
     }
 
     /// The gang's `min_available`, and how many of its members already

@@ -198,6 +198,10 @@ pub struct Solver {
     run_workers: BTreeMap<u64, u64>,
     /// Build jobs whose result is known and held: they finish as cached.
     cache_hits: Vec<(u64, u32)>,
+    /// Builds with a gang held back while jobs of another instance of it
+    /// are in the core (see [`Solver::release_gangs`]): tried again after
+    /// every input.
+    stalled: std::collections::BTreeSet<u64>,
     /// How long the last run of each job name took (milliseconds), for
     /// critical-path order.
     durations: BTreeMap<String, u64>,
@@ -221,6 +225,7 @@ impl Solver {
             stages: BTreeMap::new(),
             run_workers: BTreeMap::new(),
             cache_hits: Vec::new(),
+            stalled: std::collections::BTreeSet::new(),
             durations: BTreeMap::new(),
             effects: Vec::new(),
             now: Millis(0),
@@ -257,6 +262,14 @@ impl Solver {
             Input::Tick => Ok(self.core_event(Event::Tick)),
             Input::Restarted => Ok(self.core_event(Event::Resumed)),
         };
+        self.drain();
+        // Gangs held back may go now that the input moved jobs out of the
+        // core; each is tried once per input.
+        for build in std::mem::take(&mut self.stalled) {
+            if self.builds.contains_key(&build) {
+                self.release_gangs(build);
+            }
+        }
         self.drain();
         reply
     }
@@ -600,11 +613,22 @@ impl Solver {
     /// already succeeded. If too few members can still run to reach
     /// `min_available` (others failed or were skipped), the rest fail.
     /// Gang members do not count against `max_parallel`.
+    ///
+    /// The core knows a job by its content, so a member whose job is in the
+    /// core already joins it, in whatever gang instance it is there: that
+    /// of another build that shares the gang, or an older one (a partner of
+    /// a member that failed, still running for another build). Joining
+    /// would split this instance, whose other members would then wait for
+    /// partners that never come: unless the open members are exactly one
+    /// gang instance in the core, the gang is held back until those jobs
+    /// leave the core.
     fn release_gangs(&mut self, build: u64) {
         let released = self.builds.get_mut(&build).expect("build exists").take_ready_gangs();
         for gang in released {
-            let (hits, open): (Vec<u32>, Vec<u32>) =
-                gang.members.iter().partition(|&&m| self.cache_hit(build, m));
+            let b = &self.builds[&build];
+            // Members cancelled or skipped while the gang was held back.
+            let members = gang.members.iter().copied().filter(|&m| !b.called_off(m));
+            let (hits, open): (Vec<u32>, Vec<u32>) = members.partition(|&m| self.cache_hit(build, m));
             let b = self.builds.get_mut(&build).expect("build exists");
             let (need, done) = b.gang_needs(&gang.name);
             let done = done + hits.len() as u32;
@@ -625,12 +649,36 @@ impl Solver {
                 }
                 continue;
             }
+            if self.splits_a_core_gang(build, &open) {
+                let b = self.builds.get_mut(&build).expect("build exists");
+                b.hold_gang(&gang.name, &open);
+                self.stalled.insert(build);
+                continue;
+            }
+            let b = self.builds.get_mut(&build).expect("build exists");
             let min = need.saturating_sub(done).clamp(1, open.len() as u32);
             b.set_core_min(&gang.name, min);
             for m in open {
                 self.hand_to_core(build, m);
             }
         }
+    }
+
+    /// Whether handing a gang's `open` members to the core would join some
+    /// of them to jobs there that are not, all of them and nothing else,
+    /// one gang instance.
+    fn splits_a_core_gang(&self, build: u64, open: &[u32]) -> bool {
+        let b = &self.builds[&build];
+        let ids: Vec<JobId> = open.iter().map(|&m| JobId::from(b.def(m).id)).collect();
+        let live = ids.iter().filter(|id| self.core.has_job(id)).count();
+        if live == 0 {
+            return false;
+        }
+        let first = self.core.job_gang(&ids[0]);
+        let whole = live == ids.len()
+            && first.is_some_and(|(_, members)| members as usize == ids.len())
+            && ids.iter().all(|id| self.core.job_gang(id).map(|g| g.0) == first.map(|g| g.0));
+        !whole
     }
 
     /// Hands job `job` to the core.

@@ -919,21 +919,53 @@ fn durations_of_earlier_runs_order_later_builds() {
 
 mod random {
     //! Random graphs, shared between builds, with random cancels and runs
-    //! that lose an input (its output gone with its worker): no job runs for
-    //! builds that were all cancelled, and every job a surviving build needs
-    //! completes.
+    //! that lose an input (its output gone with its worker) and, in the
+    //! later properties, gangs and runs that fail: no job runs for builds
+    //! that were all cancelled, a gang's members start together, and every
+    //! build that was not cancelled ends, failing only where a run of one of
+    //! its jobs failed and no gang restart made up for it. Every run's log
+    //! replays to an equal state.
 
     use std::collections::{BTreeMap, BTreeSet};
 
+    use drover_proto::{BuildEvent, BuildStatus};
     use proptest::prelude::*;
 
     use super::*;
+    use crate::build::MAX_GANG_RESTARTS;
 
-    /// A universe of jobs: job `i` needs some earlier jobs. A build is a
-    /// downward-closed subset, so the same job (same ID) appears in many.
+    /// A universe of jobs: job `i` (named `j{i}`) needs some earlier jobs,
+    /// and may belong to a gang. A build is a subset closed under needs and
+    /// gangs, so the same job (same ID, same gang) appears in many, unless
+    /// it is private.
     #[derive(Clone, Debug)]
     struct Universe {
         needs: Vec<Vec<usize>>,
+        gangs: Vec<Gang>,
+        /// Jobs whose ID each build makes its own: with gangs not shared
+        /// between builds, every gang member and every job that needs one,
+        /// directly or not (an ID stands for the job's inputs too).
+        private: Vec<bool>,
+    }
+
+    /// A gang of the universe, named `g{k}` after its place: its
+    /// `min_available` is its size (all or nothing).
+    #[derive(Clone, Debug)]
+    struct Gang {
+        members: Vec<usize>,
+        restart: bool,
+    }
+
+    impl Universe {
+        /// The gang job `i` belongs to, with its place.
+        fn gang_of(&self, i: usize) -> Option<(usize, &Gang)> {
+            self.gangs.iter().enumerate().find(|(_, g)| g.members.contains(&i))
+        }
+    }
+
+    /// The index of job `j{i}`.
+    fn index(name: &str) -> usize {
+        name[1..].parse().expect("job index")
     }
 
     fn universe() -> impl Strategy<Value = Universe> {
@@ -943,16 +975,81 @@ mod random {
                     needs: (0..n)
                         .map(|i| (0..i).filter(|&j| m[i][j] && (i + j) % 3 != 0).collect())
                         .collect(),
+                    gangs: Vec::new(),
+                    private: vec![false; n],
                 }
+            })
+        })
+    }
+
+    /// A universe where (two times in three) one or two gangs of two or
+    /// three jobs each are drawn. They are valid: a job is in one gang at
+    /// most, and no member needs another, even through other jobs (the
+    /// solver refuses such a gang: its jobs start together). Unless
+    /// `shared`, each build has gang jobs of its own (see
+    /// [`Universe::private`]).
+    fn universe_with_gangs(shared: bool) -> impl Strategy<Value = Universe> {
+        universe().prop_flat_map(move |u| {
+            let n = u.needs.len();
+            let picks =
+                proptest::collection::vec((proptest::collection::vec(0..n, 2..4), any::<bool>()), 0..3);
+            (Just(u), picks).prop_map(move |(mut u, picks)| {
+                // What each job needs, directly or not (needs come earlier).
+                let mut below: Vec<BTreeSet<usize>> = Vec::new();
+                for needs in &u.needs {
+                    let mut all = BTreeSet::new();
+                    for &d in needs {
+                        all.insert(d);
+                        all.extend(below[d].iter().copied());
+                    }
+                    below.push(all);
+                }
+                let mut taken = BTreeSet::new();
+                // Whether a job of `from` needs one of `to`, directly or not.
+                let reaches = |from: &[usize], to: &[usize]| {
+                    from.iter().any(|&f| to.iter().any(|t| below[f].contains(t)))
+                };
+                for (candidates, restart) in picks {
+                    let mut members: Vec<usize> = Vec::new();
+                    for c in candidates {
+                        let related =
+                            members.iter().any(|&m| m == c || below[m].contains(&c) || below[c].contains(&m));
+                        // Two gangs that need each other are refused at
+                        // submission (see
+                        // `gangs_that_need_each_other_are_refused`): none
+                        // are drawn here.
+                        let with = [members.as_slice(), &[c]].concat();
+                        let cycle =
+                            u.gangs.iter().any(|g| reaches(&g.members, &with) && reaches(&with, &g.members));
+                        if !related && !cycle && !taken.contains(&c) {
+                            members.push(c);
+                        }
+                    }
+                    if members.len() >= 2 {
+                        members.sort_unstable();
+                        taken.extend(members.iter().copied());
+                        u.gangs.push(Gang { members, restart });
+                    }
+                }
+                if !shared {
+                    for i in 0..n {
+                        u.private[i] = u.gang_of(i).is_some() || u.needs[i].iter().any(|&d| u.private[d]);
+                    }
+                }
+                u
             })
         })
     }
 
     #[derive(Clone, Debug)]
     enum Op {
-        /// Submit the build made of job `top` and everything it needs (one
-        /// in three with `max_parallel`).
+        /// Submit the build made of job `top`, everything it needs and the
+        /// rest of every gang among those, with what they need (one in three
+        /// with `max_parallel`).
         Submit(usize),
+        /// Submit job `top` and what it needs but not the rest of its gangs:
+        /// refused, for the gang's sake, if that splits a gang.
+        SubmitPart(usize),
         /// Cancel the k-th submitted build (if any).
         Cancel(usize),
         /// Workers finish what they run (successfully) and time passes.
@@ -960,6 +1057,8 @@ mod random {
         /// The k-th run in flight (if any, and if its job needs another)
         /// ends unable to get its first need's output: lost with its worker.
         Lose(usize),
+        /// The k-th run in flight (if any) fails: its commands exit with 1.
+        Fail(usize),
     }
 
     fn ops() -> impl Strategy<Value = Vec<Op>> {
@@ -974,174 +1073,408 @@ mod random {
         )
     }
 
-    fn closure(u: &Universe, top: usize) -> Vec<usize> {
+    /// [`ops`] with failing runs and split gangs.
+    fn ops_with_failures() -> impl Strategy<Value = Vec<Op>> {
+        proptest::collection::vec(
+            prop_oneof![
+                3 => (0usize..10).prop_map(Op::Submit),
+                1 => (0usize..10).prop_map(Op::SubmitPart),
+                1 => (0usize..6).prop_map(Op::Cancel),
+                3 => Just(Op::Work),
+                1 => (0usize..8).prop_map(Op::Lose),
+                2 => (0usize..8).prop_map(Op::Fail),
+            ],
+            1..30,
+        )
+    }
+
+    /// Job `top` and everything it needs; with `gangs`, also the rest of
+    /// each gang reached, and what they need.
+    fn closure(u: &Universe, top: usize, gangs: bool) -> Vec<usize> {
         let mut seen = BTreeSet::new();
         let mut stack = vec![top];
         while let Some(i) = stack.pop() {
             if seen.insert(i) {
                 stack.extend(u.needs[i].iter().copied());
+                if gangs && let Some((_, g)) = u.gang_of(i) {
+                    stack.extend(g.members.iter().copied());
+                }
             }
         }
         seen.into_iter().collect()
     }
 
-    fn def(u: &Universe, i: usize) -> JobDef {
-        let needs: Vec<String> = u.needs[i].iter().map(|j| format!("j{j}")).collect();
-        let needs: Vec<&str> = needs.iter().map(String::as_str).collect();
-        job(&format!("j{i}"), &needs)
+    /// Job `i`'s ID in the build numbered `salt` among the submissions.
+    fn job_id(u: &Universe, i: usize, salt: u8) -> Hash32 {
+        let mut id = job(&format!("j{i}"), &[]).id;
+        if u.private[i] {
+            id.0[31] = salt;
+        }
+        id
     }
 
-    /// Renews the workers' leases, as their polls do.
-    fn keep_alive(h: &mut Harness, workers: &[u64]) {
-        for &worker in workers {
-            assert_eq!(
-                h.input(Input::Poll { worker }).expect("poll"),
-                Reply::Done,
-                "worker {worker} was lost"
-            );
+    /// Job `i` in the build numbered `salt` among the submissions.
+    fn def(u: &Universe, i: usize, salt: u8) -> JobDef {
+        let needs: Vec<String> = u.needs[i].iter().map(|j| format!("j{j}")).collect();
+        let needs: Vec<&str> = needs.iter().map(String::as_str).collect();
+        let def = JobDef { id: job_id(u, i, salt), ..job(&format!("j{i}"), &needs) };
+        match u.gang_of(i) {
+            Some((k, g)) => in_gang(def, &format!("g{k}"), g.members.len() as u32, g.restart),
+            None => def,
         }
     }
 
-    /// Runs in flight: run → (worker, job name).
-    type Running = BTreeMap<u64, (u64, String)>;
+    /// Runs in flight: run → (worker, job name, job ID).
+    type Running = BTreeMap<u64, (u64, String, Hash32)>;
 
-    /// Takes the solver's effects: checks that every assignment serves a
-    /// live build, and answers every stop or drop of a run in flight with
-    /// its end. Those reports may hand out work at once, so it goes on until
-    /// no effect is left, checking each assignment against the builds as
-    /// they are when it is made.
-    fn step(h: &mut Harness, running: &mut Running, cancelled: &BTreeSet<u64>) {
-        loop {
-            let effects = h.solver.take_effects();
-            if effects.is_empty() {
-                return;
+    /// The cluster under test: two workers of two slots, the builds
+    /// submitted, and what the program did to them.
+    struct Sim<'a> {
+        u: &'a Universe,
+        h: Harness,
+        workers: [u64; 2],
+        builds: Vec<u64>,
+        cancelled: BTreeSet<u64>,
+        running: Running,
+        /// Jobs a run of which the program made fail (or lose the output of
+        /// a gang member, which cannot be built again alone): only a build
+        /// with one of them may fail.
+        disrupted: BTreeSet<Hash32>,
+        /// Builds submitted, refused ones included.
+        submissions: u8,
+        /// Losses per job, kept within what a job survives (three).
+        losses: BTreeMap<String, u32>,
+    }
+
+    impl Sim<'_> {
+        fn new(u: &Universe) -> Sim<'_> {
+            let mut h = Harness::new();
+            let workers = [
+                worker_id(h.input(register("w1", 2, vec![]))),
+                worker_id(h.input(register("w2", 2, vec![]))),
+            ];
+            h.solver.take_effects();
+            Sim {
+                u,
+                h,
+                workers,
+                builds: Vec::new(),
+                cancelled: BTreeSet::new(),
+                running: Running::new(),
+                disrupted: BTreeSet::new(),
+                submissions: 0,
+                losses: BTreeMap::new(),
             }
-            for effect in effects {
+        }
+
+        /// Handles one input and checks what it caused, at once: every
+        /// assignment serves a live build, and gangs start whole (see
+        /// [`Sim::check_gangs`]). Every stop or drop of a run in flight is
+        /// answered with the run's end, as a further input.
+        fn input(&mut self, input: Input) -> Result<Reply, SolverError> {
+            let reply = self.h.input(input);
+            let mut assigned = Vec::new();
+            let mut ended = Vec::new();
+            for effect in self.h.solver.take_effects() {
                 match effect {
                     Effect::Assign { worker, assignment } => {
-                        let live = |b: &u64| !cancelled.contains(b);
-                        let needed = h.solver.build_ids().into_iter().filter(live).any(|b| {
-                            let status = h.solver.build_status(b).expect("build");
-                            status.jobs.iter().any(|j| j.name == assignment.name && !j.state.is_final())
+                        let live = |b: &u64| !self.cancelled.contains(b);
+                        let needed = self.h.solver.build_ids().into_iter().filter(live).any(|b| {
+                            let status = self.h.solver.build_status(b).expect("build");
+                            status.jobs.iter().any(|j| j.id == assignment.job && !j.state.is_final())
                         });
                         assert!(
                             needed,
                             "{} runs although every build needing it was cancelled",
                             assignment.name
                         );
-                        running.insert(assignment.run, (worker, assignment.name));
+                        self.running
+                            .insert(assignment.run, (worker, assignment.name.clone(), assignment.job));
+                        assigned.push((assignment.run, assignment.name));
                     }
                     Effect::Stop { worker, run } | Effect::Drop { worker, run }
-                        if running.remove(&run).is_some() =>
+                        if self.running.remove(&run).is_some() =>
                     {
-                        let mut stopped = failed(run, 143);
-                        stopped.exit_code = None;
-                        h.report(worker, Report { finished: vec![stopped], ..Report::default() });
+                        ended.push((worker, run));
                     }
                     _ => {}
+                }
+            }
+            self.check_gangs(&assigned);
+            for (worker, run) in ended {
+                let mut stopped = failed(run, 143);
+                stopped.exit_code = None;
+                self.report(worker, Report { finished: vec![stopped], ..Report::default() });
+            }
+            reply
+        }
+
+        /// A gang starts whole: once an input started a member of a gang
+        /// for a build, every member of that gang in the build is running
+        /// or has its output, never some without the others (each gang's
+        /// `min_available` is its size).
+        fn check_gangs(&self, assigned: &[(u64, String)]) {
+            for (run, name) in assigned {
+                let Some((k, gang)) = self.u.gang_of(index(name)) else { continue };
+                for b in self.h.solver.build_ids() {
+                    if self.h.solver.run_location(b, name).map(|(_, r)| r) != Some(*run) {
+                        continue;
+                    }
+                    let status = self.h.solver.build_status(b).expect("build");
+                    for &m in &gang.members {
+                        let member = format!("j{m}");
+                        let state = status
+                            .jobs
+                            .iter()
+                            .find(|j| j.name == member)
+                            .map(|j| j.state)
+                            .expect("a build holds its gangs whole");
+                        assert!(
+                            state == JobState::Running || state.is_success(),
+                            "gang g{k}: {member} is {state} in build {b} as {name} starts (run {run}): \
+                             {status:?}"
+                        );
+                    }
+                }
+            }
+        }
+
+        fn report(&mut self, worker: u64, report: Report) {
+            self.input(Input::Report { worker, report }).expect("report");
+        }
+
+        /// Renews the workers' leases, as their polls do, and lets
+        /// locality timers expire.
+        fn later(&mut self) {
+            for worker in self.workers {
+                assert_eq!(
+                    self.input(Input::Poll { worker }).expect("poll"),
+                    Reply::Done,
+                    "worker {worker} was lost"
+                );
+            }
+            self.h.now += 1_000;
+            self.input(Input::Tick).expect("tick");
+        }
+
+        /// Workers end every run in flight successfully, and time passes.
+        fn work(&mut self) {
+            for (run, (w, name, id)) in std::mem::take(&mut self.running) {
+                let mut done = ok(run, &name);
+                done.output.as_mut().expect("an output").job = id;
+                self.report(w, Report { started: vec![run], finished: vec![done], ..Report::default() });
+            }
+            self.later();
+        }
+
+        /// The k-th run in flight, taken out of the runs in flight.
+        fn take_run(&mut self, k: usize) -> Option<(u64, u64, String, Hash32)> {
+            let (&run, _) = self.running.iter().nth(k % self.running.len().max(1))?;
+            let (w, name, id) = self.running.remove(&run).expect("in flight");
+            Some((run, w, name, id))
+        }
+
+        fn apply(&mut self, op: &Op) {
+            let u = self.u;
+            match *op {
+                Op::Submit(top) | Op::SubmitPart(top) => {
+                    let whole = matches!(op, Op::Submit(_));
+                    let members = closure(u, top % u.needs.len(), whole);
+                    let split = u.gangs.iter().any(|g| {
+                        let inside = g.members.iter().filter(|m| members.contains(m)).count();
+                        inside > 0 && inside < g.members.len()
+                    });
+                    self.submissions += 1;
+                    let jobs = members.iter().map(|&i| def(u, i, self.submissions)).collect();
+                    // Some builds hold jobs back (`max_parallel`).
+                    let max_parallel = (top % 3 == 0).then_some(1 + (top % 2) as u32);
+                    let before = self.h.solver.build_ids();
+                    let reply = self.input(submit_with(jobs, OnError::Quit, max_parallel));
+                    if split {
+                        match reply {
+                            Err(SolverError::InvalidBuild(msg)) => {
+                                assert!(msg.contains("gang") && msg.contains("min_available"), "{msg}")
+                            }
+                            other => panic!("a split gang must be refused, got {other:?}"),
+                        }
+                        assert_eq!(self.h.solver.build_ids(), before, "a refused build changes nothing");
+                    } else {
+                        self.builds.push(build_id(reply));
+                    }
+                }
+                Op::Cancel(k) => {
+                    if let Some(&b) = self.builds.get(k % self.builds.len().max(1)) {
+                        // Cancelling a finished build changes nothing.
+                        if !self.h.solver.build_status(b).expect("build").state.is_final() {
+                            self.cancelled.insert(b);
+                        }
+                        self.input(Input::Cancel { build: b }).expect("cancel");
+                    }
+                }
+                Op::Work => self.work(),
+                Op::Lose(k) => {
+                    // The run, its worker and its job's first need, if it
+                    // has one and may lose it once more.
+                    let target = self.running.iter().nth(k % self.running.len().max(1)).and_then(
+                        |(&run, (w, name, id))| {
+                            let need = *u.needs[index(name)].first()?;
+                            (self.losses.get(name).copied().unwrap_or(0) < 3)
+                                .then(|| (run, *w, name.clone(), *id, need))
+                        },
+                    );
+                    if let Some((run, w, name, job, need)) = target {
+                        self.running.remove(&run);
+                        *self.losses.entry(name).or_default() += 1;
+                        if u.gang_of(need).is_some() {
+                            // A gang member's output is not built again
+                            // alone: the loss is a failure.
+                            self.disrupted.insert(job);
+                        }
+                        let mut lost = lost_input(run, &format!("j{need}"));
+                        // A private need is the one of the same build.
+                        lost.lost_inputs = vec![job_id(u, need, job.0[31])];
+                        self.report(
+                            w,
+                            Report { started: vec![run], finished: vec![lost], ..Report::default() },
+                        );
+                    }
+                }
+                Op::Fail(k) => {
+                    if let Some((run, w, _, job)) = self.take_run(k) {
+                        self.disrupted.insert(job);
+                        let report = Report {
+                            started: vec![run],
+                            finished: vec![failed(run, 1)],
+                            ..Report::default()
+                        };
+                        self.report(w, report);
+                    }
+                }
+            }
+        }
+
+        /// Keeps working, every run succeeding, until nothing runs and
+        /// every build is over, for 200 rounds at most (a build that is not
+        /// over by then never will be).
+        fn drain(&mut self) {
+            for _ in 0..200 {
+                let over = |b: &u64| self.h.solver.build_status(*b).expect("build").state.is_final();
+                if self.running.is_empty() && self.builds.iter().all(over) {
+                    return;
+                }
+                self.work();
+            }
+        }
+
+        /// How the builds ended: see [`check_end`].
+        fn check_ends(&self) {
+            for &b in &self.builds {
+                let status = self.h.solver.build_status(b).expect("build");
+                let events = self.h.solver.events(b, 0).expect("events").0;
+                if self.cancelled.contains(&b) {
+                    assert_eq!(status.state, BuildState::Cancelled, "build {b}");
+                } else {
+                    check_end(self.u, &self.disrupted, &status, &events);
                 }
             }
         }
     }
 
-    /// Runs the program and checks both properties.
-    fn run(u: &Universe, program: &[Op]) {
-        let mut h = Harness::new();
-        let workers =
-            [worker_id(h.input(register("w1", 2, vec![]))), worker_id(h.input(register("w2", 2, vec![])))];
-        let mut builds: Vec<u64> = Vec::new();
-        let mut cancelled = BTreeSet::new();
-        let mut running = Running::new();
-        // Losses per job, kept within what a job survives (three).
-        let mut losses: BTreeMap<String, u32> = BTreeMap::new();
-        for op in program {
-            match op {
-                Op::Submit(top) => {
-                    let jobs = closure(u, top % u.needs.len()).into_iter().map(|i| def(u, i)).collect();
-                    // Some builds hold jobs back (`max_parallel`).
-                    let max_parallel = (top % 3 == 0).then_some(1 + (top % 2) as u32);
-                    builds.push(build_id(h.input(submit_with(jobs, OnError::Quit, max_parallel))));
-                }
-                Op::Cancel(k) => {
-                    if let Some(&b) = builds.get(k % builds.len().max(1)) {
-                        // Cancelling a finished build changes nothing.
-                        if !h.solver.build_status(b).expect("build").state.is_final() {
-                            cancelled.insert(b);
-                        }
-                        h.input(Input::Cancel { build: b }).expect("cancel");
+    /// A build that was not cancelled ended. It failed only if a run of
+    /// one of its jobs failed, and then because a failure stood: that of a
+    /// job outside a gang that restarts, or the failure after a gang's last
+    /// restart. If it succeeded, each restarting gang that failed on the
+    /// way ran again whole after its last failure: every member succeeded
+    /// again, not from the cache, and a member of the build's own started
+    /// again in it.
+    fn check_end(u: &Universe, disrupted: &BTreeSet<Hash32>, status: &BuildStatus, events: &[BuildEvent]) {
+        let b = status.id;
+        let failures = || {
+            events.iter().enumerate().filter_map(|(at, e)| match &e.kind {
+                EventKind::JobFinished { job, state: JobState::Failed, .. } => Some((at, index(job))),
+                _ => None,
+            })
+        };
+        match status.state {
+            BuildState::Failed => {
+                assert!(
+                    status.jobs.iter().any(|j| disrupted.contains(&j.id)),
+                    "build {b} failed, yet no run of its jobs did: {status:?}"
+                );
+                let mut restarts: BTreeMap<usize, u32> = BTreeMap::new();
+                let stood = failures().any(|(_, i)| match u.gang_of(i) {
+                    Some((k, g)) if g.restart => {
+                        let n = restarts.entry(k).or_default();
+                        *n += 1;
+                        *n > MAX_GANG_RESTARTS
                     }
-                }
-                Op::Work => {
-                    let done: Vec<(u64, u64, String)> =
-                        running.iter().map(|(&run, (w, name))| (run, *w, name.clone())).collect();
-                    running.clear();
-                    for (run, w, name) in done {
-                        h.report(
-                            w,
-                            Report {
-                                started: vec![run],
-                                finished: vec![ok(run, &name)],
-                                ..Report::default()
-                            },
+                    _ => true,
+                });
+                assert!(stood, "build {b} failed, but its gangs had restarts left: {events:?}");
+            }
+            BuildState::Succeeded => {
+                for (k, g) in u.gangs.iter().enumerate().filter(|(_, g)| g.restart) {
+                    let Some(last) =
+                        failures().filter(|(_, i)| g.members.contains(i)).map(|(at, _)| at).next_back()
+                    else {
+                        continue;
+                    };
+                    for &m in &g.members {
+                        let member = format!("j{m}");
+                        let after = &events[last + 1..];
+                        let started = after
+                            .iter()
+                            .any(|e| matches!(&e.kind, EventKind::JobStarted { job, .. } if *job == member));
+                        let succeeded = after.iter().any(|e| {
+                            matches!(&e.kind, EventKind::JobFinished { job, state: JobState::Succeeded, .. } if *job == member)
+                        });
+                        // A shared job may join another build's run instead.
+                        assert!(
+                            (started || !u.private[m]) && succeeded,
+                            "build {b}: gang g{k} restarted, but {member} did not run again: {events:?}"
                         );
                     }
-                    keep_alive(&mut h, &workers);
-                    h.later();
-                }
-                Op::Lose(k) => {
-                    // The run, its worker and its job's first need, if it
-                    // has one and may lose it once more.
-                    let target =
-                        running.iter().nth(k % running.len().max(1)).and_then(|(&run, (w, name))| {
-                            let i: usize = name[1..].parse().expect("job index");
-                            let need = *u.needs[i].first()?;
-                            (losses.get(name).copied().unwrap_or(0) < 3)
-                                .then(|| (run, *w, name.clone(), need))
-                        });
-                    if let Some((run, w, name, need)) = target {
-                        *losses.entry(name).or_default() += 1;
-                        running.remove(&run);
-                        let lost = lost_input(run, &format!("j{need}"));
-                        h.report(w, Report { started: vec![run], finished: vec![lost], ..Report::default() });
-                    }
                 }
             }
-            step(&mut h, &mut running, &cancelled);
+            state => panic!("build {b} never ended: it is {state}: {status:?}"),
         }
-        // Drain: keep working until nothing runs.
-        for _ in 0..200 {
-            step(&mut h, &mut running, &cancelled);
-            if running.is_empty()
-                && builds.iter().all(|b| h.solver.build_status(*b).expect("build").state.is_final())
-            {
-                break;
-            }
-            let done: Vec<(u64, u64, String)> =
-                running.iter().map(|(&run, (w, n))| (run, *w, n.clone())).collect();
-            running.clear();
-            for (run, w, name) in done {
-                h.report(
-                    w,
-                    Report { started: vec![run], finished: vec![ok(run, &name)], ..Report::default() },
-                );
-            }
-            keep_alive(&mut h, &workers);
-            h.later();
+    }
+
+    /// Runs the program, lets the workers finish everything, and checks
+    /// how every build ended.
+    fn run(u: &Universe, program: &[Op]) {
+        let mut s = Sim::new(u);
+        for op in program {
+            s.apply(op);
         }
-        for b in builds {
-            let state = h.solver.build_status(b).expect("build").state;
-            if cancelled.contains(&b) {
-                assert_eq!(state, BuildState::Cancelled, "build {b}");
-            } else {
-                assert_eq!(state, BuildState::Succeeded, "build {b}: {:?}", h.solver.build_status(b));
-            }
-        }
+        s.drain();
+        s.check_ends();
+        s.h.assert_replays();
     }
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(200))]
         #[test]
         fn cancels_stop_only_unneeded_work_and_survivors_complete(u in universe(), program in ops()) {
+            run(&u, &program);
+        }
+
+        /// The same with gangs, some restarting on failure, and runs that
+        /// fail; each build has gang jobs of its own.
+        #[test]
+        fn gangs_start_whole_and_builds_with_failing_runs_end(
+            u in universe_with_gangs(false),
+            program in ops_with_failures(),
+        ) {
+            run(&u, &program);
+        }
+
+        /// The same with the jobs of gangs shared between builds.
+        #[test]
+        fn shared_gangs_start_whole_and_builds_with_failing_runs_end(
+            u in universe_with_gangs(true),
+            program in ops_with_failures(),
+        ) {
             run(&u, &program);
         }
     }
@@ -1321,6 +1654,64 @@ fn a_gang_member_served_from_the_cache_lowers_what_the_gang_waits_for() {
     run_all(&mut h, w, 4);
     let status = h.solver.build_status(b2).expect("build");
     assert_eq!(status.state, BuildState::Succeeded, "{status:?}");
+}
+
+/// Two builds share a gang that restarts on failure: its jobs run once, for
+/// both. When a member fails, each build sends the gang again, whole, and
+/// both end once it ran again. The first build's restart comes while `b`
+/// still runs for the second: its gang waits for that job to leave the
+/// core rather than join it (`a` would then wait for a partner that never
+/// comes).
+#[test]
+fn builds_sharing_a_restarting_gang_both_end_after_a_member_fails() {
+    let mut h = Harness::new();
+    let w = worker_id(h.input(register("w1", 4, vec![])));
+    let gang = || vec![in_gang(job("a", &[]), "g", 2, true), in_gang(job("b", &[]), "g", 2, true)];
+    let b1 = build_id(h.input(submit(gang())));
+    let b2 = build_id(h.input(submit(gang())));
+    let pair = h.assigned();
+    let mut started = names(&pair);
+    started.sort_unstable();
+    assert_eq!(started, ["a", "b"], "one run of each, for both builds");
+    let run = |name: &str| pair.iter().find(|a| a.2 == name).map(|a| a.1).expect("assigned");
+    h.report(w, Report { finished: vec![failed(run("a"), 1)], ..Report::default() });
+    h.report(w, Report { finished: vec![ok(run("b"), "b")], ..Report::default() });
+    run_all(&mut h, w, 5);
+    for b in [b1, b2] {
+        let status = h.solver.build_status(b).expect("build");
+        assert_eq!(status.state, BuildState::Succeeded, "build {b}: {status:?}");
+    }
+}
+
+/// Two gangs that need each other can never start: gang `x` waits for `d`,
+/// whose need `b` waits for gang `y`, which waits for `c`, whose need `a`
+/// waits for gang `x`. The solver refuses a gang one member of which needs
+/// another (they start together); across two gangs it is the same
+/// deadlock, so such a build is refused, naming the gangs.
+#[test]
+fn gangs_that_need_each_other_are_refused() {
+    let mut h = Harness::new();
+    worker_id(h.input(register("w1", 4, vec![])));
+    let jobs = vec![
+        in_gang(job("a", &[]), "x", 2, false),
+        in_gang(job("b", &[]), "y", 2, false),
+        in_gang(job("c", &["a"]), "y", 2, false),
+        in_gang(job("d", &["b"]), "x", 2, false),
+    ];
+    match h.input(submit(jobs)) {
+        Err(SolverError::InvalidBuild(msg)) => {
+            assert!(msg.contains(r#"gangs "x", "y" wait for each other"#), "{msg}")
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    // The same gangs, one way round only, are fine: y goes after x.
+    let jobs = vec![
+        in_gang(job("a", &[]), "x", 2, false),
+        in_gang(job("d", &[]), "x", 2, false),
+        in_gang(job("b", &["a"]), "y", 2, false),
+        in_gang(job("c", &["d"]), "y", 2, false),
+    ];
+    assert!(matches!(h.input(submit(jobs)), Ok(Reply::Submitted(_))));
 }
 
 /// A job's needs are resolved to jobs once, at submission: the core gets
