@@ -152,6 +152,12 @@ fn line(event: &BuildEvent) -> Option<String> {
                 text.push_str(&format!(" (exit code {code})"));
             }
             if *state == JobState::Failed && !detail.is_empty() {
+                // The exit code is on the line already.
+                let said = exit_code.map(|code| format!("exit code {code}"));
+                let detail = said
+                    .as_deref()
+                    .and_then(|said| detail.strip_prefix(said))
+                    .map_or(detail.as_str(), |rest| rest.strip_prefix("; ").unwrap_or(rest));
                 for l in detail.lines() {
                     text.push_str("\n    ");
                     text.push_str(l);
@@ -171,4 +177,34 @@ fn line(event: &BuildEvent) -> Option<String> {
         EventKind::BuildFinished { state, .. } => format!("build {state}"),
         EventKind::BuildRetried { jobs } => format!("retrying {jobs} job(s)"),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn finished(exit_code: Option<i32>, detail: &str) -> BuildEvent {
+        let kind = EventKind::JobFinished {
+            job: "cc".into(),
+            state: JobState::Failed,
+            exit_code,
+            detail: detail.into(),
+        };
+        BuildEvent { seq: 3, at: 0, kind }
+    }
+
+    /// A failed job's line gives its exit code once, then what it wrote
+    /// on standard error, if anything.
+    #[test]
+    fn a_failure_says_its_exit_code_once() {
+        assert_eq!(line(&finished(Some(1), "exit code 1")).unwrap(), "failed    cc (exit code 1)");
+        assert_eq!(
+            line(&finished(Some(3), "exit code 3; stderr:\nmain.c:3: error")).unwrap(),
+            "failed    cc (exit code 3)\n    stderr:\n    main.c:3: error"
+        );
+        assert_eq!(
+            line(&finished(None, "killed by signal 9")).unwrap(),
+            "failed    cc\n    killed by signal 9"
+        );
+    }
 }
