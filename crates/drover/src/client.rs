@@ -339,7 +339,7 @@ pub(crate) async fn follow_events(
     let mut failures = 0u32;
     'outer: loop {
         let url = api(base, &format!("/v1/builds/{id}/events?from={next}"));
-        let stream = match http.get_stream(&url).await {
+        let mut stream = match http.get_stream(&url).await {
             Ok(stream) => stream,
             Err(e) if e.status() == Some(404) => {
                 return Err(Failure::Usage(anyhow!("no build {id} at {base}")));
@@ -358,7 +358,6 @@ pub(crate) async fn follow_events(
         failures = 0;
         // Newline-delimited JSON: the lines of each chunk are read where
         // they lie, and only a partial last line is kept for the next.
-        let mut stream = stream;
         let mut buf = Vec::new();
         while let Some(chunk) = stream.next().await {
             let Ok(chunk) = chunk else { continue 'outer };
