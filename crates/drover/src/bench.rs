@@ -9,7 +9,7 @@
 //!   coordinator saw them.
 //! - `noop`: a graph of N jobs built once, then again with everything cached.
 //! - `share`: 20 builds of the same 500-job graph submitted at once, against
-//!   one alone, three rounds of each alternated (each on a fresh cluster),
+//!   one alone, five rounds of each alternated (each on a fresh cluster),
 //!   medians compared: executions are counted by the jobs themselves.
 //! - `makespan`: random DAGs of `sleep` jobs (10 to 80 ms) on 2 workers with
 //!   2 slots each; the makespan against max(critical path, work / slots),
