@@ -49,9 +49,13 @@ pub(crate) fn check(jobs: &[JobSpec], diags: &mut Diagnostics) -> Vec<Vec<usize>
         }
     }
 
-    check_gangs(jobs, &edges, diags);
+    let gangs_apart = check_gangs(jobs, &edges, diags);
 
-    for cycle in cycles(&edges) {
+    let cycles = cycles(&edges);
+    if gangs_apart && cycles.is_empty() {
+        check_gang_order(jobs, &edges, diags);
+    }
+    for cycle in cycles {
         let names: Vec<&str> = cycle.iter().map(|&i| jobs[i].label().unwrap_or("?")).collect();
         let first = &jobs[cycle[0]];
         diags.push(
@@ -65,8 +69,10 @@ pub(crate) fn check(jobs: &[JobSpec], diags: &mut Diagnostics) -> Vec<Vec<usize>
 
 /// Members of one gang give the same `min_available` and `on_failure`, at
 /// most as many as they are, and none needs another, even indirectly: a
-/// gang's members start at the same moment.
-fn check_gangs(jobs: &[JobSpec], edges: &[Vec<usize>], diags: &mut Diagnostics) {
+/// gang's members start at the same moment. Returns whether no member
+/// needs another.
+fn check_gangs(jobs: &[JobSpec], edges: &[Vec<usize>], diags: &mut Diagnostics) -> bool {
+    let mut apart = true;
     let mut gangs: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
     for (i, job) in jobs.iter().enumerate() {
         if let Some(gang) = &job.gang {
@@ -112,6 +118,7 @@ fn check_gangs(jobs: &[JobSpec], edges: &[Vec<usize>], diags: &mut Diagnostics) 
                 continue;
             }
             if members.contains(&d) {
+                apart = false;
                 diags.push(
                     Some(jobs[d].gang.as_ref().expect("member").line),
                     jobs[d].label(),
@@ -122,6 +129,91 @@ fn check_gangs(jobs: &[JobSpec], edges: &[Vec<usize>], diags: &mut Diagnostics) 
             }
             stack.extend(edges[d].iter().copied());
         }
+    }
+    apart
+}
+
+/// No two gangs wait for each other. A gang goes on once all its members'
+/// needs are done, so if a job of gang `x` needs (directly or not) a job of
+/// gang `y` and the other way round, neither ever starts. Plays the build
+/// out (jobs go on as their needs are done, gangs once all their members'
+/// are) and reports each gang left waiting, at its first member, with the
+/// waiting gangs its jobs need. Only for a graph without cycles, whose
+/// gangs' members do not need each other.
+fn check_gang_order(jobs: &[JobSpec], edges: &[Vec<usize>], diags: &mut Diagnostics) {
+    let mut gangs: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    for (i, job) in jobs.iter().enumerate() {
+        if let Some(gang) = &job.gang {
+            gangs.entry(gang.name.as_str()).or_default().push(i);
+        }
+    }
+    if gangs.len() < 2 {
+        return;
+    }
+    let mut waiting: Vec<usize> = edges.iter().map(Vec::len).collect();
+    let mut dependents = vec![Vec::new(); jobs.len()];
+    for (i, needs) in edges.iter().enumerate() {
+        for &d in needs {
+            dependents[d].push(i);
+        }
+    }
+    let mut ready: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut needs_done: Vec<usize> = (0..jobs.len()).filter(|&i| waiting[i] == 0).collect();
+    let mut over = Vec::new();
+    while let Some(i) = needs_done.pop() {
+        match &jobs[i].gang {
+            None => over.push(i),
+            Some(g) => {
+                let n = ready.entry(g.name.as_str()).or_insert(0);
+                *n += 1;
+                if *n == gangs[g.name.as_str()].len() {
+                    over.extend(gangs[g.name.as_str()].iter().copied());
+                }
+            }
+        }
+        for j in over.drain(..) {
+            for &d in &dependents[j] {
+                waiting[d] -= 1;
+                if waiting[d] == 0 {
+                    needs_done.push(d);
+                }
+            }
+        }
+    }
+    let stuck = |name: &str| ready.get(name).copied().unwrap_or(0) < gangs[name].len();
+    for (name, members) in &gangs {
+        if !stuck(name) {
+            continue;
+        }
+        // The waiting gangs this one's jobs need, directly or not.
+        let mut seen = vec![false; jobs.len()];
+        let mut stack: Vec<usize> = members.iter().flat_map(|&m| edges[m].iter().copied()).collect();
+        let mut waits_for = std::collections::BTreeSet::new();
+        while let Some(d) = stack.pop() {
+            if std::mem::replace(&mut seen[d], true) {
+                continue;
+            }
+            if let Some(g) = &jobs[d].gang
+                && g.name != *name
+                && stuck(&g.name)
+            {
+                waits_for.insert(format!("{:?}", g.name));
+            }
+            stack.extend(edges[d].iter().copied());
+        }
+        let first = &jobs[members[0]];
+        let waits_for: Vec<String> = waits_for.into_iter().collect();
+        let (gang, start) = if waits_for.len() == 1 { ("gang", "starts") } else { ("gangs", "start") };
+        diags.push(
+            first.gang.as_ref().map(|g| g.line),
+            first.label(),
+            format!(
+                "gang {name:?} can never start: its jobs need, directly or not, jobs of {gang} {}, which never \
+                 {start} either: gangs that need each other wait forever (a gang's jobs start together, once \
+                 all their needs are done)",
+                waits_for.join(", ")
+            ),
+        );
     }
 }
 

@@ -660,6 +660,44 @@ jobs:
     );
 }
 
+/// Two gangs that need each other (a job of each needs, maybe through
+/// other jobs, a job of the other) never start: each is reported at its
+/// first member, naming the other. One way round only is fine.
+#[test]
+fn gangs_that_need_each_other_are_refused() {
+    let dir = Dir::new();
+    let yaml = "\
+jobs:
+  - name: a
+    run: x
+    gang: {name: x}
+  - name: b
+    run: x
+    gang: {name: y}
+  - name: link
+    run: x
+    needs: [a]
+  - name: c
+    run: x
+    needs: [link]
+    gang: {name: y}
+  - name: d
+    run: x
+    needs: [b]
+    gang: {name: x}
+";
+    let why = |gang: &str, other: &str| {
+        format!(
+            "gang \"{gang}\" can never start: its jobs need, directly or not, jobs of gang \"{other}\", which \
+             never starts either: gangs that need each other wait forever (a gang's jobs start together, once \
+             all their needs are done)"
+        )
+    };
+    assert_eq!(dir.errors(yaml), [at(4, Some("a"), &why("x", "y")), at(7, Some("b"), &why("y", "x"))]);
+    let one_way = yaml.replace("    needs: [b]\n", "");
+    dir.parse(&one_way);
+}
+
 #[test]
 fn a_gang_defaults_to_all_its_jobs_and_changes_their_ids() {
     let dir = Dir::new();
