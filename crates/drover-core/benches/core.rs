@@ -54,8 +54,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, SamplingMode, Throughput};
 use drover_core::{
-    Capacity, Config, Decision, Event, JobId, JobResult, JobSpec, Millis, QueueConfig, QueueLimits, Request,
-    RunId, Scheduler, WaiterId, WorkerId,
+    Capacity, Config, Decision, Event, GangSpec, JobId, JobResult, JobSpec, Millis, QueueConfig, QueueLimits,
+    Request, RunId, Scheduler, WaiterId, WorkerId,
 };
 
 const WORKERS: u64 = 1_000;
@@ -92,8 +92,20 @@ impl Rng {
     }
 }
 
+/// Members of each gang (see [`job_spec`]).
+const GANG: u64 = 4;
+
+/// Whether the backlog has gangs: with queues (issue 5's benchmark).
+fn gangs_on() -> bool {
+    queue_count() > 0
+}
+
+fn queue_count() -> u64 {
+    std::env::var(QUEUES_ENV).map_or(0, |v| v.parse().expect("queue count"))
+}
+
 fn config() -> Config {
-    let queues: u64 = std::env::var(QUEUES_ENV).map_or(0, |v| v.parse().expect("queue count"));
+    let queues = queue_count();
     Config {
         cache_timeout: Millis(10),
         deps_timeout: Millis(100),
@@ -152,7 +164,19 @@ fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
 /// Job `i`, drawn from a generator seeded by its index.
 fn job_spec(i: u64) -> JobSpec {
     let mut rng = Rng(i.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ 0x10b5);
-    let mut spec = JobSpec::new(job_id(i), &format!("tenant-{:02}", rng.below(TENANTS)));
+    let tenant = rng.below(TENANTS);
+    // With queues, the last GANG of every hundred jobs form a gang (all
+    // or nothing), of the tenant of the hundred's first job.
+    let gang = gangs_on() && i % 100 >= 100 - GANG;
+    let tenant = if gang {
+        Rng((i - i % 100).wrapping_mul(0x2545_F491_4F6C_DD1D) ^ 0x10b5).below(TENANTS)
+    } else {
+        tenant
+    };
+    let mut spec = JobSpec::new(job_id(i), &format!("tenant-{tenant:02}"));
+    if gang {
+        spec.gang = Some(GangSpec { id: format!("g{}", i / 100), min_available: GANG as u32 });
+    }
     spec.deps = (0..1 + rng.below(3)).map(|_| dep_id(rng.below(DEP_ARTIFACTS))).collect();
     let shape = rng.below(1000);
     let (cpu, memory) = match shape {

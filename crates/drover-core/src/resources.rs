@@ -15,7 +15,7 @@ pub(crate) type TokenIdx = u32;
 
 /// A job's resource shape: what it takes, what it takes exclusively, and the
 /// labels it needs. Jobs of one class are interchangeable for placement.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct ClassKey {
     pub(crate) slots: u32,
     pub(crate) cpu: u64,
@@ -29,6 +29,22 @@ pub(crate) struct ClassKey {
 }
 
 impl ClassKey {
+    /// The smallest request of `keys` in slots, CPU and memory (no tokens,
+    /// no labels): whatever fits nowhere, none of them fits there.
+    pub(crate) fn least<'a>(keys: impl Iterator<Item = &'a ClassKey>) -> Option<ClassKey> {
+        keys.fold(None, |least: Option<ClassKey>, k| {
+            Some(match least {
+                None => ClassKey { slots: k.slots, cpu: k.cpu, memory: k.memory, ..ClassKey::default() },
+                Some(l) => ClassKey {
+                    slots: l.slots.min(k.slots),
+                    cpu: l.cpu.min(k.cpu),
+                    memory: l.memory.min(k.memory),
+                    ..l
+                },
+            })
+        })
+    }
+
     fn amount(&self, token: TokenIdx) -> u64 {
         self.tokens.binary_search_by_key(&token, |(t, _)| *t).map(|i| self.tokens[i].1).unwrap_or(0)
     }
@@ -151,5 +167,10 @@ impl WorkerResources {
 
     pub(crate) fn free_slot(&self) -> bool {
         self.used_slots < self.slots
+    }
+
+    /// Free slots, less those of the reserved class if any.
+    pub(crate) fn free_slots_beside(&self, reserved: Option<&ClassKey>) -> u32 {
+        (self.slots - self.used_slots.min(self.slots)).saturating_sub(reserved.map_or(0, |r| r.slots))
     }
 }

@@ -209,6 +209,15 @@ struct Gang {
     queued: BTreeSet<(JobKey, JobIdx)>,
 }
 
+impl Gang {
+    /// If a dispatch should try to place this gang: how many of its
+    /// members must go at once (`min` before it started, then 1).
+    fn waits(&self) -> Option<u32> {
+        let ready = !self.queued.is_empty() && (self.started || self.queued.len() as u32 >= self.min);
+        ready.then_some(if self.started { 1 } else { self.min })
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Class {
     key: ClassKey,
@@ -372,6 +381,11 @@ pub struct Scheduler {
     /// Live gangs, oldest first.
     gangs: BTreeMap<GangIdx, Gang>,
     gang_index: BTreeMap<String, GangIdx>,
+    /// The gangs a dispatch tries to place (see [`Gang::waits`]), by how
+    /// many members a placement must place at once: a dispatch passes over
+    /// every gang that needs more than the idle workers have room for,
+    /// without a look at it.
+    waiting_gangs: BTreeSet<(u32, GangIdx)>,
     next_gang: GangIdx,
     /// Artifact → live workers holding it, in index order (most artifacts
     /// have one to three holders: a sorted vector, not a tree).
@@ -494,6 +508,7 @@ impl Scheduler {
             total_changed: false,
             gangs: BTreeMap::new(),
             gang_index: BTreeMap::new(),
+            waiting_gangs: BTreeSet::new(),
             next_gang: 0,
             queue_order: Vec::new(),
             queue_filed: vec![None; quotas.nodes.len()],
@@ -1219,11 +1234,12 @@ impl Scheduler {
                     g
                 }
             };
-            let gang = self.gangs.get_mut(&g).expect("live gang");
-            gang.members += 1;
-            // A later member may lower the bar (the caller's other members
-            // finished without running, from the cache, say).
-            gang.min = gang.min.min(spec.min_available);
+            self.change_gang(g, |gang| {
+                gang.members += 1;
+                // A later member may lower the bar (the caller's other
+                // members finished without running, from the cache, say).
+                gang.min = gang.min.min(spec.min_available);
+            });
             self.job_mut(j).gang = Some(g);
         }
         self.enqueue(j);
@@ -1444,7 +1460,7 @@ impl Scheduler {
             // Gang members wait together, outside the locality queues.
             let key = self.job(j).key;
             self.job_mut(j).state = JobState::Queued(Stage::Gang);
-            self.gangs.get_mut(&g).expect("live gang").queued.insert((key, j));
+            self.change_gang(g, |gang| gang.queued.insert((key, j)));
             return;
         }
         let holders: Vec<WorkerIdx> = self.holders.get(&id).cloned().unwrap_or_default();
@@ -1724,7 +1740,7 @@ impl Scheduler {
         }
         if let (Some(g), JobState::Queued(Stage::Gang)) = (self.job(j).gang, self.job(j).state) {
             let key = self.job(j).key;
-            self.gangs.get_mut(&g).expect("live gang").queued.remove(&(key, j));
+            self.change_gang(g, |gang| gang.queued.remove(&(key, j)));
         }
         // The job's entries in local queues stay behind, dead (see
         // `queue.rs`, "Leaving the local queues lazily"): a new era disowns
@@ -1776,13 +1792,17 @@ impl Scheduler {
         self.job_index.remove(&job.id);
         self.eras[j as usize] = self.eras[j as usize].wrapping_add(1);
         self.free_jobs.push(j);
-        if let Some(g) = job.gang {
-            let gang = self.gangs.get_mut(&g).expect("live gang");
-            gang.members -= 1;
-            if gang.members == 0 {
-                let gang = self.gangs.remove(&g).expect("live gang");
-                self.gang_index.remove(&gang.id);
+        if let Some(g) = job.gang
+            && self.change_gang(g, |gang| {
+                gang.members -= 1;
+                gang.members == 0
+            })
+        {
+            let gang = self.gangs.remove(&g).expect("live gang");
+            if let Some(n) = gang.waits() {
+                self.waiting_gangs.remove(&(n, g));
             }
+            self.gang_index.remove(&gang.id);
         }
     }
 
@@ -2423,12 +2443,18 @@ impl Scheduler {
     /// never holds resources, and two gangs cannot deadlock each other. The
     /// members of a started gang are placed one by one as they fit.
     fn place_gangs(&mut self) {
-        let ready: Vec<GangIdx> = self
-            .gangs
-            .iter()
-            .filter(|(_, g)| !g.queued.is_empty() && (g.started || g.queued.len() as u32 >= g.min))
-            .map(|(&g, _)| g)
-            .collect();
+        let Some(&(least, _)) = self.waiting_gangs.first() else { return };
+        // Each member placed takes a slot of an idle worker, beside its
+        // reservation if it has one: a gang that needs more at once than
+        // there are such slots cannot start now, and is not tried (in a
+        // busy cluster, that is every gang that needs more than one, on
+        // every step). Oldest gang first, as always.
+        let room = self.gang_room();
+        if room < least {
+            return;
+        }
+        let mut ready: Vec<GangIdx> = self.waiting_gangs.range(..(room + 1, 0)).map(|&(_, g)| g).collect();
+        ready.sort_unstable();
         for g in ready {
             let gang = &self.gangs[&g];
             let need = if gang.started { 1 } else { gang.min };
@@ -2446,12 +2472,44 @@ impl Scheduler {
             }
             self.quotas.dirty = requests_changed;
             if statement.len() as u32 >= need {
-                self.gangs.get_mut(&g).expect("live gang").started = true;
+                self.change_gang(g, |gang| gang.started = true);
                 for (w, j) in statement {
                     self.assign(w, j);
                 }
             }
         }
+    }
+
+    /// At most how many gang members could be placed at once now: the free
+    /// slots of the idle workers beside their reservations, counting only
+    /// workers with room there for the smallest request of any class.
+    fn gang_room(&self) -> u32 {
+        let Some(least) = ClassKey::least(self.classes.iter().map(|c| &c.key)) else { return 0 };
+        self.hungry
+            .iter()
+            .map(|&w| {
+                let worker = &self.workers[w as usize];
+                let reserved = worker.reserved.map(|r| &self.classes[self.job(r).class as usize].key);
+                if worker.res.fits(&least, reserved) { worker.res.free_slots_beside(reserved) } else { 0 }
+            })
+            .sum()
+    }
+
+    /// Changes gang `g` with `f`, keeping [`Self::waiting_gangs`] in step.
+    fn change_gang<R>(&mut self, g: GangIdx, f: impl FnOnce(&mut Gang) -> R) -> R {
+        let gang = self.gangs.get_mut(&g).expect("live gang");
+        let before = gang.waits();
+        let result = f(gang);
+        let after = gang.waits();
+        if before != after {
+            if let Some(n) = before {
+                self.waiting_gangs.remove(&(n, g));
+            }
+            if let Some(n) = after {
+                self.waiting_gangs.insert((n, g));
+            }
+        }
+        result
     }
 
     /// A worker where job `j` fits now, with its resources and its queue's

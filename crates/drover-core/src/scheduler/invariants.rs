@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{DrawBuffers, JobState, Place, Scheduler, Stage, TimerSlot, WorkerIdx, live_entry};
+use super::{DrawBuffers, GangIdx, JobState, Place, Scheduler, Stage, TimerSlot, WorkerIdx, live_entry};
 use crate::queue::{ClassIdx, TenantIdx, class_bit};
 use crate::quota::Amounts;
 use crate::resources::WorkerResources;
@@ -268,6 +268,11 @@ impl Scheduler {
             {
                 return Err(format!("gang {} does not match its jobs", gang.id));
             }
+        }
+        let waiting: BTreeSet<(u32, GangIdx)> =
+            self.gangs.iter().filter_map(|(&g, gang)| gang.waits().map(|n| (n, g))).collect();
+        if waiting != self.waiting_gangs {
+            return Err(format!("waiting gangs {:?}, expected {waiting:?}", self.waiting_gangs));
         }
         // Each queue's order holds exactly its tenants with queued entries,
         // each under its current key.
