@@ -40,7 +40,9 @@
 //!
 //! Run with `cargo bench -p drover-core`. `DROVER_BENCH_PENDING=100000`
 //! (comma-separated sizes) overrides the backlog sizes; `DROVER_BENCH_QUEUES=50`
-//! spreads the tenants over 50 weighted queues (a fifth of them capped). `cargo test
+//! spreads the tenants over 50 weighted queues (a fifth of them capped), and
+//! puts the last 4 of every 100 jobs in a gang of their own (all or
+//! nothing), as issue 5's benchmark asks: queues, gangs and DRF. `cargo test
 //! --benches` runs every benchmark once on a 20,000-job backlog.
 
 // The core's clippy.toml bans clocks so that the core stays a pure function of
