@@ -2449,7 +2449,7 @@ impl Scheduler {
         // there are such slots cannot start now, and is not tried (in a
         // busy cluster, that is every gang that needs more than one, on
         // every step). Oldest gang first, as always.
-        let room = self.gang_room();
+        let mut room = self.gang_room();
         if room < least {
             return;
         }
@@ -2458,6 +2458,10 @@ impl Scheduler {
         for g in ready {
             let gang = &self.gangs[&g];
             let need = if gang.started { 1 } else { gang.min };
+            // What earlier gangs of this step took is gone.
+            if need > room {
+                continue;
+            }
             let members: Vec<JobIdx> = gang.queued.iter().map(|&(_, j)| j).collect();
             let mut statement: Vec<(WorkerIdx, JobIdx)> = Vec::new();
             // The tentative charges cancel out: they move no deserved amount.
@@ -2472,6 +2476,7 @@ impl Scheduler {
             }
             self.quotas.dirty = requests_changed;
             if statement.len() as u32 >= need {
+                room = room.saturating_sub(statement.len() as u32);
                 self.change_gang(g, |gang| gang.started = true);
                 for (w, j) in statement {
                     self.assign(w, j);
