@@ -1169,8 +1169,8 @@ mod random {
 
         /// Handles one input and checks what it caused, at once: every
         /// assignment serves a live build, and gangs start whole (see
-        /// [`Sim::check_gangs`]). Every stop or drop of a run in flight is
-        /// answered with the run's end, as a further input.
+        /// [`Sim::check_gangs`]). Every stop or drop of a run is answered
+        /// with the run's end, as a further input.
         fn input(&mut self, input: Input) -> Result<Reply, SolverError> {
             let reply = self.h.input(input);
             let mut assigned = Vec::new();
@@ -1192,9 +1192,12 @@ mod random {
                             .insert(assignment.run, (worker, assignment.name.clone(), assignment.job));
                         assigned.push((assignment.run, assignment.name));
                     }
-                    Effect::Stop { worker, run } | Effect::Drop { worker, run }
-                        if self.running.remove(&run).is_some() =>
-                    {
+                    // A worker answers a stop or drop of a run it does not
+                    // have (its assignment withdrawn before it was
+                    // delivered) with the run's end too, as the real one
+                    // does: the core keeps the run's slot until then.
+                    Effect::Stop { worker, run } | Effect::Drop { worker, run } => {
+                        self.running.remove(&run);
                         ended.push((worker, run));
                     }
                     _ => {}
