@@ -49,11 +49,13 @@ pub(crate) fn check(jobs: &[JobSpec], diags: &mut Diagnostics) -> Vec<Vec<usize>
         }
     }
 
-    let gangs_apart = check_gangs(jobs, &edges, diags);
+    let gangs = check_gangs(jobs, &edges, diags);
 
     let cycles = cycles(&edges);
-    if gangs_apart && cycles.is_empty() {
-        check_gang_order(jobs, &edges, diags);
+    if let Some(gangs) = gangs
+        && cycles.is_empty()
+    {
+        check_gang_order(jobs, &edges, &gangs, diags);
     }
     for cycle in cycles {
         let names: Vec<&str> = cycle.iter().map(|&i| jobs[i].label().unwrap_or("?")).collect();
@@ -69,9 +71,13 @@ pub(crate) fn check(jobs: &[JobSpec], diags: &mut Diagnostics) -> Vec<Vec<usize>
 
 /// Members of one gang give the same `min_available` and `on_failure`, at
 /// most as many as they are, and none needs another, even indirectly: a
-/// gang's members start at the same moment. Returns whether no member
-/// needs another.
-fn check_gangs(jobs: &[JobSpec], edges: &[Vec<usize>], diags: &mut Diagnostics) -> bool {
+/// gang's members start at the same moment. Returns each gang's members,
+/// by name, if no member needs another.
+fn check_gangs<'a>(
+    jobs: &'a [JobSpec],
+    edges: &[Vec<usize>],
+    diags: &mut Diagnostics,
+) -> Option<BTreeMap<&'a str, Vec<usize>>> {
     let mut apart = true;
     let mut gangs: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
     for (i, job) in jobs.iter().enumerate() {
@@ -130,7 +136,7 @@ fn check_gangs(jobs: &[JobSpec], edges: &[Vec<usize>], diags: &mut Diagnostics) 
             stack.extend(edges[d].iter().copied());
         }
     }
-    apart
+    apart.then_some(gangs)
 }
 
 /// No two gangs wait for each other. A gang goes on once all its members'
@@ -139,14 +145,13 @@ fn check_gangs(jobs: &[JobSpec], edges: &[Vec<usize>], diags: &mut Diagnostics) 
 /// out (jobs go on as their needs are done, gangs once all their members'
 /// are) and reports each gang left waiting, at its first member, with the
 /// waiting gangs its jobs need. Only for a graph without cycles, whose
-/// gangs' members do not need each other.
-fn check_gang_order(jobs: &[JobSpec], edges: &[Vec<usize>], diags: &mut Diagnostics) {
-    let mut gangs: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
-    for (i, job) in jobs.iter().enumerate() {
-        if let Some(gang) = &job.gang {
-            gangs.entry(gang.name.as_str()).or_default().push(i);
-        }
-    }
+/// gangs' members (`gangs`, by name) do not need each other.
+fn check_gang_order(
+    jobs: &[JobSpec],
+    edges: &[Vec<usize>],
+    gangs: &BTreeMap<&str, Vec<usize>>,
+    diags: &mut Diagnostics,
+) {
     if gangs.len() < 2 {
         return;
     }
@@ -181,7 +186,7 @@ fn check_gang_order(jobs: &[JobSpec], edges: &[Vec<usize>], diags: &mut Diagnost
         }
     }
     let stuck = |name: &str| ready.get(name).copied().unwrap_or(0) < gangs[name].len();
-    for (name, members) in &gangs {
+    for (name, members) in gangs {
         if !stuck(name) {
             continue;
         }

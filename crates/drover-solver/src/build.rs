@@ -115,7 +115,11 @@ pub(crate) struct Build {
 /// The build's gangs, checked: members agree on their settings, there are
 /// at least `min_available` of them, and none needs another, even through
 /// other jobs (they start together).
-fn gangs(jobs: &[JobDef], index: &BTreeMap<String, u32>) -> Result<BTreeMap<String, GangRec>, String> {
+fn gangs(
+    jobs: &[JobDef],
+    index: &BTreeMap<String, u32>,
+    dependents: &[Vec<u32>],
+) -> Result<BTreeMap<String, GangRec>, String> {
     let mut gangs: BTreeMap<String, GangRec> = BTreeMap::new();
     for (i, job) in jobs.iter().enumerate() {
         let Some(g) = &job.gang else { continue };
@@ -168,7 +172,7 @@ fn gangs(jobs: &[JobDef], index: &BTreeMap<String, u32>) -> Result<BTreeMap<Stri
         }
     }
     if !gangs.is_empty() {
-        gangs_can_start(jobs, index, &gangs)?;
+        gangs_can_start(jobs, dependents, &gangs)?;
     }
     Ok(gangs)
 }
@@ -182,16 +186,10 @@ fn gangs(jobs: &[JobDef], index: &BTreeMap<String, u32>) -> Result<BTreeMap<Stri
 /// members' are, and names the gangs left waiting.
 fn gangs_can_start(
     jobs: &[JobDef],
-    index: &BTreeMap<String, u32>,
+    dependents: &[Vec<u32>],
     gangs: &BTreeMap<String, GangRec>,
 ) -> Result<(), String> {
     let mut waiting: Vec<usize> = jobs.iter().map(|j| j.needs.len()).collect();
-    let mut dependents = vec![Vec::new(); jobs.len()];
-    for (i, job) in jobs.iter().enumerate() {
-        for need in &job.needs {
-            dependents[index[need] as usize].push(i as u32);
-        }
-    }
     // Members of each gang whose needs are done.
     let mut ready: BTreeMap<&str, usize> = BTreeMap::new();
     let mut needs_done: Vec<u32> = (0..jobs.len() as u32).filter(|&i| waiting[i as usize] == 0).collect();
@@ -311,7 +309,7 @@ impl Build {
             }
             pending.push(job.needs.len() as u32);
         }
-        let gangs = gangs(&spec.jobs, &index)?;
+        let gangs = gangs(&spec.jobs, &index, &dependents)?;
         let tenant = if req.tenant.is_empty() { "default".to_owned() } else { req.tenant };
         let jobs = vec![
             JobRec {

@@ -592,12 +592,8 @@ fn url_escape(text: &str) -> String {
 pub(crate) async fn retry(args: RetryArgs) -> Result<(), Failure> {
     let http = connect(&args.remote);
     let base = &args.remote.coordinator;
-    let events = api(base, &format!("/v1/builds/{}", args.build));
     // Follow from the end of the history as it is now.
-    let before: BuildStatus = http.get_json(&events).await.map_err(|e| match e.status() {
-        Some(404) => Failure::Usage(anyhow!("no build {}", args.build)),
-        _ => reach(base)(e),
-    })?;
+    let before = build_status(&http, base, args.build).await?;
     let history = count_events(&http, base, args.build).await?;
     http.post(&api(base, &format!("/v1/builds/{}/retry", args.build))).await.map_err(|e| {
         match e.status() {
