@@ -44,10 +44,21 @@
 //! puts the last 4 of every 100 jobs in a gang of their own (all or
 //! nothing), as issue 5's benchmark asks: queues, gangs and DRF. `cargo test
 //! --benches` runs every benchmark once on a 20,000-job backlog.
+//! `DROVER_BENCH_EVENTS=N` skips criterion and runs exactly N
+//! `exit_and_assign` events per size, the same ones on every run: for
+//! counting tools (`valgrind --tool=callgrind --cache-sim=yes
+//! --toggle-collect='*Cluster::timed*'`), whose counts do not move with the
+//! machine's load as times do.
 
 // The core's clippy.toml bans clocks so that the core stays a pure function of
 // its inputs; this harness sits outside the core and times it.
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]
+
+/// The allocator the `drover` binary, and so the coordinator around the
+/// core, runs on (see its `main.rs`): the core's cost per event is mostly
+/// cache and TLB misses, which the allocator's layout and page size move.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
@@ -76,6 +87,8 @@ const MEM_ENV: &str = "DROVER_BENCH_MEMORY_CHILD";
 const SIZES_ENV: &str = "DROVER_BENCH_PENDING";
 /// Number of weighted queues the tenants are spread over (0: none).
 const QUEUES_ENV: &str = "DROVER_BENCH_QUEUES";
+/// A fixed number of `exit_and_assign` events to run instead of criterion.
+const EVENTS_ENV: &str = "DROVER_BENCH_EVENTS";
 
 /// splitmix64: a tiny seeded generator, so every run builds the same cluster.
 struct Rng(u64);
@@ -507,6 +520,19 @@ fn main() {
         Err(_) if test_mode => vec![20_000],
         Err(_) => vec![100_000, 1_000_000],
     };
+    if let Ok(n) = std::env::var(EVENTS_ENV) {
+        let n: u64 = n.parse().expect("event count");
+        for &pending in &sizes {
+            let mut c = Cluster::new(pending);
+            let took = c.chunked(n, Cluster::exits);
+            eprintln!(
+                "{pending} queued: {n} exit_and_assign events, {:.2} µs each; {:.0} MB resident after",
+                took.as_secs_f64() * 1e6 / n as f64,
+                rss() as f64 / 1e6
+            );
+        }
+        return;
+    }
     let mut criterion = Criterion::default()
         .sample_size(10)
         .warm_up_time(Duration::from_secs(1))

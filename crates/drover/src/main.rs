@@ -19,6 +19,15 @@ use clap::Parser;
 
 use cli::{Cli, Command};
 
+/// mimalloc, which on Linux asks for transparent huge pages for its large
+/// regions: the coordinator's core state is pointer-heavy and read cold
+/// (one job's queues, indexes and timers spread over a few hundred
+/// megabytes at a million queued jobs), so fewer TLB misses and a cheaper
+/// small-object allocator shorten every decision (BENCHMARKS.md, "The
+/// allocator"). The core's benchmark runs on the same allocator.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// How a command failed, and so which exit code it gets.
 #[derive(Debug)]
 enum Failure {
