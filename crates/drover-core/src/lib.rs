@@ -26,6 +26,7 @@ mod readers;
 mod resources;
 mod rng;
 mod scheduler;
+mod small;
 mod types;
 
 pub use quota::DEFAULT_QUEUE;

@@ -20,33 +20,35 @@
 //! took a descent through nodes of 32-byte keys.
 //!
 //! The global queue ([`GlobalQueue`]), which holds most of the backlog, is
-//! one small ordered map of (tenant, class) groups, each with its first job
-//! at hand and its jobs in an ordered map of their own: a draw reads a
-//! tenant's fronts with one descent into the small map, which stays in
-//! cache, and a job leaving descends only into its own group's map, a few
-//! levels shallower than one map of the whole backlog would be.
+//! one small ordered map of (tenant, class) groups, each with its jobs in
+//! an ordered map of their own: a draw reads a tenant's fronts with one
+//! descent into the small map, which stays in cache, and a look at the
+//! head of each group's map.
 //!
 //! **Class masks.** Each queue also keeps, per tenant, a bit mask of the
 //! classes of its entries ([`class_bit`]; dead local entries included), so a
 //! draw can tell that a tenant has nothing a worker could take in that
 //! worker's queues with a load per queue, without a descent.
 //!
-//! **Leaving the local queues lazily.** A queued job sits in several queues
+//! **Leaving the queues lazily.** A queued job sits in several queues
 //! at once (the first queues of the holders of its result, the second
 //! queues of the holders of its dependencies, the global queue), and when a
-//! worker takes it, it leaves all of them. Taking each entry out of a
-//! worker's local queue at once costs a cold descent into a queue nobody is
-//! looking at. Instead those entries stay behind, *dead*: each entry
+//! worker takes it, it leaves all of them. Taking each entry out at once
+//! costs a cold descent into a queue nobody is looking at (in the global
+//! queue, into its group's map, since a worker usually takes a job from
+//! its own local queues). Instead those entries stay behind, *dead*: each entry
 //! carries its job slot's era (a counter bumped whenever the slot's job
 //! leaves the queues, and when the slot is freed for another job), and an
 //! entry whose era is behind its slot's no longer counts. The
 //! worker's own draw drops a dead entry when it meets it at a front (the
 //! path is then in cache), and a queue whose dead entries pass half its
 //! live ones is swept in one pass ([`Queue::compact`]), so they never take
-//! more than half again the room of the live ones. Nothing outside this
-//! module sees a dead entry: every reader passes a liveness test. The
-//! global queue leaves eagerly, so the first job of each of its groups is
-//! always exact.
+//! more than half again the room of the live ones. The global queue does
+//! the same per (tenant, class) group: a draw drops the dead entries at a
+//! group's head, and a group whose dead entries pass half its live ones
+//! (or, in a small group, all of them are dead) is swept
+//! ([`GlobalQueue::left`]). Nothing outside this module sees a dead entry:
+//! every reader passes a liveness test.
 
 use std::collections::BTreeMap;
 use std::collections::btree_map;
@@ -75,7 +77,7 @@ pub(crate) struct JobKey {
 const FIRST_KEY: JobKey = JobKey { order: [0; 2], seq: 0 };
 
 /// Dead entries a queue tolerates before it is swept, whatever its size.
-const SWEEP_AFTER: usize = 32;
+const SWEEP_AFTER: u32 = 32;
 
 /// Most entries a tenant keeps in a sorted vector in one local queue; beyond
 /// that, an ordered map (so that filing one stays a descent, not a shift of
@@ -254,15 +256,44 @@ impl Entries {
     }
 }
 
-/// One of a worker's two local queues.
+/// How many entries one local queue holds, dead ones included, and how
+/// many of those are dead. Kept apart from the queue, in one dense array
+/// over all workers' queues (`Scheduler::queue_counts`): a job's departure
+/// counts one more dead entry in each of the four or so local queues it
+/// was in, queues nobody is looking at, and these counts are all it reads
+/// of them until a sweep is due, a few kilobytes that stay in cache
+/// instead of a cold line of each worker.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct QueueCounts {
+    entries: u32,
+    stale: u32,
+}
+
+impl QueueCounts {
+    /// Live entries.
+    pub(crate) fn len(&self) -> usize {
+        (self.entries - self.stale) as usize
+    }
+
+    /// Entries, dead ones included (for the invariant checks).
+    pub(crate) fn entries(&self) -> usize {
+        self.entries as usize
+    }
+
+    /// One of the queue's entries died: its job left the queues. True when
+    /// it is time to [`Queue::compact`].
+    pub(crate) fn left(&mut self) -> bool {
+        self.stale += 1;
+        self.stale >= SWEEP_AFTER && self.stale * 3 > self.entries
+    }
+}
+
+/// One of a worker's two local queues. Its counts are kept apart
+/// ([`QueueCounts`]) and passed to every method that moves them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Queue {
     /// Each tenant's entries (a tenant with none is not listed).
     tenants: BTreeMap<TenantIdx, Entries>,
-    /// Entries, dead ones included.
-    entries: usize,
-    /// Dead entries (see the module doc).
-    stale: usize,
     /// Entries (dead ones included) per class: a draw skips the walk when
     /// no class it could take has any.
     classes: Vec<u32>,
@@ -275,7 +306,15 @@ pub(crate) struct Queue {
 impl Queue {
     /// Files `job`, of era `era`. A dead entry the job left at the same slot
     /// comes back to life.
-    pub(crate) fn insert(&mut self, class: ClassIdx, tenant: TenantIdx, key: JobKey, job: JobIdx, era: Era) {
+    pub(crate) fn insert(
+        &mut self,
+        counts: &mut QueueCounts,
+        class: ClassIdx,
+        tenant: TenantIdx,
+        key: JobKey,
+        job: JobIdx,
+        era: Era,
+    ) {
         let entries = self.tenants.entry(tenant).or_insert_with(|| Entries::Few(Vec::new()));
         let t = tenant as usize;
         if self.masks.len() <= t {
@@ -283,9 +322,9 @@ impl Queue {
         }
         self.masks[t] |= class_bit(class);
         if !entries.insert(Entry { class, job, key, era }) {
-            self.stale -= 1;
+            counts.stale -= 1;
         } else {
-            self.entries += 1;
+            counts.entries += 1;
             let c = class as usize;
             if self.classes.len() <= c {
                 self.classes.resize(c + 1, 0);
@@ -295,7 +334,13 @@ impl Queue {
     }
 
     /// Removes one live job's entry; true if it was there.
-    pub(crate) fn remove(&mut self, class: ClassIdx, tenant: TenantIdx, key: JobKey) -> bool {
+    pub(crate) fn remove(
+        &mut self,
+        counts: &mut QueueCounts,
+        class: ClassIdx,
+        tenant: TenantIdx,
+        key: JobKey,
+    ) -> bool {
         let Some(entries) = self.tenants.get_mut(&tenant) else { return false };
         if !entries.remove(class, key) {
             return false;
@@ -304,26 +349,14 @@ impl Queue {
         if entries.is_empty() {
             self.tenants.remove(&tenant);
         }
-        self.entries -= 1;
+        counts.entries -= 1;
         self.classes[class as usize] -= 1;
         true
     }
 
-    /// Live entries.
-    pub(crate) fn len(&self) -> usize {
-        self.entries - self.stale
-    }
-
-    /// One of this queue's entries died: its job left the queues. True when
-    /// it is time to [`Queue::compact`].
-    pub(crate) fn left(&mut self) -> bool {
-        self.stale += 1;
-        self.stale >= SWEEP_AFTER && self.stale * 3 > self.entries
-    }
-
     /// Drops every dead entry.
-    pub(crate) fn compact(&mut self, live: impl Fn(JobIdx, Era) -> bool) {
-        let (classes, masks, removed) = (&mut self.classes, &mut self.masks, &mut 0);
+    pub(crate) fn compact(&mut self, counts: &mut QueueCounts, live: impl Fn(JobIdx, Era) -> bool) {
+        let (classes, masks, removed) = (&mut self.classes, &mut self.masks, &mut 0u32);
         self.tenants.retain(|&t, entries| {
             entries.retain(|e| {
                 let keep = live(e.job, e.era);
@@ -336,8 +369,8 @@ impl Queue {
             masks[t as usize] = entries.mask();
             !entries.is_empty()
         });
-        self.entries -= *removed;
-        self.stale = 0;
+        counts.entries -= *removed;
+        counts.stale = 0;
     }
 
     /// Whether any entry (live or dead) is of this class.
@@ -360,12 +393,13 @@ impl Queue {
     /// descending again after a few).
     pub(crate) fn fronts(
         &mut self,
+        counts: &mut QueueCounts,
         tenant: TenantIdx,
         live: impl Fn(JobIdx, Era) -> bool,
         out: impl FnMut(ClassIdx, JobKey, JobIdx),
     ) {
         let Some(entries) = self.tenants.get_mut(&tenant) else { return };
-        let (classes, dropped) = (&mut self.classes, &mut 0);
+        let (classes, dropped) = (&mut self.classes, &mut 0u32);
         entries.fronts(live, out, |class| {
             classes[class as usize] -= 1;
             *dropped += 1;
@@ -376,8 +410,8 @@ impl Queue {
         if entries.is_empty() {
             self.tenants.remove(&tenant);
         }
-        self.entries -= *dropped;
-        self.stale -= *dropped;
+        counts.entries -= *dropped;
+        counts.stale -= *dropped;
     }
 
     /// Every live job here, in tenant, class and job order.
@@ -386,9 +420,12 @@ impl Queue {
     }
 
     /// Empties the queue, returning its live jobs with their tenants.
-    pub(crate) fn take_all(&mut self, live: impl Fn(JobIdx, Era) -> bool) -> Vec<(TenantIdx, JobIdx)> {
-        self.stale = 0;
-        self.entries = 0;
+    pub(crate) fn take_all(
+        &mut self,
+        counts: &mut QueueCounts,
+        live: impl Fn(JobIdx, Era) -> bool,
+    ) -> Vec<(TenantIdx, JobIdx)> {
+        *counts = QueueCounts::default();
         self.classes.clear();
         self.masks = Vec::new();
         let tenants = std::mem::take(&mut self.tenants);
@@ -399,16 +436,11 @@ impl Queue {
         all
     }
 
-    /// Entries, dead ones included (for the invariant checks).
-    pub(crate) fn entries(&self) -> usize {
-        self.entries
-    }
-
     /// Whether the counts of entries, in all and per class, match the
     /// entries, no tenant is listed without entries, and each tenant's few
     /// entries are a sorted vector of at most [`FEW`] (for the invariant
     /// checks).
-    pub(crate) fn classes_agree(&self) -> bool {
+    pub(crate) fn classes_agree(&self, queue_counts: &QueueCounts) -> bool {
         let mut counts = vec![0u32; self.classes.len()];
         let mut total = 0;
         for (t, mask) in self.masks.iter().enumerate() {
@@ -437,38 +469,63 @@ impl Queue {
                 total += 1;
             }
         }
-        counts == self.classes && total == self.entries
+        counts == self.classes && total == queue_counts.entries()
     }
 }
 
-/// The jobs of one (tenant, class) in the global queue.
+/// The jobs of one (tenant, class) in the global queue, dead entries
+/// included (never first), each with its slot's era.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Group {
-    /// The first of `jobs`, at hand for a draw.
-    first: (JobKey, JobIdx),
-    jobs: BTreeMap<JobKey, JobIdx>,
+    /// The first entry of `jobs`, always live, at hand for a draw: reading
+    /// the group's front leaves `jobs` untouched.
+    first: (JobKey, JobIdx, Era),
+    jobs: BTreeMap<JobKey, (JobIdx, Era)>,
+    /// Dead entries among `jobs`.
+    dead: u32,
 }
 
-/// The global queue: jobs any worker may take. Its jobs leave it eagerly
-/// ([`GlobalQueue::remove`]); see the module doc for its layout.
+impl Group {
+    /// Brings `first` up to date with `jobs` (which is not empty).
+    fn refirst(&mut self) {
+        let (&key, &(j, era)) = self.jobs.first_key_value().expect("a group has jobs");
+        self.first = (key, j, era);
+    }
+}
+
+/// Dead entries a group of the global queue tolerates before it is swept,
+/// whatever its size.
+const GROUP_SWEEP_AFTER: u32 = 8;
+
+/// The global queue: jobs any worker may take. Its jobs leave it lazily,
+/// like the local queues' (see the module doc), one group at a time; see
+/// the module doc for its layout.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct GlobalQueue {
     groups: BTreeMap<(TenantIdx, ClassIdx), Group>,
-    /// Jobs in all groups.
-    len: usize,
-    /// Jobs per class: a draw skips the walk when no class it could take
-    /// has any.
+    /// Entries in all groups, dead ones included.
+    entries: usize,
+    /// Dead entries in all groups.
+    stale: usize,
+    /// Entries (dead ones included) per class: a draw skips the walk when
+    /// no class it could take has any.
     classes: Vec<u32>,
-    /// Per tenant, the class mask of its groups (see [`class_bit`]).
+    /// Per tenant, the class mask of its groups (see [`class_bit`]; dead
+    /// entries included).
     masks: Vec<u64>,
 }
 
 impl GlobalQueue {
-    /// Files `job`.
-    pub(crate) fn insert(&mut self, class: ClassIdx, tenant: TenantIdx, key: JobKey, job: JobIdx) {
+    /// Files `job`, of era `era`. A dead entry the job left comes back to
+    /// life.
+    pub(crate) fn insert(&mut self, class: ClassIdx, tenant: TenantIdx, key: JobKey, job: JobIdx, era: Era) {
         match self.groups.entry((tenant, class)) {
             btree_map::Entry::Vacant(e) => {
-                e.insert(Group { first: (key, job), jobs: BTreeMap::from([(key, job)]) });
+                e.insert(Group {
+                    first: (key, job, era),
+                    jobs: BTreeMap::from([(key, (job, era))]),
+                    dead: 0,
+                });
                 let t = tenant as usize;
                 if self.masks.len() <= t {
                     self.masks.resize(t + 1, 0);
@@ -477,15 +534,24 @@ impl GlobalQueue {
             }
             btree_map::Entry::Occupied(mut e) => {
                 let group = e.get_mut();
-                if group.jobs.insert(key, job).is_some() {
-                    return;
+                let old = group.jobs.insert(key, (job, era));
+                if key <= group.first.0 {
+                    group.first = (key, job, era);
                 }
-                if key < group.first.0 {
-                    group.first = (key, job);
+                match old {
+                    // Already there, alive.
+                    Some((_, old)) if old == era => return,
+                    // Its dead entry (a key is one job's), alive again.
+                    Some(_) => {
+                        group.dead -= 1;
+                        self.stale -= 1;
+                        return;
+                    }
+                    None => {}
                 }
             }
         }
-        self.len += 1;
+        self.entries += 1;
         let c = class as usize;
         if self.classes.len() <= c {
             self.classes.resize(c + 1, 0);
@@ -493,62 +559,123 @@ impl GlobalQueue {
         self.classes[c] += 1;
     }
 
-    /// Removes a job; true if it was there.
+    /// Job `key` of group (`tenant`, `class`) left the queues: its entry
+    /// is dead (its era moved on). The group's first job leaves at once,
+    /// with the dead entries right behind it, so that a group's first entry
+    /// is always live and a draw reads it without a liveness test. Any
+    /// other entry stays, dead, and only two counts move (the group's map
+    /// stays cold) until the group's dead entries pass half its live ones
+    /// and it is swept.
+    pub(crate) fn left(
+        &mut self,
+        class: ClassIdx,
+        tenant: TenantIdx,
+        key: JobKey,
+        live: impl Fn(JobIdx, Era) -> bool,
+    ) {
+        let group = self.groups.get_mut(&(tenant, class)).expect("a live entry's group");
+        let mut removed = 0;
+        if group.first.0 == key {
+            group.jobs.pop_first();
+            removed += 1;
+            while let Some(first) = group.jobs.first_entry() {
+                let &(j, era) = first.get();
+                if live(j, era) {
+                    break;
+                }
+                first.remove();
+                group.dead -= 1;
+                self.stale -= 1;
+                removed += 1;
+            }
+        } else {
+            group.dead += 1;
+            self.stale += 1;
+        }
+        let len = group.jobs.len() as u32;
+        if group.dead >= GROUP_SWEEP_AFTER.min(len) && group.dead * 3 > len {
+            group.jobs.retain(|_, &mut (j, era)| live(j, era));
+            self.stale -= group.dead as usize;
+            removed += group.dead as usize;
+            group.dead = 0;
+        }
+        if !group.jobs.is_empty() {
+            group.refirst();
+        }
+        self.dropped(class, tenant, removed);
+    }
+
+    /// Counts `n` entries of group (`tenant`, `class`) out, and the group
+    /// with them if it has none left.
+    fn dropped(&mut self, class: ClassIdx, tenant: TenantIdx, n: usize) {
+        self.entries -= n;
+        self.classes[class as usize] -= n as u32;
+        if self.groups.get(&(tenant, class)).is_some_and(|g| g.jobs.is_empty()) {
+            self.groups.remove(&(tenant, class));
+            let shared = class >= SHARED_BIT
+                && self.groups.range((tenant, SHARED_BIT)..=(tenant, ClassIdx::MAX)).next().is_some();
+            if !shared {
+                self.masks[tenant as usize] &= !class_bit(class);
+            }
+        }
+    }
+
+    /// Takes a live job's entry out at once; true if it was there.
     pub(crate) fn remove(&mut self, class: ClassIdx, tenant: TenantIdx, key: JobKey) -> bool {
-        let btree_map::Entry::Occupied(mut e) = self.groups.entry((tenant, class)) else { return false };
-        let group = e.get_mut();
+        let Some(group) = self.groups.get_mut(&(tenant, class)) else { return false };
         if group.jobs.remove(&key).is_none() {
             return false;
         }
-        if group.first.0 == key {
-            // The next job of the group, if any, heads it now.
-            match group.jobs.first_key_value() {
-                Some((&next, &j)) => group.first = (next, j),
-                None => {
-                    e.remove();
-                    let shared = class >= SHARED_BIT
-                        && self.groups.range((tenant, SHARED_BIT)..=(tenant, ClassIdx::MAX)).next().is_some();
-                    if !shared {
-                        self.masks[tenant as usize] &= !class_bit(class);
-                    }
-                }
-            }
+        if group.first.0 == key && !group.jobs.is_empty() {
+            group.refirst();
         }
-        self.len -= 1;
-        self.classes[class as usize] -= 1;
+        self.dropped(class, tenant, 1);
         true
     }
 
-    /// Jobs queued here.
+    /// Live jobs queued here.
     pub(crate) fn len(&self) -> usize {
-        self.len
+        self.entries - self.stale
     }
 
-    /// Whether any job is of this class.
+    /// Entries, dead ones included (for the invariant checks).
+    pub(crate) fn entries(&self) -> usize {
+        self.entries
+    }
+
+    /// Whether any entry (live or dead) is of this class.
     pub(crate) fn has_class(&self, class: ClassIdx) -> bool {
         self.classes.get(class as usize).is_some_and(|&n| n > 0)
     }
 
-    /// The class mask of `tenant`'s jobs here (see [`class_bit`]).
+    /// The class mask of `tenant`'s entries here (see [`class_bit`]; dead
+    /// ones included).
     pub(crate) fn class_mask(&self, tenant: TenantIdx) -> u64 {
         self.masks.get(tenant as usize).copied().unwrap_or(0)
     }
 
     /// The first job of each class `tenant` has here, in class order: one
-    /// descent.
+    /// descent into the small map of groups (a group's first entry is
+    /// always live).
     pub(crate) fn fronts(&self, tenant: TenantIdx) -> impl Iterator<Item = (ClassIdx, JobKey, JobIdx)> {
         let groups = self.groups.range((tenant, 0)..=(tenant, ClassIdx::MAX));
         groups.map(|(&(_, class), group)| (class, group.first.0, group.first.1))
     }
 
-    /// Every job here, in tenant, class and job order.
-    pub(crate) fn jobs(&self) -> impl Iterator<Item = JobIdx> {
-        self.groups.values().flat_map(|group| group.jobs.values().copied())
+    /// Every live job here, in tenant, class and job order.
+    pub(crate) fn jobs(&self, live: impl Fn(JobIdx, Era) -> bool) -> impl Iterator<Item = JobIdx> {
+        self.groups
+            .values()
+            .flat_map(|group| group.jobs.values().copied())
+            .filter(move |&(j, era)| live(j, era))
+            .map(|(j, _)| j)
     }
 
-    /// Whether the count, the counts per class and each group's first job
-    /// match the jobs, and no group is empty (for the invariant checks).
-    pub(crate) fn agrees(&self) -> bool {
+    /// Whether the counts (all entries, dead ones, entries per class), the
+    /// masks, each group's first entry (which is live) and its count of dead
+    /// entries match the entries, the dead stay within their bound, and no
+    /// group is empty (for the invariant checks).
+    pub(crate) fn agrees(&self, live: impl Fn(JobIdx, Era) -> bool) -> bool {
         let mut counts = vec![0u32; self.classes.len()];
         let mut masks = vec![0u64; self.masks.len()];
         for &(t, class) in self.groups.keys() {
@@ -560,14 +687,24 @@ impl GlobalQueue {
         if masks != self.masks {
             return false;
         }
+        let mut stale = 0;
         for (&(_, class), group) in &self.groups {
             let Some(n) = counts.get_mut(class as usize) else { return false };
-            *n += group.jobs.len() as u32;
-            if group.jobs.first_key_value() != Some((&group.first.0, &group.first.1)) {
+            let len = group.jobs.len() as u32;
+            *n += len;
+            let dead = group.jobs.values().filter(|&&(j, era)| !live(j, era)).count() as u32;
+            if len == 0 || dead != group.dead || !(dead < GROUP_SWEEP_AFTER.min(len) || dead * 3 <= len) {
                 return false;
             }
+            let first = group.jobs.first_key_value().map(|(&key, &(j, era))| (key, j, era));
+            if first != Some(group.first) || !live(group.first.1, group.first.2) {
+                return false;
+            }
+            stale += dead as usize;
         }
-        counts == self.classes && self.groups.values().map(|g| g.jobs.len()).sum::<usize>() == self.len
+        counts == self.classes
+            && stale == self.stale
+            && self.groups.values().map(|g| g.jobs.len()).sum::<usize>() == self.entries
     }
 }
 
@@ -576,6 +713,46 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
+
+    /// A local queue with its counts, as the scheduler keeps them apart.
+    #[derive(Debug, Default, PartialEq)]
+    struct Q {
+        q: Queue,
+        c: QueueCounts,
+    }
+
+    impl Q {
+        fn insert(&mut self, class: ClassIdx, tenant: TenantIdx, key: JobKey, job: JobIdx, era: Era) {
+            self.q.insert(&mut self.c, class, tenant, key, job, era);
+        }
+        fn remove(&mut self, class: ClassIdx, tenant: TenantIdx, key: JobKey) -> bool {
+            self.q.remove(&mut self.c, class, tenant, key)
+        }
+        fn left(&mut self) -> bool {
+            self.c.left()
+        }
+        fn compact(&mut self, live: impl Fn(JobIdx, Era) -> bool) {
+            self.q.compact(&mut self.c, live);
+        }
+        fn len(&self) -> usize {
+            self.c.len()
+        }
+        fn entries(&self) -> usize {
+            self.c.entries()
+        }
+        fn take_all(&mut self, live: impl Fn(JobIdx, Era) -> bool) -> Vec<(TenantIdx, JobIdx)> {
+            self.q.take_all(&mut self.c, live)
+        }
+        fn jobs(&self, live: impl Fn(JobIdx, Era) -> bool) -> impl Iterator<Item = JobIdx> {
+            self.q.jobs(live)
+        }
+        fn classes_agree(&self) -> bool {
+            self.q.classes_agree(&self.c)
+        }
+        fn class_mask(&self, tenant: TenantIdx) -> u64 {
+            self.q.class_mask(tenant)
+        }
+    }
 
     fn key(priority: i32, seq: u64) -> JobKey {
         JobKey { order: [(i64::from(i32::MAX) - i64::from(priority)) as u64, 0], seq }
@@ -587,16 +764,16 @@ mod tests {
         move |j, _| !dead.contains(&j)
     }
 
-    fn fronts(q: &mut Queue, tenant: TenantIdx, dead: &BTreeSet<JobIdx>) -> Vec<(ClassIdx, JobIdx)> {
+    fn fronts(q: &mut Q, tenant: TenantIdx, dead: &BTreeSet<JobIdx>) -> Vec<(ClassIdx, JobIdx)> {
         let mut out = Vec::new();
-        q.fronts(tenant, live(dead), |c, _, j| out.push((c, j)));
+        q.q.fronts(&mut q.c, tenant, live(dead), |c, _, j| out.push((c, j)));
         out
     }
 
     #[test]
     fn fronts_give_each_class_its_first_job() {
         let none = BTreeSet::new();
-        let mut q = Queue::default();
+        let mut q = Q::default();
         q.insert(2, 1, key(0, 1), 10, 0);
         q.insert(0, 1, key(0, 2), 20, 0);
         q.insert(0, 1, key(5, 3), 30, 0);
@@ -613,7 +790,7 @@ mod tests {
     #[test]
     fn the_global_queue_gives_the_same_fronts() {
         let none = BTreeSet::new();
-        let (mut local, mut global) = (Queue::default(), GlobalQueue::default());
+        let (mut local, mut global) = (Q::default(), GlobalQueue::default());
         let ops: [(bool, ClassIdx, TenantIdx, JobKey, JobIdx); 9] = [
             (true, 2, 1, key(0, 1), 10),
             (true, 0, 1, key(0, 2), 20),
@@ -625,24 +802,27 @@ mod tests {
             (false, 0, 1, key(0, 2), 20),
             (false, 0, 1, key(9, 5), 50),
         ];
-        let global_fronts = |q: &GlobalQueue, t| q.fronts(t).map(|(c, _, j)| (c, j)).collect::<Vec<_>>();
+        let global_fronts = |q: &mut GlobalQueue, t| q.fronts(t).map(|(c, _, j)| (c, j)).collect::<Vec<_>>();
         for (add, class, tenant, k, j) in ops {
             if add {
                 local.insert(class, tenant, k, j, 0);
-                global.insert(class, tenant, k, j);
+                global.insert(class, tenant, k, j, 0);
             } else {
                 assert!(local.remove(class, tenant, k) && global.remove(class, tenant, k));
                 assert!(!global.remove(class, tenant, k), "already gone");
             }
-            assert!(global.agrees(), "after {add} {class} {tenant} {j}");
+            assert!(global.agrees(live(&none)), "after {add} {class} {tenant} {j}");
             assert_eq!(global.len(), local.len());
-            assert_eq!(global.jobs().collect::<Vec<_>>(), local.jobs(live(&none)).collect::<Vec<_>>());
+            assert_eq!(
+                global.jobs(live(&none)).collect::<Vec<_>>(),
+                local.jobs(live(&none)).collect::<Vec<_>>()
+            );
             for t in [1, 2, 3] {
-                assert_eq!(fronts(&mut local, t, &none), global_fronts(&global, t));
+                assert_eq!(fronts(&mut local, t, &none), global_fronts(&mut global, t));
             }
         }
-        assert_eq!(global_fronts(&global, 2), vec![(0, 40)]);
-        assert_eq!(global_fronts(&global, 1), vec![]);
+        assert_eq!(global_fronts(&mut global, 2), vec![(0, 40)]);
+        assert_eq!(global_fronts(&mut global, 1), vec![]);
         assert!(!global.has_class(2) && global.has_class(0));
     }
 
@@ -652,7 +832,7 @@ mod tests {
         // than `FEW` in a map (and a class with many is passed over with a
         // new descent): the fronts and the dead entries dropped are the same.
         for n in [20, FEW as u64 + 10] {
-            let mut q = Queue::default();
+            let mut q = Q::default();
             for seq in 0..n {
                 q.insert(0, 1, key(0, seq), seq as JobIdx, 0);
             }
@@ -660,7 +840,7 @@ mod tests {
             q.insert(3, 1, key(0, 101), 101, 0);
             q.insert(3, 1, key(0, 102), 102, 0);
             q.insert(0, 2, key(0, 103), 103, 0);
-            let many = matches!(q.tenants[&1], Entries::Many(_));
+            let many = matches!(q.q.tenants[&1], Entries::Many(_));
             assert_eq!(many, n > FEW as u64, "{n} entries");
             let dead = BTreeSet::from([0, 1, 101]);
             assert!(!q.left() && !q.left() && !q.left());
@@ -671,7 +851,7 @@ mod tests {
                 assert!(q.remove(0, 1, key(0, seq)));
             }
             assert!(q.remove(1, 1, key(0, 100)) && q.remove(3, 1, key(0, 102)));
-            assert!(!q.tenants.contains_key(&1), "a tenant without entries is not listed");
+            assert!(!q.q.tenants.contains_key(&1), "a tenant without entries is not listed");
             assert_eq!(fronts(&mut q, 2, &dead), vec![(0, 103)]);
         }
     }
@@ -679,13 +859,13 @@ mod tests {
     #[test]
     fn class_masks_follow_the_entries() {
         let mut dead = BTreeSet::new();
-        let (mut q, mut g) = (Queue::default(), GlobalQueue::default());
+        let (mut q, mut g) = (Q::default(), GlobalQueue::default());
         q.insert(2, 1, key(0, 1), 10, 0);
         q.insert(70, 1, key(0, 2), 20, 0);
         q.insert(64, 1, key(0, 3), 30, 0);
-        g.insert(2, 1, key(0, 1), 10);
-        g.insert(70, 1, key(0, 2), 20);
-        g.insert(64, 1, key(0, 3), 30);
+        g.insert(2, 1, key(0, 1), 10, 0);
+        g.insert(70, 1, key(0, 2), 20, 0);
+        g.insert(64, 1, key(0, 3), 30, 0);
         let both = class_bit(2) | class_bit(SHARED_BIT);
         assert_eq!((q.class_mask(1), g.class_mask(1), q.class_mask(9)), (both, both, 0));
         // One of the two classes past the 63rd goes: the shared bit stays.
@@ -699,13 +879,13 @@ mod tests {
         assert_eq!(q.class_mask(1), both);
         assert_eq!(fronts(&mut q, 1, &dead), vec![(2, 10)]);
         assert_eq!(q.class_mask(1), class_bit(2));
-        assert!(q.classes_agree() && g.agrees());
+        assert!(q.classes_agree() && g.agrees(live(&dead)));
     }
 
     #[test]
     fn priority_then_arrival_within_a_tenant_and_empty_tenants_leave() {
         let none = BTreeSet::new();
-        let mut q = Queue::default();
+        let mut q = Q::default();
         q.insert(0, 1, key(0, 1), 1, 0);
         q.insert(0, 1, key(5, 2), 2, 0);
         q.insert(0, 1, key(5, 3), 3, 0);
@@ -716,12 +896,12 @@ mod tests {
         assert_eq!(q.len(), 0);
         q.insert(0, 4, key(0, 9), 9, 0);
         assert_eq!(q.take_all(live(&none)), vec![(4, 9)]);
-        assert_eq!(q, Queue::default());
+        assert_eq!(q, Q::default());
     }
 
     #[test]
     fn dead_entries_are_invisible_and_dropped_where_met() {
-        let mut q = Queue::default();
+        let mut q = Q::default();
         q.insert(0, 1, key(9, 1), 1, 0);
         q.insert(0, 1, key(0, 2), 2, 0);
         q.insert(1, 1, key(0, 3), 3, 0);
@@ -746,7 +926,7 @@ mod tests {
 
     #[test]
     fn a_queue_is_swept_once_dead_entries_pass_half_the_live_ones() {
-        let mut q = Queue::default();
+        let mut q = Q::default();
         for j in 0..300 {
             q.insert(0, 1, key(0, u64::from(j)), j, 0);
         }
@@ -759,10 +939,64 @@ mod tests {
                 sweeps += 1;
                 assert_eq!(q.entries(), q.len(), "a sweep leaves no dead entry");
             }
-            assert!(q.entries() - q.len() <= (q.len() / 2).max(SWEEP_AFTER), "dead entries stay bounded");
+            assert!(
+                q.entries() - q.len() <= (q.len() / 2).max(SWEEP_AFTER as usize),
+                "dead entries stay bounded"
+            );
         }
         assert!(sweeps >= 2, "swept {sweeps} times");
         assert_eq!(q.len(), 100);
         assert_eq!(q.jobs(live(&dead)).count(), 100);
+    }
+
+    #[test]
+    fn the_global_queue_leaves_lazily_but_keeps_each_first_job_live() {
+        let mut g = GlobalQueue::default();
+        for j in 0..30 {
+            g.insert(0, 1, key(0, u64::from(j)), j, 0);
+        }
+        g.insert(1, 1, key(0, 100), 100, 0);
+        let mut dead = BTreeSet::new();
+        let fronts = |g: &GlobalQueue| g.fronts(1).map(|(c, _, j)| (c, j)).collect::<Vec<_>>();
+        // Jobs leave from the middle of the group: they stay, dead.
+        for j in [2, 3, 5] {
+            dead.insert(j);
+            g.left(0, 1, key(0, u64::from(j)), live(&dead));
+        }
+        assert_eq!((g.entries(), g.len()), (31, 28));
+        assert!(g.agrees(live(&dead)));
+        assert!(!g.jobs(live(&dead)).any(|j| dead.contains(&j)), "dead entries are invisible");
+        // The first job leaves at once, and the second: the dead entries
+        // right behind them go too, so the group's front is live.
+        dead.insert(0);
+        g.left(0, 1, key(0, 0), live(&dead));
+        assert_eq!(fronts(&g), vec![(0, 1), (1, 100)]);
+        dead.insert(1);
+        g.left(0, 1, key(0, 1), live(&dead));
+        assert_eq!(fronts(&g), vec![(0, 4), (1, 100)]);
+        assert_eq!((g.entries(), g.len()), (27, 26));
+        assert!(g.agrees(live(&dead)));
+        // A job that comes back revives its dead entry.
+        g.insert(0, 1, key(0, 5), 5, 1);
+        dead.remove(&5);
+        assert_eq!((g.entries(), g.len()), (27, 27));
+        assert!(g.agrees(live(&dead)));
+        // Once the dead pass half the live ones, the group is swept.
+        let mut swept = false;
+        for j in 10..22 {
+            dead.insert(j);
+            let before = g.entries();
+            g.left(0, 1, key(0, u64::from(j)), live(&dead));
+            swept |= g.entries() < before;
+            assert!(g.agrees(live(&dead)), "after {j} left");
+        }
+        assert!(swept);
+        // A group whose last job leaves goes, with its mask bit.
+        dead.insert(100);
+        g.left(1, 1, key(0, 100), live(&dead));
+        assert_eq!(g.class_mask(1), class_bit(0));
+        assert!(!g.has_class(1));
+        assert!(g.agrees(live(&dead)));
+        assert_eq!(g.jobs(live(&dead)).count(), g.len());
     }
 }

@@ -21,11 +21,14 @@ use serde::{Deserialize, Serialize};
 use crate::held::HeldList;
 use crate::idmap::{IdMap, IdSet};
 use crate::policy::{Policy, QueueKey, TenantKey, VictimTier};
-use crate::queue::{ClassIdx, Era, GlobalQueue, JobIdx, JobKey, Queue, SHARED_BIT, TenantIdx, class_bit};
+use crate::queue::{
+    ClassIdx, Era, GlobalQueue, JobIdx, JobKey, Queue, QueueCounts, SHARED_BIT, TenantIdx, class_bit,
+};
 use crate::quota::{Amounts, QueueIdx, Queues};
 use crate::readers::Readers;
 use crate::resources::{ClassKey, TokenIdx, WorkerResources};
 use crate::rng::SplitMix64;
+use crate::small::SmallList;
 use crate::types::{
     CancelStage, Capacity, Completion, Config, Decision, Event, Evict, FailReason, JobId, JobResult, JobSpec,
     Millis, Rejected, RunId, Timer, TimerKind, WaiterId, WorkerId,
@@ -34,6 +37,9 @@ use crate::types::{
 /// Index of a worker in `Scheduler::workers` (stable: a worker that comes back
 /// after being lost gets its old index).
 type WorkerIdx = u32;
+
+/// The workers holding one artifact, in index order.
+type Holders = SmallList<WorkerIdx, 3>;
 
 /// Where a queued job is visible.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -337,6 +343,9 @@ pub struct Scheduler {
     class_index: BTreeMap<ClassKey, ClassIdx>,
 
     workers: Vec<Worker>,
+    /// The counts of each worker's two local queues (`first`, `second`),
+    /// apart from the queues (see [`QueueCounts`]).
+    queue_counts: Vec<[QueueCounts; 2]>,
     worker_index: BTreeMap<WorkerId, WorkerIdx>,
 
     jobs: Vec<Option<Job>>,
@@ -388,8 +397,8 @@ pub struct Scheduler {
     waiting_gangs: BTreeSet<(u32, GangIdx)>,
     next_gang: GangIdx,
     /// Artifact → live workers holding it, in index order (most artifacts
-    /// have one to three holders: a sorted vector, not a tree).
-    holders: IdMap<Vec<WorkerIdx>>,
+    /// have one to three holders: a sorted list, inline up to three).
+    holders: IdMap<Holders>,
     /// Artifact → queued jobs in their dependency stage (or later) that read
     /// it; left lazily (see `readers.rs`).
     dependents: IdMap<Readers>,
@@ -527,6 +536,7 @@ impl Scheduler {
             classes: Vec::new(),
             class_index: BTreeMap::new(),
             workers: Vec::new(),
+            queue_counts: Vec::new(),
             worker_index: BTreeMap::new(),
             jobs: Vec::new(),
             eras: Vec::new(),
@@ -1071,6 +1081,7 @@ impl Scheduler {
                     runs: Vec::new(),
                     reserved: None,
                 });
+                self.queue_counts.push(Default::default());
                 self.worker_index.insert(id, w);
                 w
             }
@@ -1463,7 +1474,7 @@ impl Scheduler {
             self.change_gang(g, |gang| gang.queued.insert((key, j)));
             return;
         }
-        let holders: Vec<WorkerIdx> = self.holders.get(&id).cloned().unwrap_or_default();
+        let holders = self.holders.get(&id).cloned().unwrap_or_default();
         for &w in &holders {
             self.add_place(j, Place::First(w));
         }
@@ -1518,12 +1529,16 @@ impl Scheduler {
         job.places.push(place);
         let (class, tenant, key, era) = (job.class, job.tenant, job.key, self.eras[j as usize]);
         match place {
-            Place::Global => self.global.insert(class, tenant, key, j),
+            Place::Global => self.global.insert(class, tenant, key, j, era),
             Place::First(w) | Place::Second(w) => {
                 let worker = &mut self.workers[w as usize];
-                let queue =
-                    if matches!(place, Place::First(_)) { &mut worker.first } else { &mut worker.second };
-                queue.insert(class, tenant, key, j, era);
+                let [first, second] = &mut self.queue_counts[w as usize];
+                let (queue, counts) = if matches!(place, Place::First(_)) {
+                    (&mut worker.first, first)
+                } else {
+                    (&mut worker.second, second)
+                };
+                queue.insert(counts, class, tenant, key, j, era);
                 if self.quotas.active() {
                     let t = tenant as usize;
                     if worker.local_masks.len() <= t {
@@ -1725,8 +1740,18 @@ impl Scheduler {
         }
         let removed = match place {
             Place::Global => self.global.remove(class, tenant, key),
-            Place::First(w) => self.workers[w as usize].first.remove(class, tenant, key),
-            Place::Second(w) => self.workers[w as usize].second.remove(class, tenant, key),
+            Place::First(w) => self.workers[w as usize].first.remove(
+                &mut self.queue_counts[w as usize][0],
+                class,
+                tenant,
+                key,
+            ),
+            Place::Second(w) => self.workers[w as usize].second.remove(
+                &mut self.queue_counts[w as usize][1],
+                class,
+                tenant,
+                key,
+            ),
         };
         if removed {
             self.placed(tenant, false);
@@ -1742,26 +1767,28 @@ impl Scheduler {
             let key = self.job(j).key;
             self.change_gang(g, |gang| gang.queued.remove(&(key, j)));
         }
-        // The job's entries in local queues stay behind, dead (see
-        // `queue.rs`, "Leaving the local queues lazily"): a new era disowns
-        // them. The global queue lets go at once.
+        // The job's entries in the queues stay behind, dead (see
+        // `queue.rs`, "Leaving the queues lazily"): a new era disowns them.
         let job = self.jobs[j as usize].as_mut().expect("live job");
         let places = std::mem::take(&mut job.places);
         self.eras[j as usize] = self.eras[j as usize].wrapping_add(1);
         let (class, tenant, key) = (job.class, job.tenant, job.key);
         for place in places {
-            let Scheduler { global, workers, eras, .. } = self;
-            let queue = match place {
-                Place::Global => {
-                    global.remove(class, tenant, key);
-                    self.placed(tenant, false);
-                    continue;
+            let Scheduler { global, workers, queue_counts, eras, .. } = self;
+            match place {
+                Place::Global => global.left(class, tenant, key, live_entry(eras)),
+                Place::First(w) => {
+                    let counts = &mut queue_counts[w as usize][0];
+                    if counts.left() {
+                        workers[w as usize].first.compact(counts, live_entry(eras));
+                    }
                 }
-                Place::First(w) => &mut workers[w as usize].first,
-                Place::Second(w) => &mut workers[w as usize].second,
-            };
-            if queue.left() {
-                queue.compact(live_entry(eras));
+                Place::Second(w) => {
+                    let counts = &mut queue_counts[w as usize][1];
+                    if counts.left() {
+                        workers[w as usize].second.compact(counts, live_entry(eras));
+                    }
+                }
             }
             self.placed(tenant, false);
         }
@@ -1870,8 +1897,9 @@ impl Scheduler {
 
         let worker = &mut self.workers[w as usize];
         let runs = std::mem::take(&mut worker.runs);
-        let first = worker.first.take_all(live_entry(&self.eras));
-        let second = worker.second.take_all(live_entry(&self.eras));
+        let [first_counts, second_counts] = &mut self.queue_counts[w as usize];
+        let first = worker.first.take_all(first_counts, live_entry(&self.eras));
+        let second = worker.second.take_all(second_counts, live_entry(&self.eras));
         let held = worker.held.take();
         let reserved = worker.reserved.take();
         worker.res.used_slots = 0;
@@ -2735,10 +2763,13 @@ impl Scheduler {
     /// The first live job of each class `tenant` has in each of worker
     /// `w`'s three queues, into `out`; dead entries met there are dropped.
     fn live_fronts(&mut self, w: WorkerIdx, tenant: TenantIdx, out: &mut Vec<Front>) {
-        let Scheduler { global, workers, eras, .. } = self;
+        let Scheduler { global, workers, queue_counts, eras, .. } = self;
         let worker = &mut workers[w as usize];
-        for (place, queue) in [(Place::First(w), &mut worker.first), (Place::Second(w), &mut worker.second)] {
-            queue.fronts(tenant, live_entry(eras), |class, key, j| out.push((place, class, key, j)));
+        let [first, second] = &mut queue_counts[w as usize];
+        for (place, queue, counts) in
+            [(Place::First(w), &mut worker.first, first), (Place::Second(w), &mut worker.second, second)]
+        {
+            queue.fronts(counts, tenant, live_entry(eras), |class, key, j| out.push((place, class, key, j)));
         }
         // Both queues' masks for the tenant are at hand: trim its bits.
         if let Some(mask) = worker.local_masks.get_mut(tenant as usize) {
@@ -2865,7 +2896,7 @@ impl Scheduler {
 }
 
 /// Whether `holders` lists worker `w` as a holder of artifact `a`.
-fn holds(holders: &IdMap<Vec<WorkerIdx>>, w: WorkerIdx, a: &JobId) -> bool {
+fn holds(holders: &IdMap<Holders>, w: WorkerIdx, a: &JobId) -> bool {
     holders.get(a).is_some_and(|ws| ws.binary_search(&w).is_ok())
 }
 

@@ -85,7 +85,8 @@ impl Scheduler {
             if self.hungry.contains(&w) != (worker.alive && res.free_slot()) {
                 return Err(format!("worker {:?} hungry flag is stale", worker.id));
             }
-            if !worker.alive && (worker.first.len() + worker.second.len() > 0 || !worker.held.is_empty()) {
+            let [first, second] = self.queue_counts[w as usize];
+            if !worker.alive && (first.len() + second.len() > 0 || !worker.held.is_empty()) {
                 return Err(format!("lost worker {:?} still has queues or artifacts", worker.id));
             }
             if let Some(j) = worker.reserved {
@@ -210,32 +211,40 @@ impl Scheduler {
         if indexed != readers.len() {
             return Err(format!("{indexed} dependencies of indexed jobs, {} live readers", readers.len()));
         }
-        // Dead entries in the local queues (see `queue.rs`, "Leaving the
-        // local queues lazily") are counted as such; the global queue has none.
-        for queue in self.workers.iter().flat_map(|w| [&w.first, &w.second]) {
+        // Dead entries in the queues (see `queue.rs`, "Leaving the queues
+        // lazily") are counted as such.
+        if self.queue_counts.len() != self.workers.len() {
+            return Err("the queue counts are not one pair per worker".to_owned());
+        }
+        let queues = self.workers.iter().zip(&self.queue_counts);
+        for (queue, counts) in queues.flat_map(|(w, c)| [(&w.first, &c[0]), (&w.second, &c[1])]) {
             let live = queue.jobs(live_entry(&self.eras)).count();
-            if live != queue.len() {
+            if live != counts.len() {
                 return Err(format!(
                     "a queue counts {} live entries of {}, but {live} are",
-                    queue.len(),
-                    queue.entries()
+                    counts.len(),
+                    counts.entries()
                 ));
             }
-            if !queue.classes_agree() {
+            if !queue.classes_agree(counts) {
                 return Err("a queue's entries per class are counted wrong".to_owned());
             }
         }
-        if !self.global.agrees() {
-            return Err("the global queue's counts or first jobs are wrong".to_owned());
+        if !self.global.agrees(live_entry(&self.eras)) {
+            return Err(format!(
+                "the global queue's counts, masks or dead entries are wrong ({} entries, {} live)",
+                self.global.entries(),
+                self.global.len()
+            ));
         }
-        for j in self.global.jobs() {
+        for j in self.global.jobs(live_entry(&self.eras)) {
             let job = self.jobs[j as usize].as_ref().ok_or("the global queue holds a freed job")?;
             if !job.places.contains(&Place::Global) {
                 return Err(format!("job {} is in the global queue but does not list it", job.id));
             }
         }
         let in_queues: usize =
-            self.global.len() + self.workers.iter().map(|w| w.first.len() + w.second.len()).sum::<usize>();
+            self.global.len() + self.queue_counts.iter().map(|[f, s]| f.len() + s.len()).sum::<usize>();
         if in_queues != queued_places {
             return Err(format!("queues hold {in_queues} entries, jobs list {queued_places}"));
         }
