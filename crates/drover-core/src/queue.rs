@@ -573,10 +573,37 @@ impl GlobalQueue {
         key: JobKey,
         live: impl Fn(JobIdx, Era) -> bool,
     ) {
-        let group = self.groups.get_mut(&(tenant, class)).expect("a live entry's group");
+        self.take_out(class, tenant, key, live, false);
+    }
+
+    /// Takes a queued job's entry out at once (the job stays queued
+    /// elsewhere, with the same era); true if it was there.
+    pub(crate) fn remove(
+        &mut self,
+        class: ClassIdx,
+        tenant: TenantIdx,
+        key: JobKey,
+        live: impl Fn(JobIdx, Era) -> bool,
+    ) -> bool {
+        self.take_out(class, tenant, key, live, true)
+    }
+
+    /// [`Self::left`] (`at_once` false: the entry is dead) or
+    /// [`Self::remove`] (`at_once`: the entry goes now, dead or not).
+    fn take_out(
+        &mut self,
+        class: ClassIdx,
+        tenant: TenantIdx,
+        key: JobKey,
+        live: impl Fn(JobIdx, Era) -> bool,
+        at_once: bool,
+    ) -> bool {
+        let Some(group) = self.groups.get_mut(&(tenant, class)) else { return false };
         let mut removed = 0;
-        if group.first.0 == key {
-            group.jobs.pop_first();
+        if at_once || group.first.0 == key {
+            if group.jobs.remove(&key).is_none() {
+                return false;
+            }
             removed += 1;
             while let Some(first) = group.jobs.first_entry() {
                 let &(j, era) = first.get();
@@ -603,6 +630,7 @@ impl GlobalQueue {
             group.refirst();
         }
         self.dropped(class, tenant, removed);
+        true
     }
 
     /// Counts `n` entries of group (`tenant`, `class`) out, and the group
@@ -618,19 +646,6 @@ impl GlobalQueue {
                 self.masks[tenant as usize] &= !class_bit(class);
             }
         }
-    }
-
-    /// Takes a live job's entry out at once; true if it was there.
-    pub(crate) fn remove(&mut self, class: ClassIdx, tenant: TenantIdx, key: JobKey) -> bool {
-        let Some(group) = self.groups.get_mut(&(tenant, class)) else { return false };
-        if group.jobs.remove(&key).is_none() {
-            return false;
-        }
-        if group.first.0 == key && !group.jobs.is_empty() {
-            group.refirst();
-        }
-        self.dropped(class, tenant, 1);
-        true
     }
 
     /// Live jobs queued here.
@@ -808,8 +823,8 @@ mod tests {
                 local.insert(class, tenant, k, j, 0);
                 global.insert(class, tenant, k, j, 0);
             } else {
-                assert!(local.remove(class, tenant, k) && global.remove(class, tenant, k));
-                assert!(!global.remove(class, tenant, k), "already gone");
+                assert!(local.remove(class, tenant, k) && global.remove(class, tenant, k, live(&none)));
+                assert!(!global.remove(class, tenant, k, live(&none)), "already gone");
             }
             assert!(global.agrees(live(&none)), "after {add} {class} {tenant} {j}");
             assert_eq!(global.len(), local.len());
@@ -869,9 +884,9 @@ mod tests {
         let both = class_bit(2) | class_bit(SHARED_BIT);
         assert_eq!((q.class_mask(1), g.class_mask(1), q.class_mask(9)), (both, both, 0));
         // One of the two classes past the 63rd goes: the shared bit stays.
-        assert!(q.remove(70, 1, key(0, 2)) && g.remove(70, 1, key(0, 2)));
+        assert!(q.remove(70, 1, key(0, 2)) && g.remove(70, 1, key(0, 2), live(&dead)));
         assert_eq!((q.class_mask(1), g.class_mask(1)), (both, both));
-        assert!(g.remove(64, 1, key(0, 3)));
+        assert!(g.remove(64, 1, key(0, 3), live(&dead)));
         assert_eq!(g.class_mask(1), class_bit(2));
         // A dead entry counts until it is dropped, at a front or in a sweep.
         dead.insert(30);
@@ -991,6 +1006,15 @@ mod tests {
             assert!(g.agrees(live(&dead)), "after {j} left");
         }
         assert!(swept);
+        // A job taken out at once (it stays queued elsewhere) that was its
+        // group's first takes the dead entries behind it along.
+        let front = fronts(&g)[0].1;
+        assert!(!dead.contains(&(front + 1)));
+        dead.insert(front + 1);
+        g.left(0, 1, key(0, u64::from(front + 1)), live(&dead));
+        assert!(g.remove(0, 1, key(0, u64::from(front)), live(&dead)));
+        assert!(!g.remove(0, 1, key(0, u64::from(front)), live(&dead)), "already gone");
+        assert!(g.agrees(live(&dead)), "the new front is live");
         // A group whose last job leaves goes, with its mask bit.
         dead.insert(100);
         g.left(1, 1, key(0, 100), live(&dead));

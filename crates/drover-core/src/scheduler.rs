@@ -1739,7 +1739,7 @@ impl Scheduler {
             self.dirty.insert(w);
         }
         let removed = match place {
-            Place::Global => self.global.remove(class, tenant, key),
+            Place::Global => self.global.remove(class, tenant, key, live_entry(&self.eras)),
             Place::First(w) => self.workers[w as usize].first.remove(
                 &mut self.queue_counts[w as usize][0],
                 class,
