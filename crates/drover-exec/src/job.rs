@@ -98,7 +98,9 @@ pub struct Supervisor {
 impl PartialEq for Supervisor {
     /// Same program and arguments (whatever their zygotes).
     fn eq(&self, other: &Self) -> bool {
-        self.program() == other.program() && self.args() == other.args()
+        self.program() == other.program()
+            && self.args() == other.args()
+            && self.launcher.env() == other.launcher.env()
     }
 }
 
@@ -111,7 +113,15 @@ impl Supervisor {
     /// or this crate's `drover-exec-supervisor` binary with no argument.
     /// Nothing is started until the first job.
     pub fn new(program: PathBuf, args: Vec<OsString>) -> Self {
-        Supervisor { launcher: Arc::new(Launcher::new(program, args)) }
+        Self::with_env(program, args, Vec::new())
+    }
+
+    /// [`Supervisor::new`], with `env` added to the environment the zygote
+    /// (and so every supervisor) inherits, e.g. to tune the allocator of a
+    /// process that forks many small ones. The jobs' commands never see it:
+    /// their environment is exactly their spec's.
+    pub fn with_env(program: PathBuf, args: Vec<OsString>, env: Vec<(OsString, OsString)>) -> Self {
+        Supervisor { launcher: Arc::new(Launcher::new(program, args, env)) }
     }
 
     /// The zygote's executable.

@@ -30,11 +30,13 @@ use crate::zygote::{INLINE_LIMIT, Reply, START_INLINE, START_SPEC_FILE, request_
 /// How long the dispatcher waits for a zygote that closed its socket to exit.
 const ZYGOTE_EXIT_WAIT: Duration = Duration::from_secs(5);
 
-/// Starts zygotes as `program args…` and keeps the current one.
+/// Starts zygotes as `program args…` (with `env` added to the
+/// environment it inherits) and keeps the current one.
 #[derive(Debug)]
 pub(crate) struct Launcher {
     program: PathBuf,
     args: Vec<OsString>,
+    env: Vec<(OsString, OsString)>,
     current: Mutex<Option<Arc<Zygote>>>,
 }
 
@@ -74,8 +76,8 @@ pub(crate) struct SupervisorFds {
 }
 
 impl Launcher {
-    pub(crate) fn new(program: PathBuf, args: Vec<OsString>) -> Self {
-        Launcher { program, args, current: Mutex::new(None) }
+    pub(crate) fn new(program: PathBuf, args: Vec<OsString>, env: Vec<(OsString, OsString)>) -> Self {
+        Launcher { program, args, env, current: Mutex::new(None) }
     }
 
     pub(crate) fn program(&self) -> &std::path::Path {
@@ -84,6 +86,10 @@ impl Launcher {
 
     pub(crate) fn args(&self) -> &[OsString] {
         &self.args
+    }
+
+    pub(crate) fn env(&self) -> &[(OsString, OsString)] {
+        &self.env
     }
 
     /// The pid of the live zygote, if one is running.
@@ -124,7 +130,7 @@ impl Launcher {
         if let Some(zygote) = current.as_ref().filter(|z| z.lost().is_none()) {
             return Ok(Arc::clone(zygote));
         }
-        let zygote = Zygote::spawn(&self.program, &self.args)?;
+        let zygote = Zygote::spawn(&self.program, &self.args, &self.env)?;
         *current = Some(Arc::clone(&zygote));
         Ok(zygote)
     }
@@ -183,7 +189,11 @@ struct Requested {
 }
 
 impl Zygote {
-    fn spawn(program: &std::path::Path, args: &[OsString]) -> Result<Arc<Zygote>, ExecError> {
+    fn spawn(
+        program: &std::path::Path,
+        args: &[OsString],
+        env: &[(OsString, OsString)],
+    ) -> Result<Arc<Zygote>, ExecError> {
         let zygote_error = |what: &str, e: &dyn std::fmt::Display| {
             ExecError::Supervisor(format!("cannot start the zygote {}: {what}: {e}", program.display()))
         };
@@ -194,6 +204,7 @@ impl Zygote {
         ours.set_nonblocking(true).map_err(|e| zygote_error("cannot make its socket non-blocking", &e))?;
         let child = tokio::process::Command::new(program)
             .args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::from(theirs))
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())

@@ -21,9 +21,12 @@ use crate::{client, units};
 pub(crate) const ZYGOTE_ARG: &str = "__zygote";
 
 /// How workers started by this binary run their jobs (one zygote each).
+/// The zygote and the supervisors it forks (one per slot) keep little
+/// memory, read none of it cold, and would each take whole 2 MiB huge
+/// pages: mimalloc's transparent huge pages (see `main.rs`) are off there.
 fn supervisor() -> anyhow::Result<Supervisor> {
     let exe = std::env::current_exe().context("cannot find the drover executable to run jobs with")?;
-    Ok(Supervisor::new(exe, vec![ZYGOTE_ARG.into()]))
+    Ok(Supervisor::with_env(exe, vec![ZYGOTE_ARG.into()], vec![("MIMALLOC_ALLOW_THP".into(), "0".into())]))
 }
 
 /// `drover serve --config FILE`.

@@ -219,3 +219,23 @@ async fn extreme_timeout_and_grace_are_accepted() {
     assert_eq!(finish(&mut job).await, Outcome::Cancelled);
     assert_no_survivors(&fx);
 }
+
+#[tokio::test]
+async fn the_zygotes_extra_environment_stays_out_of_the_jobs() {
+    let fx = Fixture::new();
+    let supervisor = Supervisor::with_env(
+        std::path::PathBuf::from(env!("CARGO_BIN_EXE_drover-exec-supervisor")),
+        Vec::new(),
+        vec![("DROVER_EXEC_ZYGOTE_ONLY".into(), "yes".into())],
+    );
+    let mut job = supervisor.start(&fx.spec(&["env"])).await.expect("start");
+    assert_eq!(finish(&mut job).await, Outcome::Succeeded);
+    assert!(!fx.stdout().contains("DROVER_EXEC_ZYGOTE_ONLY"), "the job saw the zygote's variable");
+    let pid = supervisor.zygote_pid().expect("a zygote runs");
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).expect("the zygote's environment");
+    assert!(
+        environ.split(|&b| b == 0).any(|var| var == b"DROVER_EXEC_ZYGOTE_ONLY=yes"),
+        "the zygote did not get its variable"
+    );
+    assert_ne!(supervisor, crate::support::supervisor(), "the environment is part of what a supervisor is");
+}
