@@ -20,10 +20,10 @@
 //! took a descent through nodes of 32-byte keys.
 //!
 //! The global queue ([`GlobalQueue`]), which holds most of the backlog, is
-//! one small ordered map of (tenant, class) groups, each with its jobs in
-//! an ordered map of their own: a draw reads a tenant's fronts with one
-//! descent into the small map, which stays in cache, and a look at the
-//! head of each group's map.
+//! one small ordered map of (tenant, class) groups, each with its first job
+//! at hand and its jobs in an ordered map of their own: a draw reads a
+//! tenant's fronts with one descent into the small map, which stays in
+//! cache.
 //!
 //! **Class masks.** Each queue also keeps, per tenant, a bit mask of the
 //! classes of its entries ([`class_bit`]; dead local entries included), so a
@@ -44,11 +44,12 @@
 //! path is then in cache), and a queue whose dead entries pass half its
 //! live ones is swept in one pass ([`Queue::compact`]), so they never take
 //! more than half again the room of the live ones. The global queue does
-//! the same per (tenant, class) group: a draw drops the dead entries at a
-//! group's head, and a group whose dead entries pass half its live ones
-//! (or, in a small group, all of them are dead) is swept
-//! ([`GlobalQueue::left`]). Nothing outside this module sees a dead entry:
-//! every reader passes a liveness test.
+//! the same per (tenant, class) group, but for the group's first job: that
+//! one leaves at once, with the dead entries right behind it, so a group's
+//! first entry is always live and a draw reads it with no liveness test; a
+//! group whose dead entries pass half its live ones (or, in a small group,
+//! all of them are dead) is swept ([`GlobalQueue::left`]). Nothing outside
+//! this module sees a dead entry: every reader passes a liveness test.
 
 use std::collections::BTreeMap;
 use std::collections::btree_map;
@@ -497,9 +498,9 @@ impl Group {
 /// whatever its size.
 const GROUP_SWEEP_AFTER: u32 = 8;
 
-/// The global queue: jobs any worker may take. Its jobs leave it lazily,
-/// like the local queues' (see the module doc), one group at a time; see
-/// the module doc for its layout.
+/// The global queue: jobs any worker may take. Its jobs leave it lazily
+/// but for each group's first (see the module doc, which also gives its
+/// layout).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct GlobalQueue {
     groups: BTreeMap<(TenantIdx, ClassIdx), Group>,

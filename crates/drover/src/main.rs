@@ -22,9 +22,10 @@ use cli::{Cli, Command};
 /// mimalloc, which on Linux asks for transparent huge pages for its large
 /// regions: the coordinator's core state is pointer-heavy and read cold
 /// (one job's queues, indexes and timers spread over a few hundred
-/// megabytes at a million queued jobs), so fewer TLB misses and a cheaper
-/// small-object allocator shorten every decision (BENCHMARKS.md, "The
-/// allocator"). The core's benchmark runs on the same allocator.
+/// megabytes at a million queued jobs), and fewer TLB misses shorten every
+/// decision by about a sixth (BENCHMARKS.md, the core's twelfth-session
+/// results; the core's benchmark runs on the same allocator). A worker's
+/// zygote and supervisors run with the huge pages off (`cluster.rs`).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
