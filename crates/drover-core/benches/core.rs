@@ -255,8 +255,46 @@ struct Cluster {
     /// Backlog size to keep.
     target: usize,
     rng: Rng,
-    /// Every timed event, per benchmark: nanoseconds.
-    latencies: BTreeMap<String, Vec<u64>>,
+    /// Every timed event, per benchmark: nanoseconds, and the decisions
+    /// the timed events made, by kind.
+    latencies: BTreeMap<String, Timed>,
+}
+
+/// What the timed events of one benchmark took and decided.
+#[derive(Default)]
+struct Timed {
+    nanos: Vec<u64>,
+    decisions: BTreeMap<&'static str, u64>,
+}
+
+impl Timed {
+    /// Decisions of every kind, over all the events.
+    fn decisions(&self) -> u64 {
+        self.decisions.values().sum()
+    }
+
+    /// `kind: per event` for each kind of decision made.
+    fn per_event(&self) -> String {
+        let events = self.nanos.len().max(1) as f64;
+        let kinds: Vec<String> =
+            self.decisions.iter().map(|(kind, n)| format!("{kind} {:.2}", *n as f64 / events)).collect();
+        kinds.join(", ")
+    }
+}
+
+/// The kind of a decision, for the counts.
+fn kind(d: &Decision) -> &'static str {
+    match d {
+        Decision::Assign { .. } => "assign",
+        Decision::Drop { .. } => "drop",
+        Decision::Stop { .. } => "stop",
+        Decision::Finished { .. } => "finished",
+        Decision::Cancelled { .. } => "cancelled",
+        Decision::WorkerLost { .. } => "worker_lost",
+        Decision::Suspend { .. } => "suspend",
+        Decision::Resume { .. } => "resume",
+        Decision::Requeued { .. } => "requeued",
+    }
 }
 
 impl Cluster {
@@ -322,12 +360,15 @@ impl Cluster {
         let decisions = self.sched.take_decisions();
         let took = start.elapsed();
         result.expect("event accepted");
-        self.absorb(decisions);
-        if let Some(v) = self.latencies.get_mut(name) {
-            v.push(took.as_nanos() as u64);
-        } else {
-            self.latencies.insert(name.to_owned(), vec![took.as_nanos() as u64]);
+        if !self.latencies.contains_key(name) {
+            self.latencies.insert(name.to_owned(), Timed::default());
         }
+        let timed = self.latencies.get_mut(name).expect("just inserted");
+        timed.nanos.push(took.as_nanos() as u64);
+        for d in &decisions {
+            *timed.decisions.entry(kind(d)).or_default() += 1;
+        }
+        self.absorb(decisions);
         took
     }
 
@@ -525,9 +566,13 @@ fn main() {
         for &pending in &sizes {
             let mut c = Cluster::new(pending);
             let took = c.chunked(n, Cluster::exits);
+            let timed = &c.latencies["exit_and_assign"];
             eprintln!(
-                "{pending} queued: {n} exit_and_assign events, {:.2} µs each; {:.0} MB resident after",
+                "{pending} queued: {n} exit_and_assign events, {:.2} µs each, {:.0} decisions/s ({}); {:.0} MB \
+                 resident after",
                 took.as_secs_f64() * 1e6 / n as f64,
+                timed.decisions() as f64 / took.as_secs_f64(),
+                timed.per_event(),
                 rss() as f64 / 1e6
             );
         }
@@ -577,19 +622,23 @@ fn main() {
     anchor(&mut criterion, sizes.iter().copied().max().unwrap_or(1_000_000));
     criterion.final_summary();
 
-    eprintln!("\nevery timed event, warm-up included (µs):");
+    eprintln!("\nevery timed event, warm-up included (µs), and the decisions the timed events made:");
     eprintln!(
-        "{:<48} {:>9} {:>9} {:>9} {:>9} {:>9} {:>12}",
-        "", "events", "mean", "p50", "p99", "max", "events/s"
+        "{:<48} {:>9} {:>9} {:>9} {:>9} {:>9} {:>12} {:>12}",
+        "", "events", "mean", "p50", "p99", "max", "events/s", "decisions/s"
     );
-    for (name, mut v) in latencies {
+    for (name, mut timed) in latencies {
+        let v = &mut timed.nanos;
         v.sort_unstable();
-        let mean = v.iter().sum::<u64>() as f64 / v.len() as f64 / 1000.0;
-        let (p50, p99, max) = (percentile(&v, 0.5), percentile(&v, 0.99), percentile(&v, 1.0));
+        let total = v.iter().sum::<u64>() as f64;
+        let mean = total / v.len() as f64 / 1000.0;
+        let (p50, p99, max) = (percentile(v, 0.5), percentile(v, 0.99), percentile(v, 1.0));
         eprintln!(
-            "{name:<48} {:>9} {mean:>9.2} {p50:>9.2} {p99:>9.2} {max:>9.1} {:>12.0}",
+            "{name:<48} {:>9} {mean:>9.2} {p50:>9.2} {p99:>9.2} {max:>9.1} {:>12.0} {:>12.0}",
             v.len(),
-            1e6 / mean
+            1e6 / mean,
+            timed.decisions() as f64 / total * 1e9
         );
+        eprintln!("{:<48} decisions per event: {}", "", timed.per_event());
     }
 }
