@@ -278,7 +278,7 @@ impl Timed {
         let events = self.nanos.len().max(1) as f64;
         let kinds: Vec<String> =
             self.decisions.iter().map(|(kind, n)| format!("{kind} {:.2}", *n as f64 / events)).collect();
-        kinds.join(", ")
+        if kinds.is_empty() { "none".to_owned() } else { kinds.join(", ") }
     }
 }
 
