@@ -1531,15 +1531,11 @@ impl Scheduler {
         match place {
             Place::Global => self.global.insert(class, tenant, key, j, era),
             Place::First(w) | Place::Second(w) => {
-                let worker = &mut self.workers[w as usize];
-                let [first, second] = &mut self.queue_counts[w as usize];
-                let (queue, counts) = if matches!(place, Place::First(_)) {
-                    (&mut worker.first, first)
-                } else {
-                    (&mut worker.second, second)
-                };
+                let (queue, counts) =
+                    local_queue(&mut self.workers, &mut self.queue_counts, place).expect("a local place");
                 queue.insert(counts, class, tenant, key, j, era);
                 if self.quotas.active() {
+                    let worker = &mut self.workers[w as usize];
                     let t = tenant as usize;
                     if worker.local_masks.len() <= t {
                         worker.local_masks.resize(t + 1, 0);
@@ -1738,20 +1734,9 @@ impl Scheduler {
         {
             self.dirty.insert(w);
         }
-        let removed = match place {
-            Place::Global => self.global.remove(class, tenant, key, live_entry(&self.eras)),
-            Place::First(w) => self.workers[w as usize].first.remove(
-                &mut self.queue_counts[w as usize][0],
-                class,
-                tenant,
-                key,
-            ),
-            Place::Second(w) => self.workers[w as usize].second.remove(
-                &mut self.queue_counts[w as usize][1],
-                class,
-                tenant,
-                key,
-            ),
+        let removed = match local_queue(&mut self.workers, &mut self.queue_counts, place) {
+            Some((queue, counts)) => queue.remove(counts, class, tenant, key),
+            None => self.global.remove(class, tenant, key, live_entry(&self.eras)),
         };
         if removed {
             self.placed(tenant, false);
@@ -1775,20 +1760,13 @@ impl Scheduler {
         let (class, tenant, key) = (job.class, job.tenant, job.key);
         for place in places {
             let Scheduler { global, workers, queue_counts, eras, .. } = self;
-            match place {
-                Place::Global => global.left(class, tenant, key, live_entry(eras)),
-                Place::First(w) => {
-                    let counts = &mut queue_counts[w as usize][0];
+            match local_queue(workers, queue_counts, place) {
+                Some((queue, counts)) => {
                     if counts.left() {
-                        workers[w as usize].first.compact(counts, live_entry(eras));
+                        queue.compact(counts, live_entry(eras));
                     }
                 }
-                Place::Second(w) => {
-                    let counts = &mut queue_counts[w as usize][1];
-                    if counts.left() {
-                        workers[w as usize].second.compact(counts, live_entry(eras));
-                    }
-                }
+                None => global.left(class, tenant, key, live_entry(eras)),
             }
             self.placed(tenant, false);
         }
@@ -2893,6 +2871,23 @@ impl Scheduler {
     fn job_mut(&mut self, j: JobIdx) -> &mut Job {
         self.jobs[j as usize].as_mut().expect("live job")
     }
+}
+
+/// The local queue at `place`, with its counts (see [`QueueCounts`]);
+/// `None` for the global queue.
+fn local_queue<'a>(
+    workers: &'a mut [Worker],
+    counts: &'a mut [[QueueCounts; 2]],
+    place: Place,
+) -> Option<(&'a mut Queue, &'a mut QueueCounts)> {
+    let (w, second) = match place {
+        Place::First(w) => (w, false),
+        Place::Second(w) => (w, true),
+        Place::Global => return None,
+    };
+    let worker = &mut workers[w as usize];
+    let [first_counts, second_counts] = &mut counts[w as usize];
+    Some(if second { (&mut worker.second, second_counts) } else { (&mut worker.first, first_counts) })
 }
 
 /// Whether `holders` lists worker `w` as a holder of artifact `a`.
