@@ -41,11 +41,18 @@ const FOLLOW_BACKLOG: usize = 256;
 
 /// Work for the state thread.
 pub(crate) enum Command {
-    /// Apply and record an input.
-    Input { input: Input, reply: oneshot::Sender<Result<Reply, SolverError>> },
-    /// Apply and record a worker's report; with `deliver`, the answer also
-    /// takes the worker's mail once the turn's effects are in its mailbox.
-    Report { worker: u64, report: Report, deliver: Delivery, reply: oneshot::Sender<PollReply> },
+    /// Apply an input and write its `record` (see [`record`]).
+    Input { input: Input, record: Vec<u8>, reply: oneshot::Sender<Result<Reply, SolverError>> },
+    /// Apply a worker's report (`input`, an [`Input::Report`]) and write its
+    /// `record`; with `deliver`, the answer also takes the worker's mail
+    /// once the turn's effects are in its mailbox.
+    Report {
+        worker: u64,
+        input: Input,
+        record: Vec<u8>,
+        deliver: Delivery,
+        reply: oneshot::Sender<PollReply>,
+    },
     /// Read the state.
     Query(Box<dyn FnOnce(&Solver) + Send>),
     /// Follow a build's events from `from` (`None` for an unknown build).
@@ -286,7 +293,8 @@ impl Shared {
     /// Applies an input durably and returns the solver's reply.
     pub(crate) async fn input(&self, input: Input) -> Result<Result<Reply, SolverError>, Stopped> {
         let (reply, rx) = oneshot::channel();
-        self.send(Command::Input { input, reply })?;
+        let record = record(&input);
+        self.send(Command::Input { input, record, reply })?;
         rx.await.map_err(|_| Stopped)
     }
 
@@ -299,7 +307,9 @@ impl Shared {
         deliver: Delivery,
     ) -> Result<PollReply, Stopped> {
         let (reply, rx) = oneshot::channel();
-        self.send(Command::Report { worker, report, deliver, reply })?;
+        let input = Input::Report { worker, report };
+        let record = record(&input);
+        self.send(Command::Report { worker, input, record, deliver, reply })?;
         rx.await.map_err(|_| Stopped)
     }
 
@@ -412,6 +422,14 @@ pub(crate) fn start(mut store: Store, mut solver: Solver) -> Result<Arc<Shared>,
     Ok(shared)
 }
 
+/// An input's record in the log: its JSON. Senders encode their inputs
+/// before handing them over, so that the state thread, through which every
+/// decision passes, only writes the bytes (a large build's submission takes
+/// a millisecond or more to encode).
+fn record(input: &Input) -> Vec<u8> {
+    serde_json::to_vec(input).expect("encodable input")
+}
+
 fn run(mut store: Store, mut solver: Solver, rx: Receiver<Command>, weak: std::sync::Weak<Shared>) {
     let mut followers = Followers::default();
     // Submits beyond the one a turn carries out, oldest first.
@@ -446,22 +464,20 @@ fn run(mut store: Store, mut solver: Solver, rx: Receiver<Command>, weak: std::s
         let mut answers = Vec::new();
         let mut queries = Vec::new();
         let mut follows = Vec::new();
-        let mut apply = |solver: &mut Solver, input: Input| {
-            let body = serde_json::to_vec(&input).expect("encodable input");
-            records.push((now, body));
+        let mut apply = |solver: &mut Solver, input: Input, record: Vec<u8>| {
+            records.push((now, record));
             solver.handle(Millis(now), input)
         };
         if solver.poll_timeout().is_some_and(|at| at.0 <= now) {
-            let _ = apply(&mut solver, Input::Tick);
+            let _ = apply(&mut solver, Input::Tick, record(&Input::Tick));
         }
         for cmd in batch {
             match cmd {
-                Command::Input { input, reply } => {
-                    answers.push(Answer::Input(reply, apply(&mut solver, input)))
+                Command::Input { input, record, reply } => {
+                    answers.push(Answer::Input(reply, apply(&mut solver, input, record)))
                 }
-                Command::Report { worker, report, deliver, reply } => {
-                    let reregister =
-                        apply(&mut solver, Input::Report { worker, report }) == Ok(Reply::Reregister);
+                Command::Report { worker, input, record, deliver, reply } => {
+                    let reregister = apply(&mut solver, input, record) == Ok(Reply::Reregister);
                     let mail = PollReply { reregister, ..PollReply::default() };
                     let deliver = Delivery { take: deliver.take && !reregister, ..deliver };
                     answers.push(Answer::Report { worker, deliver, mail, reply });
@@ -702,6 +718,7 @@ mod tests {
     #[test]
     fn a_turn_carries_out_one_submit_after_everything_else() {
         let submit = |name: &str| Command::Input {
+            record: Vec::new(),
             input: Input::Submit(SubmitRequest {
                 build: BuildSpec { name: name.into(), sources: Vec::new(), jobs: vec![job("a")] },
                 tenant: "t".into(),
@@ -714,7 +731,8 @@ mod tests {
         };
         let report = |worker: u64| Command::Report {
             worker,
-            report: drover_proto::Report::default(),
+            input: Input::Report { worker, report: drover_proto::Report::default() },
+            record: Vec::new(),
             deliver: Delivery::default(),
             reply: oneshot::channel().0,
         };

@@ -453,8 +453,9 @@ pub struct BuildStatus {
 }
 
 /// What happened in a build, in order; the stream of `GET
-/// /v1/builds/{id}/events`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// /v1/builds/{id}/events`. Read in one pass ([`FlatEvent`]): every
+/// client following a build parses each of its events.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct BuildEvent {
     /// Position in the build's stream, from 0.
     pub seq: u64,
@@ -466,7 +467,7 @@ pub struct BuildEvent {
 }
 
 /// The kinds of [`BuildEvent`].
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum EventKind {
     /// The build was accepted.
@@ -555,6 +556,93 @@ pub enum EventKind {
         /// How many jobs were queued again.
         jobs: usize,
     },
+}
+
+/// The tag of an [`EventKind`], as written in `event`.
+#[derive(Clone, Copy, Debug, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum EventTag {
+    BuildQueued,
+    JobQueued,
+    JobStarted,
+    JobFinished,
+    JobSuspended,
+    JobResumed,
+    JobRequeued,
+    JobSkipped,
+    JobCancelled,
+    BuildFinished,
+    BuildRetried,
+}
+
+/// Every field of every kind of [`BuildEvent`], read in one pass. The
+/// derived reading of a flattened, internally tagged enum first copies each
+/// event into a generic tree and then reads that again, which made parsing
+/// the events most of what a client following a busy build does.
+#[derive(Deserialize)]
+struct FlatEvent {
+    seq: u64,
+    at: u64,
+    event: EventTag,
+    job: Option<String>,
+    worker: Option<String>,
+    attempt: Option<u32>,
+    attempts: Option<u32>,
+    jobs: Option<usize>,
+    /// A [`JobState`] or a [`BuildState`], by the tag.
+    state: Option<String>,
+    exit_code: Option<i32>,
+    detail: Option<String>,
+    evicted_by: Option<String>,
+    reason: Option<String>,
+    counts: Option<BTreeMap<JobState, usize>>,
+}
+
+impl<'de> Deserialize<'de> for BuildEvent {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        fn need<T, E: Error>(v: Option<T>, field: &'static str) -> Result<T, E> {
+            v.ok_or_else(|| E::missing_field(field))
+        }
+        fn state<'a, T: Deserialize<'a>, E: Error>(s: &'a Option<String>) -> Result<T, E> {
+            T::deserialize(serde::de::value::StrDeserializer::<E>::new(need(s.as_deref(), "state")?))
+        }
+        let f = FlatEvent::deserialize(d)?;
+        let job = f.job;
+        let kind = match f.event {
+            EventTag::BuildQueued => EventKind::BuildQueued { jobs: need(f.jobs, "jobs")? },
+            EventTag::JobQueued => EventKind::JobQueued { job: need(job, "job")? },
+            EventTag::JobStarted => EventKind::JobStarted {
+                job: need(job, "job")?,
+                worker: need(f.worker, "worker")?,
+                attempt: need(f.attempt, "attempt")?,
+            },
+            EventTag::JobFinished => EventKind::JobFinished {
+                job: need(job, "job")?,
+                state: state(&f.state)?,
+                exit_code: f.exit_code,
+                detail: f.detail.unwrap_or_default(),
+            },
+            EventTag::JobSuspended => {
+                EventKind::JobSuspended { job: need(job, "job")?, evicted_by: f.evicted_by }
+            }
+            EventTag::JobResumed => EventKind::JobResumed { job: need(job, "job")? },
+            EventTag::JobRequeued => EventKind::JobRequeued {
+                job: need(job, "job")?,
+                attempts: need(f.attempts, "attempts")?,
+                reason: f.reason,
+            },
+            EventTag::JobSkipped => {
+                EventKind::JobSkipped { job: need(job, "job")?, reason: need(f.reason, "reason")? }
+            }
+            EventTag::JobCancelled => EventKind::JobCancelled { job: need(job, "job")? },
+            EventTag::BuildFinished => {
+                EventKind::BuildFinished { state: state(&f.state)?, counts: f.counts.unwrap_or_default() }
+            }
+            EventTag::BuildRetried => EventKind::BuildRetried { jobs: need(f.jobs, "jobs")? },
+        };
+        Ok(BuildEvent { seq: f.seq, at: f.at, kind })
+    }
 }
 
 /// What a worker offers, as sent at registration.
@@ -897,6 +985,11 @@ mod tests {
             (r#"{"seq":0,"at":1,"event":"job_exploded","job":"a"}"#, "unknown variant"),
             (r#"{"seq":0,"at":1,"event":"build_finished","state":"melted"}"#, "melted"),
             (r#"{"seq":0,"event":"job_queued","job":"a"}"#, "missing field `at`"),
+            (r#"{"seq":0,"at":1,"event":"job_finished","job":"a","exit_code":0}"#, "missing field `state`"),
+            (r#"{"seq":0,"at":1,"event":"job_finished","job":"a","state":"queued_up"}"#, "queued_up"),
+            (r#"{"seq":0,"at":1,"event":"build_finished","state":"skipped"}"#, "skipped"),
+            (r#"{"seq":0,"at":1,"event":"job_skipped","job":"a"}"#, "missing field `reason`"),
+            (r#"{"seq":0,"at":1,"event":"job_cancelled"}"#, "missing field `job`"),
         ] {
             let e = serde_json::from_str::<BuildEvent>(bad).unwrap_err().to_string();
             assert!(e.contains(why), "{bad}: {e}");
