@@ -19,6 +19,7 @@
 
 mod held;
 mod idmap;
+mod order;
 mod policy;
 mod queue;
 mod quota;

@@ -14,12 +14,12 @@ mod invariants;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
-use std::ops::Bound::{Excluded, Unbounded};
 
 use serde::{Deserialize, Serialize};
 
 use crate::held::HeldList;
 use crate::idmap::{IdMap, IdSet};
+use crate::order::Order;
 use crate::policy::{Policy, QueueKey, TenantKey, VictimTier};
 use crate::queue::{
     ClassIdx, Era, GlobalQueue, JobIdx, JobKey, Queue, QueueCounts, SHARED_BIT, TenantIdx, class_bit,
@@ -374,7 +374,7 @@ pub struct Scheduler {
     total_changed: bool,
     /// Per leaf queue: its tenants with queued jobs, in the order a draw
     /// walks them (empty for parent queues).
-    orders: Vec<BTreeSet<TenantKey>>,
+    orders: Vec<Order<TenantKey>>,
     /// Leaf queues with a non-empty order, sorted by key (a vector: there
     /// are tens of them, and a recomputation of the deserved amounts moves
     /// most of them at once).
@@ -512,7 +512,7 @@ impl Scheduler {
         Scheduler {
             rng: SplitMix64::new(config.seed),
             policy: Policy::new(&config),
-            orders: vec![BTreeSet::new(); quotas.nodes.len()],
+            orders: vec![Order::default(); quotas.nodes.len()],
             total: Amounts::default(),
             total_changed: false,
             gangs: BTreeMap::new(),
@@ -1590,13 +1590,8 @@ impl Scheduler {
             return;
         }
         let q = tenant.queue as usize;
-        if let Some(old) = self.tenants[t as usize].filed.take() {
-            self.orders[q].remove(&old);
-        }
-        if let Some(key) = key {
-            self.orders[q].insert(key);
-        }
-        self.tenants[t as usize].filed = key;
+        let old = std::mem::replace(&mut self.tenants[t as usize].filed, key);
+        self.orders[q].replace(old, key);
         self.refile_queue(q as QueueIdx);
     }
 
@@ -2172,7 +2167,7 @@ impl Scheduler {
     /// The best job of queue `q`'s first tenant that waits in the global
     /// queue with no reservation.
     fn starving_job(&self, q: QueueIdx) -> Option<JobIdx> {
-        let &(_, tenant) = self.orders[q as usize].first()?;
+        let (_, tenant) = self.orders[q as usize].first()?;
         self.global
             .fronts(tenant)
             .filter(|&(_, _, j)| self.job(j).reserved_on.is_none() && self.job(j).gang.is_none())
@@ -2630,9 +2625,9 @@ impl Scheduler {
                     let order = &self.orders[q as usize];
                     let next = match after {
                         None => order.first(),
-                        Some(key) => order.range((Excluded(key), Unbounded)).next(),
+                        Some(key) => order.after(&key),
                     };
-                    let Some(&key) = next else { break };
+                    let Some(key) = next else { break };
                     after = Some(key);
                     if !within_deserved && barren.contains(&key.1) {
                         continue;
