@@ -23,6 +23,10 @@
 //!   the core finishes the job, records the artifact and draws the worker's
 //!   next job (fairness, locality and resources over the whole backlog). The
 //!   backlog is topped up and the clock moves on (untimed) every 5,000.
+//!   Each worker's cache is bounded: it keeps the results of its last 32
+//!   runs, and reports the older ones evicted at each top-up (untimed), so
+//!   the artifact index stays at a steady size instead of gaining an entry
+//!   per exit for the whole run.
 //! - `complete_with_waiters/W`: the same exit, for a job that `W` waiters
 //!   share through dedup (they join it untimed beforehand).
 //! - `dedup_join/10000`: `Schedule` of a job that already has 10,000 waiters.
@@ -61,7 +65,7 @@
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
@@ -78,6 +82,12 @@ const DEP_ARTIFACTS: u64 = 10_000;
 /// Share of the backlog scheduled after the DepsTimeout tick (local queues
 /// only), per thousand.
 const TAIL_PER_MILLE: u64 = 100;
+/// Results of its own runs each worker's cache keeps. A worker's cache is
+/// bounded: past this many, it evicts the oldest result (reported, untimed,
+/// at the next top-up), so the artifact index stays the size of a steady
+/// state instead of growing by an entry per exit. The dependency artifacts
+/// the backlog reads stay.
+const RESULTS_KEPT: usize = 32;
 /// Most events timed between two untimed top-ups.
 const CHUNK: u64 = 5_000;
 /// Simulated time between chunks (half a DepsTimeout).
@@ -255,6 +265,10 @@ struct Cluster {
     /// Backlog size to keep.
     target: usize,
     rng: Rng,
+    /// Per worker, the results of its runs its cache holds, oldest first.
+    results: Vec<VecDeque<JobId>>,
+    /// Per worker, results its cache dropped, not yet reported.
+    evicted: BTreeMap<u64, Vec<JobId>>,
     /// Every timed event, per benchmark: nanoseconds, and the decisions
     /// the timed events made, by kind.
     latencies: BTreeMap<String, Timed>,
@@ -318,6 +332,8 @@ impl Cluster {
             next_waiter: 1 << 40,
             target: pending as usize,
             rng: Rng(0xbe4c),
+            results: vec![VecDeque::new(); WORKERS as usize],
+            evicted: BTreeMap::new(),
             latencies: BTreeMap::new(),
         };
         for event in c.registrations.clone() {
@@ -388,6 +404,9 @@ impl Cluster {
     /// Untimed: refills the backlog and lets time pass, so that earlier
     /// top-ups reach the global queue.
     fn top_up(&mut self) {
+        for (w, artifacts) in std::mem::take(&mut self.evicted) {
+            self.handle(Event::ArtifactsEvicted { worker: WorkerId(w), artifacts });
+        }
         self.schedule(self.target.saturating_sub(self.queued()) as u64);
         self.now = self.now.after(STEP);
         self.handle(Event::Tick);
@@ -426,12 +445,27 @@ impl Cluster {
         self.inflight.swap_remove(i)
     }
 
+    /// Timed: `run` exits, and its worker draws its next job. Its result
+    /// joins the worker's cache, which evicts the oldest past
+    /// [`RESULTS_KEPT`].
+    fn exit(&mut self, name: &str, run: RunId) -> Duration {
+        let (worker, job, _) = self.sched.run_info(run).expect("run in flight");
+        let took = self.timed(name, Event::JobExited { run, result: JobResult::ok() });
+        let cache = &mut self.results[worker.0 as usize];
+        cache.push_back(job);
+        if cache.len() > RESULTS_KEPT {
+            let oldest = cache.pop_front().expect("over the bound");
+            self.evicted.entry(worker.0).or_default().push(oldest);
+        }
+        took
+    }
+
     /// `k` runs exit; each worker draws its next job.
     fn exits(&mut self, k: u64) -> Duration {
         (0..k)
             .map(|_| {
                 let run = self.random_run();
-                self.timed("exit_and_assign", Event::JobExited { run, result: JobResult::ok() })
+                self.exit("exit_and_assign", run)
             })
             .sum()
     }
@@ -454,7 +488,7 @@ impl Cluster {
         for _ in 0..k {
             let run = self.random_run();
             self.add_waiters(run, waiters - 1);
-            timed += self.timed(&name, Event::JobExited { run, result: JobResult::ok() });
+            timed += self.exit(&name, run);
         }
         timed
     }
@@ -481,6 +515,9 @@ impl Cluster {
             let runs = self.sched.worker_runs(WorkerId(w));
             self.inflight.retain(|r| !runs.contains(r));
             let leave = Event::WorkerLeft { worker: WorkerId(w) };
+            // It registers again with the artifacts it started with.
+            self.results[w as usize].clear();
+            self.evicted.remove(&w);
             let join = self.registrations[w as usize].clone();
             if time_leave {
                 timed += self.timed("worker_loss", leave);
