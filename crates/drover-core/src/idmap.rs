@@ -9,12 +9,19 @@
 //! table answers with one or two. A job ID is already a digest, so hashing
 //! it is a few multiplications; a run ID is one word.
 //!
+//! The index of live jobs, the largest of these tables (an entry per queued
+//! job), is a [`JobIndex`]: it holds only each job's slab index and 32 bits
+//! of its ID's hash, 8 bytes a job instead of the 40 of an ID and an index,
+//! so the table stays in cache and a job's removal finds its entry without
+//! reading IDs. A lookup compares the stored bits first and reads the
+//! job's ID from the slab only when they match.
+//!
 //! The core must never let hash order reach a decision (see ARCHITECTURE.md,
-//! "Architecture invariants"). [`IdMap`] and [`IdSet`] therefore offer
-//! lookups, insertion and removal only; the rare callers that must visit
-//! every entry get them sorted by ID. This module is the only place in the
-//! core that names a hash-ordered container; `crates/drover/tests/purity.rs`
-//! checks that.
+//! "Architecture invariants"). [`IdMap`], [`IdSet`] and [`JobIndex`]
+//! therefore offer lookups, insertion and removal only; the rare callers
+//! that must visit every entry get them sorted. This module is the only
+//! place in the core that names a hash-ordered container;
+//! `crates/drover/tests/purity.rs` checks that.
 
 #![allow(clippy::disallowed_types)]
 
@@ -22,6 +29,9 @@ use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::hash::{BuildHasher, Hash, Hasher};
 
+use hashbrown::HashTable;
+
+use crate::queue::JobIdx;
 use crate::types::JobId;
 #[cfg(doc)]
 use crate::types::RunId;
@@ -156,6 +166,72 @@ impl IdSet {
     }
 }
 
+/// Live jobs by ID: for each, its slab index and 32 bits of its ID's hash
+/// (see the module documentation). The caller passes the slab's view of a
+/// job's ID to lookups.
+#[derive(Clone, Default)]
+pub(crate) struct JobIndex {
+    map: HashTable<(u32, JobIdx)>,
+}
+
+/// 32 bits of `id`'s hash, stored with its job.
+fn fingerprint(id: &JobId) -> u32 {
+    IdHash.hash_one(id) as u32
+}
+
+/// The table's hash of a stored fingerprint: the table takes its bucket from
+/// the low bits and its tag from the top 7, so the 32 bits are spread over
+/// all 64.
+fn spread(fingerprint: u32) -> u64 {
+    let x = u64::from(fingerprint).wrapping_mul(MIX);
+    x ^ (x >> 32)
+}
+
+impl std::fmt::Debug for JobIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JobIndex").field("jobs", &self.map.len()).finish()
+    }
+}
+
+impl PartialEq for JobIndex {
+    fn eq(&self, other: &Self) -> bool {
+        self.sorted() == other.sorted()
+    }
+}
+
+impl Eq for JobIndex {}
+
+impl JobIndex {
+    /// The job with ID `id`; `id_of` gives a live job's ID from its index.
+    pub(crate) fn get<'a>(&self, id: &JobId, id_of: impl Fn(JobIdx) -> &'a JobId) -> Option<JobIdx> {
+        let f = fingerprint(id);
+        self.map.find(spread(f), |&(g, j)| g == f && id_of(j) == id).map(|&(_, j)| j)
+    }
+
+    /// Files job `j` under `id`, which no live job has.
+    pub(crate) fn insert(&mut self, id: &JobId, j: JobIdx) {
+        let f = fingerprint(id);
+        self.map.insert_unique(spread(f), (f, j), |&(g, _)| spread(g));
+    }
+
+    /// Takes job `j`, filed under `id`, out; true if it was there.
+    pub(crate) fn remove(&mut self, id: &JobId, j: JobIdx) -> bool {
+        let f = fingerprint(id);
+        self.map.find_entry(spread(f), |&(g, k)| g == f && k == j).map(|e| e.remove()).is_ok()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Every entry, sorted (costs a sort: for comparisons in tests).
+    fn sorted(&self) -> Vec<(u32, JobIdx)> {
+        let mut all: Vec<(u32, JobIdx)> = self.map.iter().copied().collect();
+        all.sort_unstable();
+        all
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -182,6 +258,33 @@ mod tests {
         assert!(s.insert(JobId::named("y")) && s.insert(JobId::named("x")));
         assert!(!s.insert(JobId::named("x")), "already there");
         assert!(s.contains(&JobId::named("y")) && !s.contains(&JobId::named("z")));
+    }
+
+    #[test]
+    fn the_job_index_finds_jobs_by_id_through_the_slab() {
+        let ids: Vec<JobId> = (0..2_000).map(|i| JobId::named(&format!("job {i}"))).collect();
+        let mut index = JobIndex::default();
+        for (j, id) in ids.iter().enumerate() {
+            index.insert(id, j as JobIdx);
+        }
+        let id_of = |j: JobIdx| &ids[j as usize];
+        assert_eq!(index.len(), 2_000);
+        assert!(ids.iter().enumerate().all(|(j, id)| index.get(id, id_of) == Some(j as JobIdx)));
+        assert_eq!(index.get(&JobId::named("never filed"), id_of), None);
+        // Removal takes the entry of that job only.
+        assert!(index.remove(&ids[7], 7));
+        assert!(!index.remove(&ids[7], 7), "already gone");
+        assert!(!index.remove(&ids[8], 9), "filed under another job");
+        assert_eq!(index.get(&ids[7], id_of), None);
+        assert_eq!(index.get(&ids[8], id_of), Some(8));
+        // Equal contents compare equal, whatever the insertion order.
+        let mut other = JobIndex::default();
+        for (j, id) in ids.iter().enumerate().rev().filter(|(j, _)| *j != 7) {
+            other.insert(id, j as JobIdx);
+        }
+        assert_eq!(index, other);
+        other.remove(&ids[8], 8);
+        assert_ne!(index, other);
     }
 
     #[test]

@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use crate::held::HeldList;
-use crate::idmap::{IdMap, IdSet};
+use crate::idmap::{IdMap, IdSet, JobIndex};
 use crate::order::Order;
 use crate::policy::{Policy, QueueKey, TenantKey, VictimTier};
 use crate::queue::{
@@ -357,7 +357,7 @@ pub struct Scheduler {
     /// test reads eight bytes per entry, not a job.
     eras: Vec<Era>,
     free_jobs: Vec<JobIdx>,
-    job_index: IdMap<JobIdx>,
+    job_index: JobIndex,
     /// Hashed: nothing visits the runs in order (the invariant checks sort
     /// them).
     runs: IdMap<Run, RunId>,
@@ -541,7 +541,7 @@ impl Scheduler {
             jobs: Vec::new(),
             eras: Vec::new(),
             free_jobs: Vec::new(),
-            job_index: IdMap::default(),
+            job_index: JobIndex::default(),
             runs: IdMap::default(),
             suspended: BTreeSet::new(),
             global: GlobalQueue::default(),
@@ -644,19 +644,19 @@ impl Scheduler {
     /// many of its member jobs are pending or running. `None` for a job
     /// that is not, or is in no gang.
     pub fn job_gang(&self, id: &JobId) -> Option<(&str, u32)> {
-        let j = *self.job_index.get(id)?;
+        let j = self.lookup(id)?;
         let gang = &self.gangs[&self.job(j).gang?];
         Some((gang.id.as_str(), gang.members))
     }
 
     /// Whether the job is pending or running (so `Join` can wait for it).
     pub fn has_job(&self, id: &JobId) -> bool {
-        self.job_index.get(id).is_some()
+        self.lookup(id).is_some()
     }
 
     /// A pending or running job's state.
     pub fn job_view(&self, id: &JobId) -> Option<JobView> {
-        let j = *self.job_index.get(id)?;
+        let j = self.lookup(id)?;
         let job = self.job(j);
         let wid = |w: WorkerIdx| self.workers[w as usize].id;
         let status = match job.state {
@@ -683,7 +683,7 @@ impl Scheduler {
     /// The job a running job's run was suspended for by an eviction, while
     /// it waits to be resumed ([`Evict::Suspend`]).
     pub fn evicted_by(&self, id: &JobId) -> Option<JobId> {
-        let job = self.job(*self.job_index.get(id)?);
+        let job = self.job(self.lookup(id)?);
         match job.state {
             JobState::Running(run) => self.runs.get(&run)?.suspended,
             _ => None,
@@ -695,7 +695,7 @@ impl Scheduler {
     /// holding its inputs, no worker has room for it now, or it waits its
     /// turn. `None` for a job that is not queued.
     pub fn waiting_reason(&self, id: &JobId) -> Option<String> {
-        let j = *self.job_index.get(id)?;
+        let j = self.lookup(id)?;
         let job = self.job(j);
         let class = &self.classes[job.class as usize];
         let queue = self.tenants[job.tenant as usize].queue;
@@ -962,7 +962,7 @@ impl Scheduler {
             }
             Event::Schedule { spec, waiter } => self.schedule(spec, waiter),
             Event::Join { job, waiter } => {
-                let j = *self.job_index.get(&job).ok_or(Rejected::UnknownJob(job))?;
+                let j = self.lookup(&job).ok_or(Rejected::UnknownJob(job))?;
                 self.add_waiter(j, job, waiter)
             }
             Event::Cancel { job, waiter } => self.cancel(job, waiter),
@@ -1167,7 +1167,7 @@ impl Scheduler {
     }
 
     fn schedule(&mut self, spec: JobSpec, waiter: WaiterId) -> Result<(), Rejected> {
-        if let Some(&j) = self.job_index.get(&spec.id) {
+        if let Some(j) = self.lookup(&spec.id) {
             return self.add_waiter(j, spec.id, waiter);
         }
         let invalid = |why: &str| Err(Rejected::InvalidSpec { job: spec.id, why: why.to_owned() });
@@ -1225,7 +1225,7 @@ impl Scheduler {
                 (self.jobs.len() - 1) as JobIdx
             }
         };
-        self.job_index.insert(spec.id, j);
+        self.job_index.insert(&spec.id, j);
         if let Some(spec) = spec.gang {
             let g = match self.gang_index.get(&spec.id) {
                 Some(&g) => g,
@@ -1268,7 +1268,7 @@ impl Scheduler {
     }
 
     fn cancel(&mut self, id: JobId, waiter: WaiterId) -> Result<(), Rejected> {
-        let j = *self.job_index.get(&id).ok_or(Rejected::UnknownJob(id))?;
+        let j = self.lookup(&id).ok_or(Rejected::UnknownJob(id))?;
         let job = self.job_mut(j);
         let pos =
             job.waiters.iter().position(|w| *w == waiter).ok_or(Rejected::NotWaiting { job: id, waiter })?;
@@ -1379,7 +1379,7 @@ impl Scheduler {
         self.workers[w as usize].held.push(a);
         // Rule 1: a pending job is in the first queue of every holder of its
         // result, whatever its stage.
-        if let Some(&j) = self.job_index.get(&a)
+        if let Some(j) = self.lookup(&a)
             && matches!(self.job(j).state, JobState::Queued(stage) if stage != Stage::Gang)
         {
             self.add_place(j, Place::First(w));
@@ -1402,7 +1402,7 @@ impl Scheduler {
             let Scheduler { workers, holders, .. } = self;
             workers[w as usize].held.compact(|a| holds(holders, w, a));
         }
-        if let Some(&j) = self.job_index.get(&a)
+        if let Some(j) = self.lookup(&a)
             && matches!(self.job(j).state, JobState::Queued(_))
         {
             self.remove_place(j, Place::First(w));
@@ -1789,7 +1789,7 @@ impl Scheduler {
 
     fn remove_job(&mut self, j: JobIdx) {
         let job = self.jobs[j as usize].take().expect("live job");
-        self.job_index.remove(&job.id);
+        self.job_index.remove(&job.id, j);
         self.eras[j as usize] = self.eras[j as usize].wrapping_add(1);
         self.free_jobs.push(j);
         if let Some(g) = job.gang
@@ -2857,6 +2857,11 @@ impl Scheduler {
 
     fn run(&self, run: RunId) -> &Run {
         self.runs.get(&run).expect("run in flight")
+    }
+
+    /// The live job with ID `id`.
+    fn lookup(&self, id: &JobId) -> Option<JobIdx> {
+        self.job_index.get(id, |j| &self.job(j).id)
     }
 
     fn job(&self, j: JobIdx) -> &Job {

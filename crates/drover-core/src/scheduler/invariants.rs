@@ -114,7 +114,7 @@ impl Scheduler {
         for (j, job) in self.jobs.iter().enumerate() {
             let Some(job) = job else { continue };
             let j = j as u32;
-            if self.job_index.get(&job.id) != Some(&j) {
+            if self.lookup(&job.id) != Some(j) {
                 return Err(format!("job {} is not indexed by its ID", job.id));
             }
             let timer = job.timer.map(|(_, slot)| slot);
