@@ -10,14 +10,15 @@
 //! however many queues hold its jobs; and a worker looks at each class of a
 //! tenant with one resource check, not at every job.
 //!
-//! A local queue ([`Queue`]) is a small ordered map of tenants, each with
-//! its entries in class then job order: a sorted vector while they are few
-//! (a worker's local queue holds a few of most tenants' jobs), an ordered
-//! map of their own once they are many (so that filing one stays a descent).
-//! A draw reads a tenant's fronts with one descent into the map of tenants,
-//! whose keys are four bytes, and a walk along the tenant's entries in a
-//! cache line or two, where one map keyed by (tenant, class, job order)
-//! took a descent through nodes of 32-byte keys.
+//! A local queue ([`Queue`]) keeps a list per tenant, its entries in class
+//! then job order: a sorted vector while they are few (a worker's local
+//! queue holds a few of most tenants' jobs), an ordered map of their own
+//! once they are many (so that filing one stays a descent). A dense array
+//! of slots by tenant index (16 bytes per tenant known to the scheduler)
+//! gives each tenant's class mask and its boxed list, so a draw reads a
+//! tenant's fronts with a load of its slot and a walk along its entries in
+//! a cache line or two (an ordered map of tenants took a descent through
+//! two or three cold nodes first).
 //!
 //! The global queue ([`GlobalQueue`]), which holds most of the backlog, is
 //! one small ordered map of (tenant, class) groups, each with its first job
@@ -293,18 +294,53 @@ impl QueueCounts {
 /// ([`QueueCounts`]) and passed to every method that moves them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Queue {
-    /// Each tenant's entries (a tenant with none is not listed).
-    tenants: BTreeMap<TenantIdx, Entries>,
+    /// Per tenant (by index), its class mask and entries here.
+    slots: Vec<Slot>,
     /// Entries (dead ones included) per class: a draw skips the walk when
     /// no class it could take has any.
     classes: Vec<u32>,
-    /// Per tenant, the class mask of its entries, dead ones included: a
-    /// draw passes over a tenant with nothing it could take here without a
-    /// descent (see [`Queue::class_mask`]).
-    masks: Vec<u64>,
+}
+
+/// A tenant's place in one local queue: one load gives its class mask and
+/// the way to its entries, where an ordered map of tenants took a descent
+/// through two or three cold nodes. The entries are boxed, one small block
+/// each, so the slot stays 16 bytes and a queue's array of slots never
+/// reallocates a growing list of them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Slot {
+    /// The class mask of the tenant's entries here, dead ones included: a
+    /// draw passes over a tenant with nothing it could take here without
+    /// reading its entries (see [`Queue::class_mask`]).
+    mask: u64,
+    /// Its entries; `None` when it has none here.
+    entries: Option<Box<Entries>>,
+}
+
+impl Slot {
+    /// After a change to the entries: the mask follows them, and entries
+    /// that emptied go.
+    fn settle(&mut self) {
+        match &self.entries {
+            Some(e) if e.is_empty() => {
+                self.entries = None;
+                self.mask = 0;
+            }
+            Some(e) => self.mask = e.mask(),
+            None => self.mask = 0,
+        }
+    }
 }
 
 impl Queue {
+    /// Makes room for a slot per tenant known (`tenants`), at once: growing
+    /// the array a tenant at a time, as new tenant indices appear, would
+    /// leave a trail of freed smaller arrays behind in every queue.
+    pub(crate) fn room_for(&mut self, tenants: usize) {
+        if self.slots.len() < tenants {
+            self.slots.resize_with(tenants, Slot::default);
+        }
+    }
+
     /// Files `job`, of era `era`. A dead entry the job left at the same slot
     /// comes back to life.
     pub(crate) fn insert(
@@ -316,12 +352,13 @@ impl Queue {
         job: JobIdx,
         era: Era,
     ) {
-        let entries = self.tenants.entry(tenant).or_insert_with(|| Entries::Few(Vec::new()));
         let t = tenant as usize;
-        if self.masks.len() <= t {
-            self.masks.resize(t + 1, 0);
+        if self.slots.len() <= t {
+            self.slots.resize_with(t + 1, Slot::default);
         }
-        self.masks[t] |= class_bit(class);
+        let slot = &mut self.slots[t];
+        slot.mask |= class_bit(class);
+        let entries = slot.entries.get_or_insert_with(|| Box::new(Entries::Few(Vec::new())));
         if !entries.insert(Entry { class, job, key, era }) {
             counts.stale -= 1;
         } else {
@@ -342,14 +379,11 @@ impl Queue {
         tenant: TenantIdx,
         key: JobKey,
     ) -> bool {
-        let Some(entries) = self.tenants.get_mut(&tenant) else { return false };
-        if !entries.remove(class, key) {
+        let Some(slot) = self.slots.get_mut(tenant as usize) else { return false };
+        if !slot.entries.as_mut().is_some_and(|e| e.remove(class, key)) {
             return false;
         }
-        self.masks[tenant as usize] = entries.mask();
-        if entries.is_empty() {
-            self.tenants.remove(&tenant);
-        }
+        slot.settle();
         counts.entries -= 1;
         self.classes[class as usize] -= 1;
         true
@@ -357,8 +391,9 @@ impl Queue {
 
     /// Drops every dead entry.
     pub(crate) fn compact(&mut self, counts: &mut QueueCounts, live: impl Fn(JobIdx, Era) -> bool) {
-        let (classes, masks, removed) = (&mut self.classes, &mut self.masks, &mut 0u32);
-        self.tenants.retain(|&t, entries| {
+        let (classes, removed) = (&mut self.classes, &mut 0u32);
+        for slot in &mut self.slots {
+            let Some(entries) = &mut slot.entries else { continue };
             entries.retain(|e| {
                 let keep = live(e.job, e.era);
                 if !keep {
@@ -367,9 +402,8 @@ impl Queue {
                 }
                 keep
             });
-            masks[t as usize] = entries.mask();
-            !entries.is_empty()
-        });
+            slot.settle();
+        }
         counts.entries -= *removed;
         counts.stale = 0;
     }
@@ -383,15 +417,15 @@ impl Queue {
     /// [`class_bit`]): no bit in common with the classes a worker could
     /// take means [`Queue::fronts`] has nothing for it.
     pub(crate) fn class_mask(&self, tenant: TenantIdx) -> u64 {
-        self.masks.get(tenant as usize).copied().unwrap_or(0)
+        self.slots.get(tenant as usize).map_or(0, |s| s.mask)
     }
 
     /// The first live job of each class `tenant` has here, in class order,
-    /// into `out`; dead entries met on the way are dropped. One descent into
-    /// the map of tenants, then a walk along the tenant's few entries (or,
-    /// for a tenant with many, a descent into its own map and a walk that
-    /// passes over the rest of a class once it gave its first live job,
-    /// descending again after a few).
+    /// into `out`; dead entries met on the way are dropped. One load of the
+    /// tenant's slot, then a walk along its few entries (or, for a tenant
+    /// with many, a descent into its own map and a walk that passes over the
+    /// rest of a class once it gave its first live job, descending again
+    /// after a few).
     pub(crate) fn fronts(
         &mut self,
         counts: &mut QueueCounts,
@@ -399,25 +433,30 @@ impl Queue {
         live: impl Fn(JobIdx, Era) -> bool,
         out: impl FnMut(ClassIdx, JobKey, JobIdx),
     ) {
-        let Some(entries) = self.tenants.get_mut(&tenant) else { return };
+        let Some(slot) = self.slots.get_mut(tenant as usize) else { return };
+        let Some(entries) = &mut slot.entries else { return };
         let (classes, dropped) = (&mut self.classes, &mut 0u32);
         entries.fronts(live, out, |class| {
             classes[class as usize] -= 1;
             *dropped += 1;
         });
         if *dropped > 0 {
-            self.masks[tenant as usize] = entries.mask();
-        }
-        if entries.is_empty() {
-            self.tenants.remove(&tenant);
+            slot.settle();
         }
         counts.entries -= *dropped;
         counts.stale -= *dropped;
     }
 
+    /// Every entry with its tenant, in tenant, class and job order.
+    fn all(&self) -> impl Iterator<Item = (TenantIdx, Entry)> + '_ {
+        self.slots.iter().enumerate().flat_map(|(t, slot)| {
+            slot.entries.iter().flat_map(move |e| e.iter().map(move |e| (t as TenantIdx, e)))
+        })
+    }
+
     /// Every live job here, in tenant, class and job order.
     pub(crate) fn jobs(&self, live: impl Fn(JobIdx, Era) -> bool) -> impl Iterator<Item = JobIdx> {
-        self.tenants.values().flat_map(Entries::iter).filter(move |e| live(e.job, e.era)).map(|e| e.job)
+        self.all().filter(move |(_, e)| live(e.job, e.era)).map(|(_, e)| e.job)
     }
 
     /// Empties the queue, returning its live jobs with their tenants.
@@ -427,37 +466,26 @@ impl Queue {
         live: impl Fn(JobIdx, Era) -> bool,
     ) -> Vec<(TenantIdx, JobIdx)> {
         *counts = QueueCounts::default();
-        self.classes.clear();
-        self.masks = Vec::new();
-        let tenants = std::mem::take(&mut self.tenants);
-        let mut all = Vec::new();
-        for (t, entries) in &tenants {
-            all.extend(entries.iter().filter(|e| live(e.job, e.era)).map(|e| (*t, e.job)));
-        }
+        let all = self.all().filter(|(_, e)| live(e.job, e.era)).map(|(t, e)| (t, e.job)).collect();
+        *self = Queue::default();
         all
     }
 
     /// Whether the counts of entries, in all and per class, match the
-    /// entries, no tenant is listed without entries, and each tenant's few
-    /// entries are a sorted vector of at most [`FEW`] (for the invariant
-    /// checks).
+    /// entries, each tenant's mask matches its entries, no tenant keeps
+    /// empty entries, and each tenant's few entries are a sorted vector of
+    /// at most [`FEW`] (for the invariant checks).
     pub(crate) fn classes_agree(&self, queue_counts: &QueueCounts) -> bool {
         let mut counts = vec![0u32; self.classes.len()];
         let mut total = 0;
-        for (t, mask) in self.masks.iter().enumerate() {
-            let expected = self
-                .tenants
-                .get(&(t as TenantIdx))
-                .map_or(0, |e| e.iter().fold(0, |m, e| m | class_bit(e.class)));
-            if *mask != expected {
+        for slot in &self.slots {
+            let expected =
+                slot.entries.as_ref().map_or(0, |e| e.iter().fold(0, |m, e| m | class_bit(e.class)));
+            if slot.mask != expected || slot.entries.as_ref().is_some_and(|e| e.is_empty()) {
                 return false;
             }
-        }
-        for entries in self.tenants.values() {
-            if entries.is_empty() {
-                return false;
-            }
-            if let Entries::Few(v) = entries
+            let Some(entries) = &slot.entries else { continue };
+            if let Entries::Few(v) = &**entries
                 && (v.len() > FEW || !v.windows(2).all(|p| (p[0].class, p[0].key) < (p[1].class, p[1].key)))
             {
                 return false;
@@ -856,7 +884,8 @@ mod tests {
             q.insert(3, 1, key(0, 101), 101, 0);
             q.insert(3, 1, key(0, 102), 102, 0);
             q.insert(0, 2, key(0, 103), 103, 0);
-            let many = matches!(q.q.tenants[&1], Entries::Many(_));
+            let entries = q.q.slots[1].entries.as_deref().expect("tenant 1 has entries");
+            let many = matches!(entries, Entries::Many(_));
             assert_eq!(many, n > FEW as u64, "{n} entries");
             let dead = BTreeSet::from([0, 1, 101]);
             assert!(!q.left() && !q.left() && !q.left());
@@ -867,7 +896,7 @@ mod tests {
                 assert!(q.remove(0, 1, key(0, seq)));
             }
             assert!(q.remove(1, 1, key(0, 100)) && q.remove(3, 1, key(0, 102)));
-            assert!(!q.q.tenants.contains_key(&1), "a tenant without entries is not listed");
+            assert_eq!(q.q.slots[1], Slot::default(), "a tenant without entries keeps none");
             assert_eq!(fronts(&mut q, 2, &dead), vec![(0, 103)]);
         }
     }

@@ -1528,17 +1528,20 @@ impl Scheduler {
         }
         job.places.push(place);
         let (class, tenant, key, era) = (job.class, job.tenant, job.key, self.eras[j as usize]);
+        let known = self.tenants.len();
         match place {
             Place::Global => self.global.insert(class, tenant, key, j, era),
             Place::First(w) | Place::Second(w) => {
                 let (queue, counts) =
                     local_queue(&mut self.workers, &mut self.queue_counts, place).expect("a local place");
+                queue.room_for(known);
                 queue.insert(counts, class, tenant, key, j, era);
                 if self.quotas.active() {
                     let worker = &mut self.workers[w as usize];
                     let t = tenant as usize;
                     if worker.local_masks.len() <= t {
-                        worker.local_masks.resize(t + 1, 0);
+                        // All known tenants at once (see `Queue::room_for`).
+                        worker.local_masks.resize(known.max(t + 1), 0);
                     }
                     worker.local_masks[t] |= class_bit(class);
                 }
