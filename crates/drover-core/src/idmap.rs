@@ -288,6 +288,22 @@ mod tests {
     }
 
     #[test]
+    fn jobs_whose_ids_share_a_fingerprint_are_told_apart_by_id() {
+        // Two IDs whose hashes agree in the 32 bits the index stores.
+        let (a, b) = (JobId::named("job 23816"), JobId::named("job 61287"));
+        assert_eq!(fingerprint(&a), fingerprint(&b), "the test needs a collision");
+        let ids = [a, b];
+        let id_of = |j: JobIdx| &ids[j as usize];
+        let mut index = JobIndex::default();
+        index.insert(&a, 0);
+        assert_eq!(index.get(&b, id_of), None, "same fingerprint, other ID");
+        index.insert(&b, 1);
+        assert_eq!((index.get(&a, id_of), index.get(&b, id_of)), (Some(0), Some(1)));
+        assert!(index.remove(&a, 0));
+        assert_eq!((index.get(&a, id_of), index.get(&b, id_of)), (None, Some(1)));
+    }
+
+    #[test]
     fn ids_differing_in_any_word_hash_apart() {
         let hash = |id: JobId| IdHash.hash_one(id);
         let base = JobId::named("job");

@@ -93,6 +93,10 @@ impl<K: Ord + Copy> Order<K> {
                 match (old, new) {
                     (Some(old), Some(new)) => {
                         let i = v.binary_search(&old).expect("the old key is filed");
+                        debug_assert!(
+                            new == old || v.binary_search(&new).is_err(),
+                            "the new key is not filed"
+                        );
                         // Where `new` goes among the others: the keys between
                         // the two places shift by one toward `i`.
                         let j = v.partition_point(|k| *k < new);
@@ -110,6 +114,7 @@ impl<K: Ord + Copy> Order<K> {
                     }
                     (None, Some(new)) => {
                         let j = v.partition_point(|k| *k < new);
+                        debug_assert!(v.get(j) != Some(&new), "the new key is not filed");
                         v.insert(j, new);
                         if v.len() > MANY {
                             *self = Order::Many(v.iter().copied().collect());
@@ -120,10 +125,12 @@ impl<K: Ord + Copy> Order<K> {
             }
             Order::Many(s) => {
                 if let Some(old) = old {
-                    s.remove(&old);
+                    let filed = s.remove(&old);
+                    debug_assert!(filed, "the old key is filed");
                 }
                 if let Some(new) = new {
-                    s.insert(new);
+                    let fresh = s.insert(new);
+                    debug_assert!(fresh, "the new key is not filed");
                 }
                 if s.len() < MANY / 2 {
                     *self = Order::Few(s.iter().copied().collect());

@@ -81,6 +81,10 @@ const FIRST_KEY: JobKey = JobKey { order: [0; 2], seq: 0 };
 /// Dead entries a queue tolerates before it is swept, whatever its size.
 const SWEEP_AFTER: u32 = 32;
 
+/// Tenants a local queue makes slots for ahead of need (see
+/// [`Queue::room_for`]): 16 KiB of slots at most.
+const ROOM_AHEAD: usize = 1_024;
+
 /// Most entries a tenant keeps in a sorted vector in one local queue; beyond
 /// that, an ordered map (so that filing one stays a descent, not a shift of
 /// the whole vector).
@@ -332,12 +336,16 @@ impl Slot {
 }
 
 impl Queue {
-    /// Makes room for a slot per tenant known (`tenants`), at once: growing
-    /// the array a tenant at a time, as new tenant indices appear, would
-    /// leave a trail of freed smaller arrays behind in every queue.
+    /// Makes room for a slot per tenant known (`tenants`), up to
+    /// [`ROOM_AHEAD`], at once: growing the array a tenant at a time, as new
+    /// tenant indices appear, would leave a trail of freed smaller arrays
+    /// behind in every queue. Past that, it grows with the highest tenant
+    /// index filed (see [`Queue::insert`]).
     pub(crate) fn room_for(&mut self, tenants: usize) {
-        if self.slots.len() < tenants {
-            self.slots.resize_with(tenants, Slot::default);
+        let room = tenants.min(ROOM_AHEAD);
+        if self.slots.len() < room {
+            self.slots.reserve_exact(room - self.slots.len());
+            self.slots.resize_with(room, Slot::default);
         }
     }
 
@@ -898,6 +906,31 @@ mod tests {
             assert!(q.remove(1, 1, key(0, 100)) && q.remove(3, 1, key(0, 102)));
             assert_eq!(q.q.slots[1], Slot::default(), "a tenant without entries keeps none");
             assert_eq!(fronts(&mut q, 2, &dead), vec![(0, 103)]);
+        }
+    }
+
+    #[test]
+    fn a_tenant_whose_entries_all_die_keeps_no_slot_contents() {
+        let none = BTreeSet::new();
+        for by_sweep in [false, true] {
+            let mut q = Q::default();
+            for seq in 0..3 {
+                q.insert(seq as ClassIdx, 4, key(0, seq), seq as JobIdx, 0);
+            }
+            q.insert(0, 5, key(0, 9), 9, 0);
+            let dead = BTreeSet::from([0, 1, 2]);
+            for _ in 0..3 {
+                q.left();
+            }
+            if by_sweep {
+                q.compact(live(&dead));
+            } else {
+                assert_eq!(fronts(&mut q, 4, &dead), vec![], "every front is dead");
+            }
+            assert_eq!(q.q.slots[4], Slot::default(), "mask and entries gone (sweep: {by_sweep})");
+            assert_ne!(q.q.slots[5], Slot::default(), "the other tenant keeps its entry");
+            assert_eq!(fronts(&mut q, 5, &none), vec![(0, 9)]);
+            assert!(q.classes_agree());
         }
     }
 

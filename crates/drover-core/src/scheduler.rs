@@ -1541,7 +1541,7 @@ impl Scheduler {
                     let t = tenant as usize;
                     if worker.local_masks.len() <= t {
                         // All known tenants at once (see `Queue::room_for`).
-                        worker.local_masks.resize(known.max(t + 1), 0);
+                        worker.local_masks.resize(known, 0);
                     }
                     worker.local_masks[t] |= class_bit(class);
                 }

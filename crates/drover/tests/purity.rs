@@ -127,9 +127,19 @@ fn core_hash_table_is_never_iterated_in_hash_order() {
         if let Some(rest) = code.strip_prefix("pub(crate) fn ").or_else(|| code.strip_prefix("fn ")) {
             function = rest.split(['(', '<']).next().unwrap_or("").to_owned();
         }
-        let visits = [".iter()", ".keys()", ".values()", ".drain(", ".into_iter()", ".retain("]
-            .iter()
-            .any(|m| code.contains(&format!("map{m}")));
+        let visits = [
+            ".iter()",
+            ".iter_mut()",
+            ".iter_hash(",
+            ".keys()",
+            ".values()",
+            ".drain(",
+            ".extract_if(",
+            ".into_iter()",
+            ".retain(",
+        ]
+        .iter()
+        .any(|m| code.contains(&format!("map{m}")));
         if visits {
             iterating.push(function.clone());
         }

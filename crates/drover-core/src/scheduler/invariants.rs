@@ -109,6 +109,12 @@ impl Scheduler {
                 }
             }
         }
+        if self.job_index.len() != self.jobs.iter().flatten().count() {
+            return Err(format!(
+                "the job index holds {} entries, not one per live job",
+                self.job_index.len()
+            ));
+        }
         let mut queued_places = 0;
         let mut placed: BTreeMap<u32, u32> = BTreeMap::new();
         for (j, job) in self.jobs.iter().enumerate() {
