@@ -120,7 +120,9 @@ struct Entry {
 enum Entries {
     /// At most [`FEW`]: a draw reads them in a cache line or two.
     Few(Vec<Entry>),
-    /// Boxed, so that the enum is no larger than the vector.
+    /// Boxed, so that the enum is no larger than the vector (24 bytes, not
+    /// 32): it sits in every tenant's slot of every local queue.
+    #[allow(clippy::box_collection)]
     Many(Box<BTreeMap<(ClassIdx, JobKey), (JobIdx, Era)>>),
 }
 
@@ -769,6 +771,11 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
+
+    #[test]
+    fn a_slot_is_32_bytes() {
+        assert_eq!(std::mem::size_of::<Slot>(), 32, "mask and the list's header, side by side");
+    }
 
     /// A local queue with its counts, as the scheduler keeps them apart.
     #[derive(Debug, Default, PartialEq)]
