@@ -466,6 +466,7 @@ impl Queue {
         self.slots
             .iter()
             .enumerate()
+            .filter(|(_, slot)| slot.mask != 0)
             .flat_map(|(t, slot)| slot.entries.iter().map(move |e| (t as TenantIdx, e)))
     }
 
@@ -488,15 +489,23 @@ impl Queue {
 
     /// Whether the counts of entries, in all and per class, match the
     /// entries, each tenant's mask matches its entries, no tenant keeps
-    /// empty entries, and each tenant's few entries are a sorted vector of
-    /// at most [`FEW`] (for the invariant checks).
+    /// empty entries or their memory, and each tenant's few entries are a
+    /// sorted vector of at most [`FEW`] (for the invariant checks).
     pub(crate) fn classes_agree(&self, queue_counts: &QueueCounts) -> bool {
         let mut counts = vec![0u32; self.classes.len()];
         let mut total = 0;
         for slot in &self.slots {
             let entries = &slot.entries;
+            if entries.is_empty() {
+                // Equal to the default, and no memory kept (a vector's
+                // equality ignores its capacity).
+                if slot.mask != 0 || !matches!(entries, Entries::Few(v) if v.capacity() == 0) {
+                    return false;
+                }
+                continue;
+            }
             let expected = entries.iter().fold(0, |m, e| m | class_bit(e.class));
-            if slot.mask != expected || (entries.is_empty() && *slot != Slot::default()) {
+            if slot.mask != expected {
                 return false;
             }
             if let Entries::Few(v) = entries
@@ -915,6 +924,10 @@ mod tests {
             }
             assert!(q.remove(1, 1, key(0, 100)) && q.remove(3, 1, key(0, 102)));
             assert_eq!(q.q.slots[1], Slot::default(), "a tenant without entries keeps none");
+            assert!(
+                matches!(&q.q.slots[1].entries, Entries::Few(v) if v.capacity() == 0),
+                "nor their memory"
+            );
             assert_eq!(fronts(&mut q, 2, &dead), vec![(0, 103)]);
         }
     }
@@ -938,6 +951,10 @@ mod tests {
                 assert_eq!(fronts(&mut q, 4, &dead), vec![], "every front is dead");
             }
             assert_eq!(q.q.slots[4], Slot::default(), "mask and entries gone (sweep: {by_sweep})");
+            assert!(
+                matches!(&q.q.slots[4].entries, Entries::Few(v) if v.capacity() == 0),
+                "and their memory"
+            );
             assert_ne!(q.q.slots[5], Slot::default(), "the other tenant keeps its entry");
             assert_eq!(fronts(&mut q, 5, &none), vec![(0, 9)]);
             assert!(q.classes_agree());
