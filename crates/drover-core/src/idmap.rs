@@ -12,9 +12,13 @@
 //! The index of live jobs, the largest of these tables (an entry per queued
 //! job), is a [`JobIndex`]: it holds only each job's slab index and 32 bits
 //! of its ID's hash, 8 bytes a job instead of the 40 of an ID and an index
-//! (a fifth of the memory, so more of it stays in cache), and a job's
-//! removal finds its entry without reading IDs. A lookup compares the stored bits first and reads the
-//! job's ID from the slab only when they match.
+//! (a fifth of the memory, so more of it stays in cache). A lookup compares
+//! the stored bits first and reads the job's ID from the slab only when they
+//! match. A job leaves the index lazily: its slab slot forgets the bits it
+//! was filed under (one store into a small array, where taking the entry
+//! out of the table was a probe of two cold lines on every job's end), and
+//! the entries left behind are dropped in one pass once they pass half the
+//! live ones.
 //!
 //! The core must never let hash order reach a decision (see ARCHITECTURE.md,
 //! "Architecture invariants"). [`IdMap`], [`IdSet`] and [`JobIndex`]
@@ -169,14 +173,65 @@ impl IdSet {
 /// Live jobs by ID: for each, its slab index and 32 bits of its ID's hash
 /// (see the module documentation). The caller passes the slab's view of a
 /// job's ID to lookups.
+///
+/// The table may hold *stale* entries, of jobs that left: an entry
+/// `(bits, slot)` is live exactly when `slots[slot] == bits`. A job's
+/// removal only marks its slot [`VACANT`]; a job filed under the same bits
+/// in the same slot later takes its stale entry back, so no two entries are
+/// ever alike, and the stale ones are swept out together (see
+/// [`JobIndex::remove`]).
 #[derive(Clone, Default)]
 pub(crate) struct JobIndex {
     map: HashTable<(u32, JobIdx)>,
+    /// Per slab slot: the bits its job is filed under, or [`VACANT`].
+    slots: Slots,
+    /// Entries in `map` whose slot no longer holds their job.
+    stale: usize,
 }
 
-/// 32 bits of `id`'s hash, stored with its job.
+/// Slots per chunk of [`Slots`] (16 KiB).
+const CHUNK: usize = 4_096;
+
+/// A `u32` per slab slot, in fixed chunks: growing never moves what is
+/// there. (A single vector, doubled as the slab grows, left its outgrown
+/// buffers resident: 40 to 60 bytes more per queued job at 100,000.)
+#[derive(Clone, Default)]
+struct Slots(Vec<Box<[u32; CHUNK]>>);
+
+impl Slots {
+    /// Slot `j`'s value ([`VACANT`] if never set).
+    fn get(&self, j: JobIdx) -> u32 {
+        let j = j as usize;
+        self.0.get(j / CHUNK).map_or(VACANT, |chunk| chunk[j % CHUNK])
+    }
+
+    /// Slot `j`, if its chunk exists.
+    fn get_mut(&mut self, j: JobIdx) -> Option<&mut u32> {
+        let j = j as usize;
+        self.0.get_mut(j / CHUNK).map(|chunk| &mut chunk[j % CHUNK])
+    }
+
+    /// Slot `j`, its chunk (and those before it) made if need be.
+    fn make(&mut self, j: JobIdx) -> &mut u32 {
+        let j = j as usize;
+        while self.0.len() <= j / CHUNK {
+            self.0.push(Box::new([VACANT; CHUNK]));
+        }
+        &mut self.0[j / CHUNK][j % CHUNK]
+    }
+}
+
+/// A slot whose job is not filed (no fingerprint takes this value).
+const VACANT: u32 = u32::MAX;
+
+/// Stale entries the index always tolerates before a sweep, however few
+/// jobs are live (a sweep then costs about as much as those removals would
+/// have).
+const STALE_SLACK: usize = 64;
+
+/// 32 bits of `id`'s hash, stored with its job (never [`VACANT`]).
 fn fingerprint(id: &JobId) -> u32 {
-    IdHash.hash_one(id) as u32
+    (IdHash.hash_one(id) as u32).min(VACANT - 1)
 }
 
 /// The table's hash of a stored fingerprint: the table takes its bucket from
@@ -189,11 +244,12 @@ fn spread(fingerprint: u32) -> u64 {
 
 impl std::fmt::Debug for JobIndex {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("JobIndex").field("jobs", &self.map.len()).finish()
+        f.debug_struct("JobIndex").field("jobs", &self.len()).field("stale", &self.stale).finish()
     }
 }
 
 impl PartialEq for JobIndex {
+    /// Equal live entries: where stale ones linger is not part of the state.
     fn eq(&self, other: &Self) -> bool {
         self.sorted() == other.sorted()
     }
@@ -205,28 +261,56 @@ impl JobIndex {
     /// The job with ID `id`; `id_of` gives a live job's ID from its index.
     pub(crate) fn get<'a>(&self, id: &JobId, id_of: impl Fn(JobIdx) -> &'a JobId) -> Option<JobIdx> {
         let f = fingerprint(id);
-        self.map.find(spread(f), |&(g, j)| g == f && id_of(j) == id).map(|&(_, j)| j)
+        self.map.find(spread(f), |&(g, j)| g == f && self.is_live(g, j) && id_of(j) == id).map(|&(_, j)| j)
     }
 
-    /// Files job `j` under `id`, which no live job has.
+    /// Files job `j` under `id`, which no live job has; slot `j` holds no
+    /// filed job.
     pub(crate) fn insert(&mut self, id: &JobId, j: JobIdx) {
         let f = fingerprint(id);
-        self.map.insert_unique(spread(f), (f, j), |&(g, _)| spread(g));
+        let slot = self.slots.make(j);
+        debug_assert_eq!(*slot, VACANT, "slot {j} already holds a filed job");
+        *slot = f;
+        // A stale entry of this slot under the same bits comes back to life.
+        if self.stale > 0 && self.map.find(spread(f), |&(g, k)| g == f && k == j).is_some() {
+            self.stale -= 1;
+        } else {
+            self.map.insert_unique(spread(f), (f, j), |&(g, _)| spread(g));
+        }
     }
 
-    /// Takes job `j`, filed under `id`, out; true if it was there.
-    pub(crate) fn remove(&mut self, id: &JobId, j: JobIdx) -> bool {
-        let f = fingerprint(id);
-        self.map.find_entry(spread(f), |&(g, k)| g == f && k == j).map(|e| e.remove()).is_ok()
+    /// Takes job `j` out; true if it was filed. Its entry stays in the table,
+    /// stale, until more than half as many entries as there are live ones
+    /// (and more than [`STALE_SLACK`]) are stale: then one pass over the
+    /// table drops them all, reading only the slots' array. So a removal
+    /// costs a store and, amortised, the test of three entries.
+    pub(crate) fn remove(&mut self, j: JobIdx) -> bool {
+        let Some(slot) = self.slots.get_mut(j).filter(|f| **f != VACANT) else {
+            return false;
+        };
+        *slot = VACANT;
+        self.stale += 1;
+        if self.stale > STALE_SLACK && self.stale > self.len() / 2 {
+            let slots = &self.slots;
+            self.map.retain(|&mut (f, j)| slots.get(j) == f);
+            self.stale = 0;
+        }
+        true
     }
 
+    /// Live jobs filed.
     pub(crate) fn len(&self) -> usize {
-        self.map.len()
+        self.map.len() - self.stale
     }
 
-    /// Every entry, sorted (costs a sort: for comparisons in tests).
+    fn is_live(&self, f: u32, j: JobIdx) -> bool {
+        self.slots.get(j) == f
+    }
+
+    /// Every live entry, sorted (costs a sort: for comparisons in tests).
     fn sorted(&self) -> Vec<(u32, JobIdx)> {
-        let mut all: Vec<(u32, JobIdx)> = self.map.iter().copied().collect();
+        let mut all: Vec<(u32, JobIdx)> =
+            self.map.iter().copied().filter(|&(f, j)| self.is_live(f, j)).collect();
         all.sort_unstable();
         all
     }
@@ -271,19 +355,20 @@ mod tests {
         assert_eq!(index.len(), 2_000);
         assert!(ids.iter().enumerate().all(|(j, id)| index.get(id, id_of) == Some(j as JobIdx)));
         assert_eq!(index.get(&JobId::named("never filed"), id_of), None);
-        // Removal takes the entry of that job only.
-        assert!(index.remove(&ids[7], 7));
-        assert!(!index.remove(&ids[7], 7), "already gone");
-        assert!(!index.remove(&ids[8], 9), "filed under another job");
+        // Removal takes that job only.
+        assert!(index.remove(7));
+        assert!(!index.remove(7), "already gone");
+        assert!(!index.remove(5_000), "a slot that never held a job");
         assert_eq!(index.get(&ids[7], id_of), None);
         assert_eq!(index.get(&ids[8], id_of), Some(8));
+        assert_eq!(index.len(), 1_999);
         // Equal contents compare equal, whatever the insertion order.
         let mut other = JobIndex::default();
         for (j, id) in ids.iter().enumerate().rev().filter(|(j, _)| *j != 7) {
             other.insert(id, j as JobIdx);
         }
         assert_eq!(index, other);
-        other.remove(&ids[8], 8);
+        other.remove(8);
         assert_ne!(index, other);
     }
 
@@ -299,8 +384,89 @@ mod tests {
         assert_eq!(index.get(&b, id_of), None, "same fingerprint, other ID");
         index.insert(&b, 1);
         assert_eq!((index.get(&a, id_of), index.get(&b, id_of)), (Some(0), Some(1)));
-        assert!(index.remove(&a, 0));
+        assert!(index.remove(0));
         assert_eq!((index.get(&a, id_of), index.get(&b, id_of)), (None, Some(1)));
+    }
+
+    #[test]
+    fn stale_entries_are_taken_back_and_swept() {
+        let ids: Vec<JobId> = (0..1_000).map(|i| JobId::named(&format!("job {i}"))).collect();
+        let mut index = JobIndex::default();
+        for (j, id) in ids.iter().enumerate() {
+            index.insert(id, j as JobIdx);
+        }
+        // The same job back in the same slot takes its stale entry again.
+        assert!(index.remove(3));
+        assert_eq!((index.len(), index.map.len(), index.stale), (999, 1_000, 1));
+        index.insert(&ids[3], 3);
+        assert_eq!((index.len(), index.map.len(), index.stale), (1_000, 1_000, 0));
+        // Another job in a freed slot gets an entry of its own.
+        assert!(index.remove(4));
+        let other = JobId::named("another");
+        index.insert(&other, 4);
+        assert_eq!((index.len(), index.map.len(), index.stale), (1_000, 1_001, 1));
+        let id_of = |j: JobIdx| if j == 4 { &other } else { &ids[j as usize] };
+        assert_eq!(index.get(&ids[4], id_of), None, "the stale entry does not answer for its job");
+        assert_eq!(index.get(&other, id_of), Some(4));
+        // Removals past half the live entries are swept out in one pass.
+        for j in 500..1_000 {
+            assert!(index.remove(j));
+            assert!(index.stale <= STALE_SLACK.max(index.len() / 2) + 1, "swept in time");
+        }
+        assert_eq!(index.len(), 500);
+        assert!(index.map.len() <= 500 + 250, "at most half again the live entries: {}", index.map.len());
+        assert!((0..500).all(|j| index.get(id_of(j), id_of) == Some(j)));
+        assert!((500..1_000).all(|j| index.get(id_of(j), id_of).is_none()));
+    }
+
+    proptest::proptest! {
+        /// Against a map of live IDs, with slots reused last freed first as
+        /// the scheduler's slab does: lookups, sizes and equality agree
+        /// whatever is stale or swept.
+        #[test]
+        fn the_job_index_agrees_with_a_map_of_live_jobs(
+            ops in proptest::collection::vec((0u8..3, 0u16..300), 1..1_500)
+        ) {
+            let mut index = JobIndex::default();
+            let mut slab: Vec<Option<JobId>> = Vec::new();
+            let mut free: Vec<JobIdx> = Vec::new();
+            let mut live: std::collections::BTreeMap<JobId, JobIdx> = std::collections::BTreeMap::new();
+            for (op, n) in ops {
+                let id = JobId::named(&format!("job {n}"));
+                match op {
+                    0 if !live.contains_key(&id) => {
+                        let j = free.pop().unwrap_or_else(|| {
+                            slab.push(None);
+                            (slab.len() - 1) as JobIdx
+                        });
+                        slab[j as usize] = Some(id);
+                        index.insert(&id, j);
+                        live.insert(id, j);
+                    }
+                    1 => {
+                        if let Some(j) = live.remove(&id) {
+                            slab[j as usize] = None;
+                            free.push(j);
+                            proptest::prop_assert!(index.remove(j));
+                        }
+                    }
+                    _ => {}
+                }
+                let id_of = |j: JobIdx| slab[j as usize].as_ref().expect("a live entry's slot holds its job");
+                proptest::prop_assert_eq!(index.get(&id, id_of), live.get(&id).copied());
+                proptest::prop_assert_eq!(index.len(), live.len());
+                proptest::prop_assert!(index.stale <= STALE_SLACK.max(index.len() / 2) + 1);
+            }
+            let id_of = |j: JobIdx| slab[j as usize].as_ref().expect("a live entry's slot holds its job");
+            for (id, &j) in &live {
+                proptest::prop_assert_eq!(index.get(id, id_of), Some(j));
+            }
+            let mut fresh = JobIndex::default();
+            for (id, &j) in &live {
+                fresh.insert(id, j);
+            }
+            proptest::prop_assert_eq!(&index, &fresh);
+        }
     }
 
     #[test]

@@ -1791,11 +1791,14 @@ impl Scheduler {
     }
 
     fn remove_job(&mut self, j: JobIdx) {
-        let job = self.jobs[j as usize].take().expect("live job");
-        self.job_index.remove(&job.id, j);
+        // Dropped where it lies: moving the whole job out first cost a copy
+        // of its three lines.
+        let gang = self.job(j).gang;
+        self.jobs[j as usize] = None;
+        self.job_index.remove(j);
         self.eras[j as usize] = self.eras[j as usize].wrapping_add(1);
         self.free_jobs.push(j);
-        if let Some(g) = job.gang
+        if let Some(g) = gang
             && self.change_gang(g, |gang| {
                 gang.members -= 1;
                 gang.members == 0
