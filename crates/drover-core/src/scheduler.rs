@@ -1359,7 +1359,8 @@ impl Scheduler {
                 completion: Completion::Ran(result),
             });
             if success {
-                self.artifact_added(w, r.job_id);
+                // Its job just left: no live job has this ID.
+                self.artifact_arrived(w, r.job_id, false);
             }
         } else if result.success {
             // A stopped run that finished anyway still left its artifact.
@@ -1373,13 +1374,21 @@ impl Scheduler {
     // ------------------------------------------------------------------
 
     fn artifact_added(&mut self, w: WorkerIdx, a: JobId) {
+        self.artifact_arrived(w, a, true);
+    }
+
+    /// Worker `w` now holds artifact `a`. `maybe_live`: whether a live job
+    /// may have ID `a` (false when the caller just removed the job that made
+    /// it, which spares a lookup whose table lines are cold).
+    fn artifact_arrived(&mut self, w: WorkerIdx, a: JobId, maybe_live: bool) {
         let ws = self.holders.entry_or_default(a);
         let Err(pos) = ws.binary_search(&w) else { return };
         ws.insert(pos, w);
         self.workers[w as usize].held.push(a);
         // Rule 1: a pending job is in the first queue of every holder of its
         // result, whatever its stage.
-        if let Some(j) = self.lookup(&a)
+        if maybe_live
+            && let Some(j) = self.lookup(&a)
             && matches!(self.job(j).state, JobState::Queued(stage) if stage != Stage::Gang)
         {
             self.add_place(j, Place::First(w));
