@@ -120,17 +120,21 @@ async fn measure(
     cluster: &Embedded,
     loaded: &client::Loaded,
 ) -> Result<(Vec<BuildEvent>, Duration), Failure> {
-    let (_, events, elapsed) = measure_with(cluster, loaded, false).await?;
+    let mut events = Vec::new();
+    let (_, elapsed) = timed_build(cluster, loaded, false, |e| events.push(e.clone())).await?;
     Ok((events, elapsed))
 }
 
-/// [`measure`], with the build's ID; with `no_cache`, every job runs even
-/// if its output is known.
-async fn measure_with(
+/// Submits and waits, handing each event to `on_event` (a benchmark that
+/// reads none keeps none: copying them is no part of what it measures);
+/// with `no_cache`, every job runs even if its output is known. Returns the
+/// build's ID and the time from submission to the end.
+async fn timed_build(
     cluster: &Embedded,
     loaded: &client::Loaded,
     no_cache: bool,
-) -> Result<(u64, Vec<BuildEvent>, Duration), Failure> {
+    on_event: impl FnMut(&BuildEvent),
+) -> Result<(u64, Duration), Failure> {
     let http = cluster.http();
     let start = Instant::now();
     let options = client::Options {
@@ -141,13 +145,12 @@ async fn measure_with(
         queue: None,
     };
     let id = client::submit_loaded(&http, &cluster.url, loaded, &options).await?;
-    let mut events = Vec::new();
-    let ended = client::follow_events(&http, &cluster.url, id, 0, |e| events.push(e.clone())).await?;
+    let ended = client::follow_events(&http, &cluster.url, id, 0, on_event).await?;
     let elapsed = start.elapsed();
     if ended.state != BuildState::Succeeded {
         return Err(Failure::Runtime(anyhow::anyhow!("the benchmark build ended {}", ended.state)));
     }
-    Ok((id, events, elapsed))
+    Ok((id, elapsed))
 }
 
 fn rate(n: usize, d: Duration) -> f64 {
@@ -159,7 +162,7 @@ async fn throughput(dir: &Path, n: usize) -> Result<Vec<Row>, Failure> {
     let jobs: Vec<_> = (0..n).map(|i| (format!("j{i}"), Vec::new(), format!("true {i}"))).collect();
     let loaded = build_file(dir, "throughput", &jobs)?;
     let cluster = Embedded::start(&dir.join("throughput-state"), 2, 2).await?;
-    let (_, elapsed) = measure(&cluster, &loaded).await?;
+    let (_, elapsed) = timed_build(&cluster, &loaded, false, |_| {}).await?;
     eprintln!("throughput: the floor (sh -c true, {n} times, 2 at a time) ...");
     let floor = tokio::task::spawn_blocking(move || spawn_floor(n))
         .await
@@ -257,7 +260,7 @@ async fn noop(dir: &Path, n: usize) -> Result<Vec<Row>, Failure> {
     let jobs = layered(n, |i| format!("echo {i} > {{{{out}}}}/r"));
     let loaded = build_file(dir, "noop", &jobs)?;
     let cluster = Embedded::start(&dir.join("noop-state"), 2, 2).await?;
-    let (_, cold) = measure(&cluster, &loaded).await?;
+    let (_, cold) = timed_build(&cluster, &loaded, false, |_| {}).await?;
     let (events, warm) = measure(&cluster, &loaded).await?;
     let cached = events
         .iter()
@@ -316,7 +319,7 @@ async fn share(dir: &Path) -> Result<Vec<Row>, Failure> {
             let (start, cpu) = (Instant::now(), cpu_seconds());
             let clients = (0..count).map(|_| {
                 let (cluster, loaded) = (cluster.clone(), loaded.clone());
-                tokio::spawn(async move { measure(&cluster, &loaded).await })
+                tokio::spawn(async move { timed_build(&cluster, &loaded, false, |_| {}).await })
             });
             let all = futures::future::join_all(clients).await;
             let (elapsed, cpu) = (start.elapsed(), cpu_seconds() - cpu);
@@ -431,10 +434,10 @@ async fn makespan(dir: &Path) -> Result<Vec<Row>, Failure> {
         eprintln!("makespan: graph {graph}: {n} jobs, {width} wide, bound {bound} ms ...");
         let loaded = build_file(dir, &format!("makespan-{graph}"), &jobs)?;
         let cluster = Embedded::start(&dir.join(format!("makespan-{graph}-state")), 2, 2).await?;
-        let (_, elapsed) = measure(&cluster, &loaded).await?;
+        let (_, elapsed) = timed_build(&cluster, &loaded, false, |_| {}).await?;
         // The same build again, nothing taken from the cache: the
         // critical path now uses the durations the first build recorded.
-        let (_, _, again) = measure_with(&cluster, &loaded, true).await?;
+        let (_, again) = timed_build(&cluster, &loaded, true, |_| {}).await?;
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
         let (ratio, known) = (ms(elapsed) / bound as f64, ms(again) / bound as f64);
         ratios.push(ratio);
@@ -811,7 +814,7 @@ async fn pull(dir: &Path, n: usize) -> Result<Vec<Row>, Failure> {
     let http = cluster.http();
     let builder = worker_process(&cluster.url, &dir.join("pull-worker-1"), "pull-1")?;
     await_worker(&http, &cluster.url, "pull-1", true).await?;
-    let (id, _, built) = measure_with(&cluster, &loaded, false).await?;
+    let (id, built) = timed_build(&cluster, &loaded, false, |_| {}).await?;
     let first = client::build_status(&http, &cluster.url, id).await?;
     let pushed = await_pushed(&http, &cluster.url, &first).await?;
     drop(builder);
@@ -819,7 +822,7 @@ async fn pull(dir: &Path, n: usize) -> Result<Vec<Row>, Failure> {
 
     let _fresh = worker_process(&cluster.url, &dir.join("pull-worker-2"), "pull-2")?;
     await_worker(&http, &cluster.url, "pull-2", true).await?;
-    let (id, _, pulled) = measure_with(&cluster, &loaded, false).await?;
+    let (id, pulled) = timed_build(&cluster, &loaded, false, |_| {}).await?;
     let second = client::build_status(&http, &cluster.url, id).await?;
     let executions = std::fs::read_to_string(&counter).map(|t| t.lines().count()).unwrap_or(0);
     let cached = second
