@@ -17,15 +17,16 @@
 //! match. A job leaves the index lazily: its slab slot forgets the bits it
 //! was filed under (one store into a small array, where taking the entry
 //! out of the table was a probe of two cold lines on every job's end), and
-//! the entries left behind are dropped in one pass once they pass half the
-//! live ones.
+//! the entries left behind are dropped together in one pass over the table
+//! once there are enough of them (see [`JobIndex::remove`]).
 //!
 //! The core must never let hash order reach a decision (see ARCHITECTURE.md,
 //! "Architecture invariants"). [`IdMap`], [`IdSet`] and [`JobIndex`]
 //! therefore offer lookups, insertion and removal only; the rare callers
-//! that must visit every entry get them sorted. This module is the only
-//! place in the core that names a hash-ordered container;
-//! `crates/drover/tests/purity.rs` checks that.
+//! that must visit every entry get them sorted. The one pass in hash order,
+//! `JobIndex::drop_stale`, only erases, and decides each entry from that
+//! entry alone. This module is the only place in the core that names a
+//! hash-ordered container; `crates/drover/tests/purity.rs` checks that.
 
 #![allow(clippy::disallowed_types)]
 
@@ -225,8 +226,7 @@ impl Slots {
 const VACANT: u32 = u32::MAX;
 
 /// Stale entries the index always tolerates before a sweep, however few
-/// jobs are live (a sweep then costs about as much as those removals would
-/// have).
+/// jobs are live.
 const STALE_SLACK: usize = 64;
 
 /// 32 bits of `id`'s hash, stored with its job (never [`VACANT`]).
@@ -280,20 +280,30 @@ impl JobIndex {
     }
 
     /// Takes job `j` out; true if it was filed. Its entry stays in the table,
-    /// stale, until more than half as many entries as there are live ones
-    /// (and more than [`STALE_SLACK`]) are stale: then one pass over the
-    /// table drops them all, reading only the slots' array. So a removal
-    /// costs a store and, amortised, the test of three entries.
+    /// stale, until more than [`Self::stale_limit`] are: then one pass over
+    /// the table drops them all (it reads the table and the slots' array,
+    /// not the slab). So a removal costs a store and, amortised, the test of
+    /// a few buckets.
     pub(crate) fn remove(&mut self, j: JobIdx) -> bool {
         let Some(slot) = self.slots.get_mut(j).filter(|f| **f != VACANT) else {
             return false;
         };
         *slot = VACANT;
         self.stale += 1;
-        if self.stale > STALE_SLACK && self.stale > self.len() / 2 {
+        if self.stale > self.stale_limit() {
             self.drop_stale();
         }
         true
+    }
+
+    /// Stale entries tolerated: half the live ones, or an eighth of what the
+    /// table holds without growing (after most jobs left, a sweep walks the
+    /// whole table, which keeps its size: sweeping every 64 removals would
+    /// cost more than the removals spared), or [`STALE_SLACK`], whichever is
+    /// most. The table thus holds at most half again its live entries, or
+    /// stale ones in room it has anyway.
+    fn stale_limit(&self) -> usize {
+        STALE_SLACK.max(self.len() / 2).max(self.map.capacity() / 8)
     }
 
     /// Drops every stale entry. The pass goes in the table's order, but
@@ -393,6 +403,14 @@ mod tests {
         assert_eq!((index.get(&a, id_of), index.get(&b, id_of)), (Some(0), Some(1)));
         assert!(index.remove(0));
         assert_eq!((index.get(&a, id_of), index.get(&b, id_of)), (None, Some(1)));
+        // `b` moves to slot 0, whose stale entry (of `a`) has its bits: it
+        // takes that entry, and the one it leaves in slot 1 goes stale.
+        assert!(index.remove(1));
+        index.insert(&b, 0);
+        let moved = [b, a];
+        let id_of = |j: JobIdx| &moved[j as usize];
+        assert_eq!((index.get(&a, id_of), index.get(&b, id_of)), (None, Some(0)));
+        assert_eq!((index.len(), index.map.len(), index.stale), (1, 2, 1));
     }
 
     #[test]
@@ -415,15 +433,40 @@ mod tests {
         let id_of = |j: JobIdx| if j == 4 { &other } else { &ids[j as usize] };
         assert_eq!(index.get(&ids[4], id_of), None, "the stale entry does not answer for its job");
         assert_eq!(index.get(&other, id_of), Some(4));
-        // Removals past half the live entries are swept out in one pass.
+        // A slot in a later chunk.
+        let far = JobId::named("far");
+        index.insert(&far, 5_000);
+        let id_of = |j: JobIdx| match j {
+            4 => &other,
+            5_000 => &far,
+            j => &ids[j as usize],
+        };
+        assert_eq!(index.get(&far, id_of), Some(5_000));
+        assert!(index.remove(5_000) && !index.remove(5_000));
+        // Stale entries past the limit are swept out in one pass.
         for j in 500..1_000 {
             assert!(index.remove(j));
-            assert!(index.stale <= STALE_SLACK.max(index.len() / 2) + 1, "swept in time");
+            assert!(index.stale <= index.stale_limit(), "swept in time");
         }
         assert_eq!(index.len(), 500);
-        assert!(index.map.len() <= 500 + 250, "at most half again the live entries: {}", index.map.len());
+        assert!(index.map.len() < 1_002, "a sweep dropped stale entries");
         assert!((0..500).all(|j| index.get(id_of(j), id_of) == Some(j)));
         assert!((500..1_000).all(|j| index.get(id_of(j), id_of).is_none()));
+        // Drained from a peak, the table keeps its room, and stale entries
+        // may fill an eighth of it before a sweep: not a sweep of the whole
+        // table every 64 removals.
+        let (mut sweeps, mut before) = (0, index.stale);
+        for j in 64..500 {
+            assert!(index.remove(j));
+            sweeps += usize::from(index.stale < before);
+            before = index.stale;
+            assert!(index.stale <= index.stale_limit());
+        }
+        assert!(sweeps <= 436 / (index.map.capacity() / 8) + 1, "{sweeps} sweeps");
+        assert!(index.map.capacity() / 8 > STALE_SLACK, "the test needs a table roomier than the slack");
+        assert!((0..64).all(|j| index.get(id_of(j), id_of) == Some(j)));
+        assert!((64..1_000).all(|j| index.get(id_of(j), id_of).is_none()));
+        assert_eq!(index.len(), 64);
     }
 
     proptest::proptest! {
@@ -462,7 +505,7 @@ mod tests {
                 let id_of = |j: JobIdx| slab[j as usize].as_ref().expect("a live entry's slot holds its job");
                 proptest::prop_assert_eq!(index.get(&id, id_of), live.get(&id).copied());
                 proptest::prop_assert_eq!(index.len(), live.len());
-                proptest::prop_assert!(index.stale <= STALE_SLACK.max(index.len() / 2) + 1);
+                proptest::prop_assert!(index.stale <= index.stale_limit());
             }
             let id_of = |j: JobIdx| slab[j as usize].as_ref().expect("a live entry's slot holds its job");
             for (id, &j) in &live {
