@@ -104,6 +104,7 @@ pub(crate) fn router(app: App) -> Router {
         .route("/v1/workers/register", post(register))
         .route("/v1/workers/{id}/poll", post(poll))
         .route("/v1/workers/{id}/report", post(report))
+        .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(MAX_JSON))
         .layer(middleware::from_fn_with_state(app.clone(), require_token));
     Router::new().route("/healthz", get(|| async { "ok\n" })).merge(api).with_state(app)
@@ -155,6 +156,13 @@ async fn submit(
         Reply::Submitted(id) => Ok(Json(SubmitReply { id })),
         other => Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("unexpected reply {other:?}"))),
     }
+}
+
+/// `GET /metrics`: counts for a Prometheus scraper (see `metrics.rs`);
+/// behind the token like every other route when one is configured.
+async fn metrics(State(app): State<App>) -> ApiResult<Response> {
+    let m = app.shared.query(|s| s.metrics()).await?;
+    Ok(([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], crate::metrics::render(&m)).into_response())
 }
 
 async fn list_builds(State(app): State<App>) -> ApiResult<Json<Vec<BuildStatus>>> {

@@ -6,6 +6,7 @@
 //! token configured, every request must present it.
 
 mod api;
+mod metrics;
 mod state;
 
 use std::net::SocketAddr;

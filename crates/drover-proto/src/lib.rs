@@ -15,8 +15,9 @@
 //! stops, suspends, resumes) reaches it in exactly one answer: a poll's,
 //! or, for a worker that asks for it ([`Report::deliver`]), a report's, so
 //! a busy worker gets its next job in the answer to the report of the one
-//! before. Workers serve `GET /v1/artifacts/{job}` (a packed artifact)
-//! and `GET /v1/runs/{run}/log?stream=stdout|stderr`.
+//! before. The coordinator also serves `GET /metrics` (Prometheus' text
+//! format, not JSON). Workers serve `GET /v1/artifacts/{job}` (a packed
+//! artifact) and `GET /v1/runs/{run}/log?stream=stdout|stderr`.
 
 pub use drover_core::{QueueAmounts, QueueView};
 

@@ -104,6 +104,10 @@ pub(crate) struct Build {
     /// A job failed: nothing new starts.
     stopping: bool,
     pub(crate) events: Vec<BuildEvent>,
+    /// How many of its jobs' ends it has recorded, by state (a job that
+    /// ran again after a retry counts again): for the coordinator's
+    /// metrics, without a walk over the jobs.
+    pub(crate) ended: BTreeMap<JobState, u64>,
     gangs: BTreeMap<String, GangRec>,
     /// Jobs rerun by a gang restart: they run even when a result is cached.
     rerun: std::collections::BTreeSet<u32>,
@@ -357,6 +361,7 @@ impl Build {
             cancelled: false,
             stopping: false,
             events: Vec::new(),
+            ended: BTreeMap::new(),
             gangs,
             rerun: std::collections::BTreeSet::new(),
             over_before: 0,
@@ -366,6 +371,15 @@ impl Build {
     }
 
     fn event(&mut self, now: Millis, kind: EventKind) {
+        let ended = match kind {
+            EventKind::JobFinished { state, .. } => Some(state),
+            EventKind::JobSkipped { .. } => Some(JobState::Skipped),
+            EventKind::JobCancelled { .. } => Some(JobState::Cancelled),
+            _ => None,
+        };
+        if let Some(state) = ended {
+            *self.ended.entry(state).or_default() += 1;
+        }
         let seq = self.events.len() as u64;
         self.events.push(BuildEvent { seq, at: now.0, kind });
     }

@@ -20,8 +20,8 @@ use drover_core::{
     WorkerId,
 };
 use drover_proto::{
-    Assignment, BuildEvent, BuildStatus, DepInput, Hash32, JobDef, JobState, RegisterReply, RegisterRequest,
-    Report, SubmitRequest, WorkerCapacity, WorkerStatus,
+    Assignment, BuildEvent, BuildState, BuildStatus, DepInput, Hash32, JobDef, JobState, RegisterReply,
+    RegisterRequest, Report, SubmitRequest, WorkerCapacity, WorkerStatus,
 };
 use serde::{Deserialize, Serialize};
 
@@ -177,6 +177,65 @@ struct WorkerInfo {
     labels: BTreeMap<String, String>,
 }
 
+/// How a run ended, as [`Metrics::runs_ended`] counts it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum RunEnd {
+    /// Its commands succeeded.
+    Succeeded,
+    /// The worker found the result in a cache: nothing ran.
+    Cached,
+    /// Its commands failed, or it timed out.
+    Failed,
+    /// The scheduler gave up on the job (lost too often, or no worker
+    /// could ever run it).
+    GaveUp,
+}
+
+impl RunEnd {
+    /// Every kind, in order.
+    pub const ALL: [RunEnd; 4] = [RunEnd::Succeeded, RunEnd::Cached, RunEnd::Failed, RunEnd::GaveUp];
+
+    /// Its name in metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            RunEnd::Succeeded => "succeeded",
+            RunEnd::Cached => "cached",
+            RunEnd::Failed => "failed",
+            RunEnd::GaveUp => "gave_up",
+        }
+    }
+}
+
+/// The counts the coordinator serves on `/metrics` ([`Solver::metrics`]):
+/// read from the builds, workers and queues, never job by job.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Metrics {
+    /// Builds by state, every state listed.
+    pub builds: Vec<(BuildState, u64)>,
+    /// Builds accepted since the log began.
+    pub builds_submitted: u64,
+    /// Ends of build jobs by state (succeeded, cached, failed, cancelled,
+    /// skipped), every state listed: each build counts its own, so a job
+    /// that twenty builds share counts twenty times here and once in
+    /// `runs_ended`.
+    pub build_jobs_ended: Vec<(JobState, u64)>,
+    /// Runs that ended, by how, every kind listed.
+    pub runs_ended: Vec<(RunEnd, u64)>,
+    /// Registered workers holding their lease.
+    pub workers_up: u64,
+    /// Registered workers that lost their lease (or left).
+    pub workers_lost: u64,
+    /// Slots of the live workers.
+    pub slots: u64,
+    /// Runs in flight on live workers (a stopping run included).
+    pub runs_in_flight: u64,
+    /// Distinct jobs the scheduler holds, queued or running (a job that
+    /// several builds share counts once).
+    pub jobs_scheduled: u64,
+    /// Per queue: its name, its queued jobs and its runs holding resources.
+    pub queues: Vec<(String, u64, u64)>,
+}
+
 /// The coordinator's state. See the crate documentation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Solver {
@@ -205,6 +264,9 @@ pub struct Solver {
     /// How long the last run of each job name took (milliseconds), for
     /// critical-path order.
     durations: BTreeMap<String, u64>,
+    /// Runs that ended (or were given up), by [`RunEnd`], since the log
+    /// began (a replay counts them again).
+    runs_ended: BTreeMap<RunEnd, u64>,
     effects: Vec<Effect>,
     now: Millis,
 }
@@ -225,6 +287,7 @@ impl Solver {
             stages: BTreeMap::new(),
             run_workers: BTreeMap::new(),
             cache_hits: Vec::new(),
+            runs_ended: BTreeMap::new(),
             stalled: std::collections::BTreeSet::new(),
             durations: BTreeMap::new(),
             effects: Vec::new(),
@@ -330,6 +393,50 @@ impl Solver {
     /// Every queue with its share (see [`Scheduler::queue_views`]).
     pub fn queues(&self) -> Vec<drover_core::QueueView> {
         self.core.queue_views()
+    }
+
+    /// The counts for the coordinator's `/metrics`: a pass over the builds,
+    /// the workers and the queues, none over their jobs.
+    pub fn metrics(&self) -> Metrics {
+        const BUILD_STATES: [BuildState; 5] = [
+            BuildState::Queued,
+            BuildState::Running,
+            BuildState::Succeeded,
+            BuildState::Failed,
+            BuildState::Cancelled,
+        ];
+        const ENDS: [JobState; 5] =
+            [JobState::Succeeded, JobState::Cached, JobState::Failed, JobState::Cancelled, JobState::Skipped];
+        let mut m = Metrics {
+            builds: BUILD_STATES.iter().map(|&s| (s, 0)).collect(),
+            builds_submitted: self.next_build - 1,
+            build_jobs_ended: ENDS.iter().map(|&s| (s, 0)).collect(),
+            runs_ended: RunEnd::ALL
+                .iter()
+                .map(|&e| (e, self.runs_ended.get(&e).copied().unwrap_or(0)))
+                .collect(),
+            jobs_scheduled: self.core.job_count() as u64,
+            ..Metrics::default()
+        };
+        for build in self.builds.values() {
+            if let Some(count) = m.builds.iter_mut().find(|(s, _)| *s == build.state) {
+                count.1 += 1;
+            }
+            for (state, count) in &mut m.build_jobs_ended {
+                *count += build.ended.get(state).copied().unwrap_or(0);
+            }
+        }
+        for (&id, info) in &self.workers {
+            if self.core.worker_alive(WorkerId(id)) {
+                m.workers_up += 1;
+                m.slots += u64::from(info.capacity.slots);
+                m.runs_in_flight += self.core.worker_runs(WorkerId(id)).len() as u64;
+            } else {
+                m.workers_lost += 1;
+            }
+        }
+        m.queues = self.core.queue_views().into_iter().map(|q| (q.name, q.queued_jobs, q.running)).collect();
+        m
     }
 
     /// Every registered worker.
@@ -792,6 +899,13 @@ impl Solver {
             }
             Decision::Cancelled { .. } => {}
             Decision::Finished { job: _, waiters, completion } => {
+                let end = match &completion {
+                    Completion::Ran(r) if r.success && r.cached => RunEnd::Cached,
+                    Completion::Ran(r) if r.success => RunEnd::Succeeded,
+                    Completion::Ran(_) => RunEnd::Failed,
+                    Completion::GaveUp(_) => RunEnd::GaveUp,
+                };
+                *self.runs_ended.entry(end).or_default() += 1;
                 for waiter in waiters {
                     let Some((b, i)) = self.waiters.remove(&waiter) else { continue };
                     self.finished(b, i, &completion);

@@ -1750,3 +1750,70 @@ fn needs_resolve_to_their_jobs_in_the_listed_order() {
     let deps: Vec<(String, Hash32)> = c.deps.iter().map(|d| (d.name.clone(), d.job)).collect();
     assert_eq!(deps, [("b".to_owned(), job("b", &[]).id), ("a".to_owned(), job("a", &[]).id)]);
 }
+
+#[test]
+fn metrics_count_builds_job_ends_runs_workers_and_queues() {
+    use super::RunEnd;
+    let mut h = Harness::new();
+    worker_id(h.input(register("w1", 3, vec![])));
+    worker_id(h.input(register("w2", 2, vec![])));
+    let m = h.solver.metrics();
+    assert_eq!((m.workers_up, m.workers_lost, m.slots, m.runs_in_flight), (2, 0, 5, 0));
+    // Two builds share `shared`; the first also has a failing job with a
+    // dependent, skipped.
+    let b1 = build_id(h.input(submit(vec![job("shared", &[]), job("bad", &[]), job("after-bad", &["bad"])])));
+    let b2 = build_id(h.input(submit(vec![job("shared", &[])])));
+    h.later();
+    let m = h.solver.metrics();
+    assert_eq!(m.builds_submitted, 2);
+    assert_eq!(m.jobs_scheduled, 2, "shared once, bad once; after-bad waits in its build");
+    let runs = h.assigned();
+    let shared = runs.iter().find(|r| r.2 == "shared").expect("shared ran").1;
+    let bad = runs.iter().find(|r| r.2 == "bad").expect("bad ran").1;
+    let m = h.solver.metrics();
+    assert_eq!(m.runs_in_flight, 2);
+    let live: u64 = m
+        .builds
+        .iter()
+        .filter(|(s, _)| matches!(s, BuildState::Queued | BuildState::Running))
+        .map(|b| b.1)
+        .sum();
+    assert_eq!(live, 2, "{:?}", m.builds);
+    let worker_of = |run: u64| runs.iter().find(|r| r.1 == run).expect("assigned").0;
+    h.report(worker_of(bad), Report { finished: vec![failed(bad, 1)], ..Report::default() });
+    h.report(worker_of(shared), Report { finished: vec![ok(shared, "shared")], ..Report::default() });
+    let m = h.solver.metrics();
+    assert_eq!(
+        m.builds,
+        [
+            (BuildState::Queued, 0),
+            (BuildState::Running, 0),
+            (BuildState::Succeeded, 1),
+            (BuildState::Failed, 1),
+            (BuildState::Cancelled, 0),
+        ]
+    );
+    assert_eq!(
+        m.build_jobs_ended,
+        [
+            (JobState::Succeeded, 2),
+            (JobState::Cached, 0),
+            (JobState::Failed, 1),
+            (JobState::Cancelled, 0),
+            (JobState::Skipped, 1)
+        ],
+        "each build counts its own end of the shared job"
+    );
+    assert_eq!(
+        m.runs_ended,
+        [(RunEnd::Succeeded, 1), (RunEnd::Cached, 0), (RunEnd::Failed, 1), (RunEnd::GaveUp, 0)],
+        "the shared job ran once"
+    );
+    assert_eq!((m.runs_in_flight, m.jobs_scheduled), (0, 0));
+    assert!(m.queues.iter().all(|(_, queued, running)| (*queued, *running) == (0, 0)), "{:?}", m.queues);
+    assert!(!m.queues.is_empty(), "the default queue is listed");
+    // Replay rebuilds the same counts.
+    h.assert_replays();
+    assert_eq!(h.solver.build_status(b1).expect("b1").state, BuildState::Failed);
+    assert_eq!(h.solver.build_status(b2).expect("b2").state, BuildState::Succeeded);
+}

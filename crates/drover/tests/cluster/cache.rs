@@ -1,48 +1,11 @@
 //! The coordinator's shared cache: workers push new outputs there, and a
 //! fresh worker serves a job from it as `cached` without running it.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::Path;
 
 use serde_json::Value;
 
-use crate::harness::{Cluster, eventually, job};
-
-/// A bare HTTP/1.1 request to the coordinator at `url`: (status, body).
-fn http(url: &str, method: &str, path: &str, body: &[u8]) -> (u16, Vec<u8>) {
-    let addr = url.trim_start_matches("http://");
-    let mut stream = TcpStream::connect(addr).expect("connect");
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).and_then(|()| stream.write_all(body)).expect("send");
-    let mut reply = Vec::new();
-    stream.read_to_end(&mut reply).expect("read");
-    let split = reply.windows(4).position(|w| w == b"\r\n\r\n").expect("headers") + 4;
-    let head = String::from_utf8_lossy(&reply[..split]).into_owned();
-    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).expect("status");
-    let mut body = reply[split..].to_vec();
-    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-        body = dechunk(&body);
-    }
-    (status, body)
-}
-
-fn dechunk(mut data: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    loop {
-        let line = data.windows(2).position(|w| w == b"\r\n").expect("chunk size");
-        let size =
-            usize::from_str_radix(String::from_utf8_lossy(&data[..line]).trim(), 16).expect("hex size");
-        if size == 0 {
-            return out;
-        }
-        out.extend_from_slice(&data[line + 2..line + 2 + size]);
-        data = &data[line + 2 + size + 2..];
-    }
-}
+use crate::harness::{Cluster, eventually, http, job};
 
 fn build_file(cluster: &Cluster, counter: &str) -> std::path::PathBuf {
     cluster.project(

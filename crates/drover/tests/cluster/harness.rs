@@ -1,6 +1,7 @@
 //! A cluster of real `drover` processes for a test, torn down on drop.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -309,4 +310,51 @@ pub(crate) fn free_port() -> u16 {
         .chain(20_000..start)
         .find(|&port| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok())
         .expect("a free port below 32000")
+}
+
+/// A bare HTTP/1.1 request to the coordinator at `url`: (status, body).
+pub(crate) fn http(url: &str, method: &str, path: &str, body: &[u8]) -> (u16, Vec<u8>) {
+    http_with(url, method, path, "", body).0
+}
+
+/// [`http`] with `headers` (each line ending in `\r\n`) added: (status,
+/// body), and the response's head.
+pub(crate) fn http_with(
+    url: &str,
+    method: &str,
+    path: &str,
+    headers: &str,
+    body: &[u8],
+) -> ((u16, Vec<u8>), String) {
+    let addr = url.trim_start_matches("http://");
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{headers}Content-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).and_then(|()| stream.write_all(body)).expect("send");
+    let mut reply = Vec::new();
+    stream.read_to_end(&mut reply).expect("read");
+    let split = reply.windows(4).position(|w| w == b"\r\n\r\n").expect("headers") + 4;
+    let head = String::from_utf8_lossy(&reply[..split]).into_owned();
+    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).expect("status");
+    let mut body = reply[split..].to_vec();
+    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        body = dechunk(&body);
+    }
+    ((status, body), head)
+}
+
+fn dechunk(mut data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let line = data.windows(2).position(|w| w == b"\r\n").expect("chunk size");
+        let size =
+            usize::from_str_radix(String::from_utf8_lossy(&data[..line]).trim(), 16).expect("hex size");
+        if size == 0 {
+            return out;
+        }
+        out.extend_from_slice(&data[line + 2..line + 2 + size]);
+        data = &data[line + 2 + size + 2..];
+    }
 }

@@ -7,7 +7,9 @@ use std::process::Stdio;
 
 use serde_json::Value;
 
-use crate::harness::{Cluster, CutOnce, drover, eventually, free_port, job, process_gone, wait_json};
+use crate::harness::{
+    Cluster, CutOnce, drover, eventually, free_port, http_with, job, process_gone, wait_json,
+};
 
 fn stderr(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
@@ -367,6 +369,42 @@ fn a_token_is_required_when_configured() {
     );
     let (code, status) = wait_json(&cluster, &file, &[]);
     assert_eq!(code, Some(0), "{status}");
+}
+
+#[test]
+fn metrics_count_builds_jobs_runs_and_workers_for_a_scraper() {
+    let mut cluster = Cluster::with_token(Some("s3cret"));
+    cluster.add_worker("w1", 2, &[]);
+    let file = cluster.project(
+        "metrics",
+        "jobs:\n  - name: a\n    run: [\"true\"]\n  - name: b\n    needs: [a]\n    run: [\"false\"]\n  - name: c\n    needs: [b]\n    run: [\"true\"]\n",
+        &[],
+    );
+    let (code, status) = wait_json(&cluster, &file, &[]);
+    assert_eq!(code, Some(1), "{status}");
+    let ((denied, _), _) = http_with(&cluster.url, "GET", "/metrics", "", b"");
+    assert_eq!(denied, 401, "the token guards /metrics like every route");
+    let ((code, body), head) =
+        http_with(&cluster.url, "GET", "/metrics", "Authorization: Bearer s3cret\r\n", b"");
+    assert_eq!(code, 200);
+    assert!(head.to_ascii_lowercase().contains("content-type: text/plain; version=0.0.4"), "{head}");
+    let page = String::from_utf8(body).expect("utf-8");
+    for line in [
+        "drover_builds{state=\"failed\"} 1",
+        "drover_builds{state=\"running\"} 0",
+        "drover_builds_submitted_total 1",
+        "drover_build_jobs_ended_total{state=\"succeeded\"} 1",
+        "drover_build_jobs_ended_total{state=\"failed\"} 1",
+        "drover_build_jobs_ended_total{state=\"skipped\"} 1",
+        "drover_runs_ended_total{result=\"succeeded\"} 1",
+        "drover_runs_ended_total{result=\"failed\"} 1",
+        "drover_workers{state=\"up\"} 1",
+        "drover_slots 2",
+        "drover_runs_in_flight 0",
+        "drover_jobs_scheduled 0",
+    ] {
+        assert!(page.lines().any(|l| l == line), "no line {line:?} in:\n{page}");
+    }
 }
 
 #[test]
