@@ -104,6 +104,7 @@ pub(crate) fn router(app: App) -> Router {
         .route("/v1/workers/register", post(register))
         .route("/v1/workers/{id}/poll", post(poll))
         .route("/v1/workers/{id}/report", post(report))
+        .route("/v1/workers/{id}/leave", post(leave))
         .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(MAX_JSON))
         .layer(middleware::from_fn_with_state(app.clone(), require_token));
@@ -536,6 +537,14 @@ fn reregister() -> Json<PollReply> {
 
 /// The long poll, also the heartbeat: answers as soon as there is mail (or
 /// its version, for a `notify_only` poll), else after `wait_ms`.
+/// `POST /v1/workers/{id}/leave`: the worker is shutting down. It is lost
+/// at once, not when its lease runs out, so its runs go back to the queues
+/// now; to work again it registers again.
+async fn leave(State(app): State<App>, Path(id): Path<u64>) -> ApiResult<StatusCode> {
+    app.shared.input(Input::Leave { worker: id }).await??;
+    Ok(StatusCode::NO_CONTENT)
+}
+
 async fn poll(
     State(app): State<App>,
     Path(id): Path<u64>,

@@ -38,6 +38,12 @@ pub enum Input {
         /// The worker.
         worker: u64,
     },
+    /// A worker is shutting down: it is lost now, not when its lease runs
+    /// out, so its runs go back to the queues at once.
+    Leave {
+        /// The worker.
+        worker: u64,
+    },
     /// A worker reports progress.
     Report {
         /// The worker.
@@ -306,6 +312,7 @@ impl Solver {
         let reply = match input {
             Input::Register(req) => Ok(self.register(req)),
             Input::Poll { worker } => Ok(self.core_event(Event::Heartbeat { worker: WorkerId(worker) })),
+            Input::Leave { worker } => Ok(self.core_event(Event::WorkerLeft { worker: WorkerId(worker) })),
             Input::Report { worker, report } => Ok(self.report(worker, report)),
             Input::Submit(req) => self.submit(req),
             Input::Cancel { build } => self.cancel(build),

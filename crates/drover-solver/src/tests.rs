@@ -1817,3 +1817,26 @@ fn metrics_count_builds_job_ends_runs_workers_and_queues() {
     assert_eq!(h.solver.build_status(b1).expect("b1").state, BuildState::Failed);
     assert_eq!(h.solver.build_status(b2).expect("b2").state, BuildState::Succeeded);
 }
+
+#[test]
+fn a_worker_that_leaves_hands_its_runs_back_at_once() {
+    let mut h = Harness::new();
+    let w1 = worker_id(h.input(register("w1", 1, vec![])));
+    let b = build_id(h.input(submit(vec![job("a", &[])])));
+    h.later();
+    let runs = h.assigned();
+    assert_eq!((runs.len(), runs[0].0), (1, w1));
+    let w2 = worker_id(h.input(register("w2", 1, vec![])));
+    // No time passes: the lease has not run out; leaving is enough.
+    assert_eq!(h.input(Input::Leave { worker: w1 }), Ok(Reply::Done));
+    assert!(!h.solver.worker_alive(w1));
+    let again = h.assigned();
+    assert_eq!(again.len(), 1, "the run went back to the queue and out again");
+    assert_eq!((again[0].0, again[0].2.as_str()), (w2, "a"));
+    assert_eq!(h.solver.metrics().workers_lost, 1);
+    h.report(w2, Report { finished: vec![ok(again[0].1, "a")], ..Report::default() });
+    assert_eq!(h.solver.build_status(b).expect("build").state, BuildState::Succeeded);
+    // A worker that left must register again to report.
+    assert_eq!(h.input(Input::Poll { worker: w1 }), Ok(Reply::Reregister));
+    h.assert_replays();
+}

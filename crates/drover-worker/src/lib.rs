@@ -273,6 +273,7 @@ impl Shared {
 #[derive(Debug)]
 pub struct Worker {
     url: String,
+    shared: Arc<Shared>,
     tasks: tokio::task::JoinSet<()>,
     /// Held while the worker lives: one worker per directory.
     _lock: std::fs::File,
@@ -285,8 +286,37 @@ impl Worker {
     }
 
     /// Runs until the worker's tasks end (they do not end on their own).
-    pub async fn wait(mut self) {
+    pub async fn wait(&mut self) {
         while self.tasks.join_next().await.is_some() {}
+    }
+
+    /// Shuts the worker down and tells the coordinator, so that its runs go
+    /// back to the queues now rather than when its lease runs out. It stops
+    /// polling, reporting and serving, cancels its runs (their processes
+    /// get SIGTERM, then SIGKILL after the kill grace) and waits for them to
+    /// end, a little longer than the grace at most, so that no process of
+    /// a run is left when another worker starts it; then it leaves. Best
+    /// effort: if the coordinator cannot be reached, it finds out from the
+    /// lease, as for a worker that died.
+    pub async fn leave(mut self) {
+        self.tasks.abort_all();
+        while self.tasks.join_next().await.is_some() {}
+        let runs = {
+            let runs = self.shared.runs.lock().expect("runs");
+            runs.values().for_each(|control| control.cancel.cancel());
+            runs.len()
+        };
+        let deadline = tokio::time::Instant::now() + self.shared.config.kill_grace + Duration::from_secs(2);
+        while !self.shared.runs.lock().expect("runs").is_empty() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let Some(id) = *self.shared.outbox.session.borrow() else { return };
+        let url = self.shared.coordinator(&format!("/v1/workers/{id}/leave"));
+        match tokio::time::timeout(Duration::from_secs(5), self.shared.http.post(&url)).await {
+            Ok(Ok(())) => tracing::info!(worker = id, runs, "left the cluster"),
+            Ok(Err(e)) => tracing::warn!("could not tell the coordinator this worker leaves: {e}"),
+            Err(_) => tracing::warn!("the coordinator did not answer this worker's leaving in time"),
+        }
     }
 }
 
@@ -375,7 +405,7 @@ pub async fn start(mut config: WorkerConfig) -> Result<Worker, WorkerError> {
         }
     });
     tasks.spawn(session::run(shared.clone()));
-    tasks.spawn(report::run(shared));
+    tasks.spawn(report::run(shared.clone()));
     tracing::info!(%url, "worker listening");
-    Ok(Worker { url, tasks, _lock: lock })
+    Ok(Worker { url, shared, tasks, _lock: lock })
 }

@@ -33,7 +33,7 @@ pub(crate) struct Outbox {
     pending: Mutex<Pending>,
     ready: Notify,
     /// The worker ID of the current session (`None` while registering).
-    session: watch::Sender<Option<u64>>,
+    pub(crate) session: watch::Sender<Option<u64>>,
     /// Set when the coordinator no longer knows this worker.
     pub(crate) reregister: Notify,
 }

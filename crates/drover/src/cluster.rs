@@ -270,12 +270,16 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<(), Failure> {
 /// `drover worker`.
 pub(crate) async fn worker(args: WorkerArgs) -> Result<(), Failure> {
     let config = worker_config(&args).map_err(Failure::Usage)?;
-    let worker = drover_worker::start(config).await.map_err(|e| Failure::Runtime(e.into()))?;
+    let mut worker = drover_worker::start(config).await.map_err(|e| Failure::Runtime(e.into()))?;
     eprintln!("drover worker serving on {}, coordinator {}", worker.url(), args.coordinator);
     tokio::select! {
-        () = worker.wait() => Ok(()),
-        () = shutdown_signal() => Ok(()),
+        () = worker.wait() => return Ok(()),
+        () = shutdown_signal() => {}
     }
+    // Stopped: its runs go back to the queues now, not when its lease ends.
+    eprintln!("drover worker: stopping its jobs and leaving the cluster");
+    worker.leave().await;
+    Ok(())
 }
 
 fn worker_config(args: &WorkerArgs) -> anyhow::Result<WorkerConfig> {

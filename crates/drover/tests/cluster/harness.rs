@@ -148,6 +148,15 @@ impl Cluster {
         assert!(status.success(), "kill -{signal} failed");
     }
 
+    /// Waits for a worker's process to exit on its own; its exit status.
+    pub(crate) fn worker_exit(&mut self, name: &str) -> std::process::ExitStatus {
+        let i = self.workers.iter().position(|(n, _)| n == name).expect("worker exists");
+        let status =
+            eventually(&format!("worker {name} to exit"), || self.workers[i].1.try_wait().expect("wait"));
+        self.workers.remove(i);
+        status
+    }
+
     /// A client command against this cluster.
     pub(crate) fn client(&self, args: &[&str]) -> Command {
         let mut cmd = drover();

@@ -169,6 +169,36 @@ fn a_job_on_a_killed_worker_finishes_elsewhere() {
     assert_eq!(slow["attempts"], 2);
 }
 
+/// A worker stopped with SIGTERM stops its job and leaves: its run goes
+/// back to the queue at once. The lease here is ten minutes, longer than
+/// `final_status` waits, so the build could not finish by the lease.
+#[test]
+fn a_worker_stopped_with_sigterm_hands_its_job_back_at_once() {
+    let mut cluster = Cluster::with_config(None, "[scheduler]\nlease_timeout = \"10m\"\n");
+    cluster.add_worker("w1", 1, &[]);
+    let mark = cluster.scratch("first-attempt");
+    let pid_file = cluster.scratch("pid");
+    let build = format!(
+        "jobs:\n  - name: slow\n    run: [\"if [ ! -e {mark} ]; then touch {mark}; echo $$ > {pid_file}; sleep 1000; fi; echo done > {{{{out}}}}/r\"]\n"
+    );
+    let file = cluster.project("leave", &build, &[]);
+    let id = cluster.submit(&file);
+    let pid: u32 = eventually("the first attempt to start", || {
+        std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
+    });
+    cluster.add_worker("w2", 1, &[]);
+    cluster.signal_worker("w1", "TERM");
+    assert!(cluster.worker_exit("w1").success(), "the worker exits cleanly after leaving");
+    assert!(process_gone(pid), "the first attempt's processes died before the worker left");
+    let status = cluster.final_status(id);
+    assert_eq!(status["state"], "succeeded", "{status}");
+    let slow = job(&status, "slow");
+    assert_eq!((slow["worker"].as_str(), &slow["attempts"]), (Some("w2"), &serde_json::json!(2)));
+    let workers = cluster.workers_json();
+    let w1 = workers.as_array().expect("workers").iter().find(|w| w["name"] == "w1").expect("w1 listed");
+    assert_eq!(w1["alive"], false, "{workers}");
+}
+
 /// An empty output needs no transfer: a job whose dependency's output is
 /// empty runs even though the only worker that built it is gone (and never
 /// pushed it to the shared cache).
