@@ -147,6 +147,9 @@ struct Worker {
     runs: Vec<RunId>,
     /// A job this worker is draining resources for.
     reserved: Option<JobIdx>,
+    /// Shutting down once its runs end ([`Event::WorkerDraining`]): never
+    /// hungry, so nothing new is assigned to it; cleared when it registers.
+    draining: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -749,6 +752,7 @@ impl Scheduler {
         }
         let room = self.workers.iter().any(|w| {
             w.alive
+                && !w.draining
                 && w.capable.get(job.class as usize).copied().unwrap_or(false)
                 && w.res.fits(&class.key, None)
         });
@@ -944,6 +948,12 @@ impl Scheduler {
                 self.lose_worker(w);
                 Ok(())
             }
+            Event::WorkerDraining { worker } => {
+                let w = self.live_worker(worker)?;
+                self.renew_lease(w);
+                self.drain_worker(w);
+                Ok(())
+            }
             Event::ArtifactsAdded { worker, artifacts } => {
                 let w = self.live_worker(worker)?;
                 self.renew_lease(w);
@@ -1080,6 +1090,7 @@ impl Scheduler {
                     held: HeldList::default(),
                     runs: Vec::new(),
                     reserved: None,
+                    draining: false,
                 });
                 self.queue_counts.push(Default::default());
                 self.worker_index.insert(id, w);
@@ -1091,6 +1102,7 @@ impl Scheduler {
             self.workers[w as usize].res.tokens.insert(t, amount);
         }
         self.set_capabilities(w, true);
+        self.workers[w as usize].draining = false;
         withdrawn.retain(|&c| self.classes[c as usize].capable == 0);
         // Armed whatever the old value: a worker that comes back after being
         // lost has no timer entry left.
@@ -1997,9 +2009,22 @@ impl Scheduler {
     // Dispatch: workers with free slots draw work
     // ------------------------------------------------------------------
 
+    /// Worker `w` takes nothing new from now on: it leaves the hungry set,
+    /// and the job it was making room for (if any) loses its reservation
+    /// and may go anywhere again.
+    fn drain_worker(&mut self, w: WorkerIdx) {
+        self.workers[w as usize].draining = true;
+        if let Some(j) = self.workers[w as usize].reserved.take() {
+            self.job_mut(j).reserved_on = None;
+            self.global_dirty = true;
+        }
+        self.update_hungry(w);
+        self.dirty.remove(&w);
+    }
+
     fn update_hungry(&mut self, w: WorkerIdx) {
         let worker = &self.workers[w as usize];
-        if worker.alive && worker.res.free_slot() {
+        if worker.alive && !worker.draining && worker.res.free_slot() {
             if self.hungry.insert(w) {
                 self.dirty.insert(w);
             }
@@ -2074,7 +2099,7 @@ impl Scheduler {
         while let Some(w) = self.next_dirty() {
             loop {
                 let worker = &self.workers[w as usize];
-                if !worker.alive || !worker.res.free_slot() {
+                if !worker.alive || worker.draining || !worker.res.free_slot() {
                     break;
                 }
                 // Whether this round met a capability (the reservation's
@@ -2205,6 +2230,7 @@ impl Scheduler {
         let may_reclaim = self.config.reclaim && self.quotas.active() && with_job.within(&node.deserved);
         let usable = |worker: &Worker| {
             worker.alive
+                && !worker.draining
                 && worker.reserved.is_none()
                 && worker.capable.get(job.class as usize).copied().unwrap_or(false)
         };

@@ -243,6 +243,13 @@ pub enum Event {
         /// Who.
         worker: WorkerId,
     },
+    /// The worker is shutting down once its runs end: it keeps its lease,
+    /// runs and artifacts, but is assigned nothing new (and holds no
+    /// reservation) until it registers again.
+    WorkerDraining {
+        /// Who.
+        worker: WorkerId,
+    },
     /// Artifacts appeared in the worker's cache (any job's, scheduled or not).
     ArtifactsAdded {
         /// Where.

@@ -82,7 +82,7 @@ impl Scheduler {
             if worker.runs.len() != per_worker.get(&w).copied().unwrap_or(0) {
                 return Err(format!("worker {:?} lists runs that are not in flight", worker.id));
             }
-            if self.hungry.contains(&w) != (worker.alive && res.free_slot()) {
+            if self.hungry.contains(&w) != (worker.alive && !worker.draining && res.free_slot()) {
                 return Err(format!("worker {:?} hungry flag is stale", worker.id));
             }
             let [first, second] = self.queue_counts[w as usize];

@@ -160,6 +160,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => join(),
         3 => worker.clone().prop_map(|worker| Op::Send(Event::Heartbeat { worker })),
         1 => worker.clone().prop_map(|worker| Op::Send(Event::WorkerLeft { worker })),
+        1 => worker.clone().prop_map(|worker| Op::Send(Event::WorkerDraining { worker })),
         1 => news().prop_map(|(worker, artifacts)| Op::Send(Event::ArtifactsAdded { worker, artifacts })),
         1 => news().prop_map(|(worker, artifacts)| Op::Send(Event::ArtifactsEvicted { worker, artifacts })),
         6 => (0..JOBS, 0..4u64).prop_map(|(job, waiter)| Op::Schedule(job, waiter)),
@@ -364,11 +365,16 @@ struct Step {
     decisions: Vec<Decision>,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct LiveWorker {
     capacity: Capacity,
     lease: Millis,
     held: BTreeSet<JobId>,
+    /// Its registration's name and labels, for coming back after draining.
+    name: String,
+    labels: BTreeMap<String, String>,
+    /// Shutting down once its runs end: nothing new may go to it.
+    draining: bool,
 }
 
 /// A run in flight; `live` is false once its job was cancelled (the run is
@@ -543,7 +549,7 @@ impl Harness {
     /// The model's side of an accepted event.
     fn apply(&mut self, event: &Event, before: Millis, ex: &mut Expect) {
         match event {
-            Event::WorkerJoined { worker, capacity, artifacts, .. } => {
+            Event::WorkerJoined { worker, name, capacity, labels, artifacts } => {
                 // The list is the worker's whole cache: what it held before
                 // and does not list is gone.
                 let before = self.workers.remove(worker).map(|w| w.held).unwrap_or_default();
@@ -552,10 +558,17 @@ impl Harness {
                     self.saw("re-registration drops an artifact it no longer lists");
                 }
                 let lease = self.now.after(self.config.lease_timeout);
-                self.workers.insert(*worker, LiveWorker { capacity: capacity.clone(), lease, held });
+                let (name, labels, capacity) = (name.clone(), labels.clone(), capacity.clone());
+                self.workers
+                    .insert(*worker, LiveWorker { capacity, lease, held, name, labels, draining: false });
             }
             Event::Heartbeat { worker } => self.renew(*worker),
             Event::WorkerLeft { worker } => ex.lost = Some(*worker),
+            Event::WorkerDraining { worker } => {
+                self.renew(*worker);
+                self.workers.get_mut(worker).expect("accepted: live").draining = true;
+                self.saw("a worker drains");
+            }
             Event::ArtifactsAdded { worker, artifacts } => {
                 self.renew(*worker);
                 self.workers.get_mut(worker).expect("accepted: live").held.extend(artifacts);
@@ -627,6 +640,12 @@ impl Harness {
             Decision::Assign { worker, job, run, attempt } => {
                 check!(self, run.0 > self.last_run, Dedup, "{run:?} reused");
                 check!(self, self.workers.contains_key(worker), WorkerLoss, "{job} on lost {worker:?}");
+                check!(
+                    self,
+                    self.workers.get(worker).is_none_or(|w| !w.draining),
+                    WorkerLoss,
+                    "{job} on draining {worker:?}"
+                );
                 self.last_run = run.0;
                 let (was_cancelled, p) = (self.cancelled.contains(job), self.pending.get_mut(job));
                 let (pending, live) = (p.is_some(), p.as_ref().and_then(|p| p.run));
@@ -865,6 +884,19 @@ impl Harness {
             for worker in self.workers.keys().copied().collect::<Vec<_>>() {
                 self.send(Event::Heartbeat { worker });
             }
+            // A drained worker (its runs over) starts again, as one shut
+            // down for an upgrade would, and registers what it holds.
+            let drained: Vec<(WorkerId, LiveWorker)> = self
+                .workers
+                .iter()
+                .filter(|(w, lw)| lw.draining && !self.runs.values().any(|r| r.worker == **w))
+                .map(|(w, lw)| (*w, lw.clone()))
+                .collect();
+            for (worker, lw) in drained {
+                let artifacts = lw.held.iter().copied().collect();
+                let (name, capacity, labels) = (lw.name, lw.capacity, lw.labels);
+                self.send(Event::WorkerJoined { worker, name, capacity, labels, artifacts });
+            }
             for (run, started) in self.runs.iter().map(|(id, r)| (*id, r.started)).collect::<Vec<_>>() {
                 if !started {
                     self.send(Event::JobStarted { run });
@@ -1004,7 +1036,8 @@ fn the_generator_reaches_what_the_properties_are_about() {
         Unplaceable(, Requeued, RunLost, Resumed, WorkerLeft, WorkerLost, CapacityBelowUsage";
     let by_harness = "schedule joins a pending job, join a pending job, cancel by one of several waiters, exit of a cancelled run, \
         assign next to another run, assign with an exclusive token, reservation, waiting for a worker, \
-        in a first queue, in a second queue, in the global queue, re-registration drops an artifact it no longer lists";
+        in a first queue, in a second queue, in the global queue, re-registration drops an artifact it no longer lists, \
+        a worker drains";
     let mut seen: BTreeMap<&str, u32> = by_harness.split(", ").map(|k| (k, 0)).collect();
     for _ in 0..200 {
         let mut h = Harness::run(&case().new_tree(&mut runner).expect("case").current());
