@@ -105,6 +105,7 @@ pub(crate) fn router(app: App) -> Router {
         .route("/v1/workers/{id}/poll", post(poll))
         .route("/v1/workers/{id}/report", post(report))
         .route("/v1/workers/{id}/leave", post(leave))
+        .route("/v1/workers/{id}/drain", post(drain))
         .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(MAX_JSON))
         .layer(middleware::from_fn_with_state(app.clone(), require_token));
@@ -542,6 +543,13 @@ fn reregister() -> Json<PollReply> {
 /// now; to work again it registers again.
 async fn leave(State(app): State<App>, Path(id): Path<u64>) -> ApiResult<StatusCode> {
     app.shared.input(Input::Leave { worker: id }).await??;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /v1/workers/{id}/drain`: the worker shuts down once its runs end;
+/// nothing new goes to it until it registers again.
+async fn drain(State(app): State<App>, Path(id): Path<u64>) -> ApiResult<StatusCode> {
+    app.shared.input(Input::Drain { worker: id }).await??;
     Ok(StatusCode::NO_CONTENT)
 }
 

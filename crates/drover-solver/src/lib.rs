@@ -44,6 +44,12 @@ pub enum Input {
         /// The worker.
         worker: u64,
     },
+    /// A worker will shut down once its runs end: it is assigned nothing
+    /// new until it registers again.
+    Drain {
+        /// The worker.
+        worker: u64,
+    },
     /// A worker reports progress.
     Report {
         /// The worker.
@@ -313,6 +319,9 @@ impl Solver {
             Input::Register(req) => Ok(self.register(req)),
             Input::Poll { worker } => Ok(self.core_event(Event::Heartbeat { worker: WorkerId(worker) })),
             Input::Leave { worker } => Ok(self.core_event(Event::WorkerLeft { worker: WorkerId(worker) })),
+            Input::Drain { worker } => {
+                Ok(self.core_event(Event::WorkerDraining { worker: WorkerId(worker) }))
+            }
             Input::Report { worker, report } => Ok(self.report(worker, report)),
             Input::Submit(req) => self.submit(req),
             Input::Cancel { build } => self.cancel(build),
@@ -530,10 +539,13 @@ impl Solver {
             WorkerInfo { name: req.name, url: req.url, capacity: req.capacity, labels: req.labels },
         );
         self.effects.push(Effect::Registered { worker: id });
+        // What the core had given this worker before it registered: the
+        // registration itself may give it more (the join dispatches queued
+        // work), and those runs are new to it, not lost.
+        let known = self.core.worker_runs(WorkerId(id));
         let refused = self.core.handle(self.now, event).is_err();
         // Runs the core gave this worker that it no longer has are lost; runs
         // it has that the core does not know (or gave elsewhere) must stop.
-        let known = self.core.worker_runs(WorkerId(id));
         for run in &known {
             if !req.running.contains(&run.0) {
                 let _stale = self.core.handle(self.now, Event::RunLost { run: *run });

@@ -1840,3 +1840,51 @@ fn a_worker_that_leaves_hands_its_runs_back_at_once() {
     assert_eq!(h.input(Input::Poll { worker: w1 }), Ok(Reply::Reregister));
     h.assert_replays();
 }
+
+#[test]
+fn a_draining_worker_finishes_its_run_and_gets_nothing_new() {
+    let mut h = Harness::new();
+    let w1 = worker_id(h.input(register("w1", 2, vec![])));
+    let b = build_id(h.input(submit(vec![job("a", &[]), job("b", &["a"]), job("c", &[])])));
+    h.later();
+    let runs = h.assigned();
+    assert_eq!(runs.len(), 2, "a and c start on w1's two slots");
+    assert_eq!(h.input(Input::Drain { worker: w1 }), Ok(Reply::Done));
+    let a = runs.iter().find(|r| r.2 == "a").expect("a ran").1;
+    h.report(w1, Report { finished: vec![ok(a, "a")], ..Report::default() });
+    h.later();
+    assert!(h.assigned().is_empty(), "b waits: its only worker drains");
+    assert_eq!(h.states(b)[0], ("a".to_string(), JobState::Succeeded), "the running job finished there");
+    let w2 = worker_id(h.input(register("w2", 1, vec![])));
+    h.later();
+    let next = h.assigned();
+    assert_eq!(next.len(), 1, "{next:?}");
+    assert_eq!((next[0].0, next[0].2.as_str()), (w2, "b"));
+    // Registering again ends the drain.
+    let c = runs.iter().find(|r| r.2 == "c").expect("c ran").1;
+    worker_id(h.input(register("w1", 2, vec![c])));
+    assert!(h.solver.worker_alive(w1));
+    h.assert_replays();
+}
+
+#[test]
+fn a_worker_registering_while_jobs_wait_takes_one_without_losing_it() {
+    let mut h = Harness::new();
+    let w1 = worker_id(h.input(register("w1", 1, vec![])));
+    let mut once = job("once", &[]);
+    once.retries = 0;
+    let b = build_id(h.input(submit(vec![job("first", &[]), once])));
+    h.later();
+    let first = h.assigned();
+    assert_eq!((first.len(), first[0].0), (1, w1), "w1's only slot");
+    // `once` waits; a worker registering now takes it in its registration.
+    let w2 = worker_id(h.input(register("w2", 1, vec![])));
+    let runs = h.assigned();
+    assert_eq!(runs.len(), 1, "one assignment, not a lost one and a second: {runs:?}");
+    assert_eq!((runs[0].0, runs[0].2.as_str()), (w2, "once"));
+    h.report(w2, Report { finished: vec![ok(runs[0].1, "once")], ..Report::default() });
+    let status = h.solver.build_status(b).expect("build");
+    let once = status.jobs.iter().find(|j| j.name == "once").expect("once");
+    assert_eq!((once.state, once.attempts), (JobState::Succeeded, 1), "no retry spent, and none was allowed");
+    h.assert_replays();
+}
