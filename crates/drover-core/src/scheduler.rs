@@ -814,6 +814,14 @@ impl Scheduler {
         self.worker_index.get(&worker).is_some_and(|&w| self.workers[w as usize].alive)
     }
 
+    /// Is the worker alive and draining ([`Event::WorkerDraining`])?
+    pub fn worker_draining(&self, worker: WorkerId) -> bool {
+        self.worker_index.get(&worker).is_some_and(|&w| {
+            let worker = &self.workers[w as usize];
+            worker.alive && worker.draining
+        })
+    }
+
     /// The runs in flight on a worker (including cancelled ones still
     /// stopping).
     pub fn worker_runs(&self, worker: WorkerId) -> Vec<RunId> {

@@ -897,6 +897,9 @@ pub struct WorkerStatus {
     pub url: String,
     /// Registered and holding its lease.
     pub alive: bool,
+    /// Alive, but shutting down once its runs end: nothing new goes to it.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub draining: bool,
     /// What it offers.
     pub capacity: WorkerCapacity,
     /// Its labels.

@@ -463,6 +463,7 @@ impl Solver {
                 name: w.name.clone(),
                 url: w.url.clone(),
                 alive: self.core.worker_alive(WorkerId(id)),
+                draining: self.core.worker_draining(WorkerId(id)),
                 capacity: w.capacity.clone(),
                 labels: w.labels.clone(),
                 running: self.core.worker_runs(WorkerId(id)).len(),

@@ -135,6 +135,9 @@ struct Shared {
     fetched: tokio::sync::Notify,
     /// The stages' tokens.
     tokens: Arc<tokens::Arbiter>,
+    /// Shutting down once its runs end ([`Worker::drain`]): said to the
+    /// coordinator again after every registration.
+    draining: std::sync::atomic::AtomicBool,
 }
 
 /// How the session reaches a run in progress: cancelling the token stops
@@ -290,6 +293,33 @@ impl Worker {
         while self.tasks.join_next().await.is_some() {}
     }
 
+    /// Lets the runs in progress finish and takes nothing new: tells the
+    /// coordinator the worker drains (again after any new registration),
+    /// then waits until no run is left and every end has been reported.
+    /// Then [`Worker::leave`] (which a second stop request may also call
+    /// sooner, dropping this future).
+    pub async fn drain(&self) {
+        self.shared.draining.store(true, std::sync::atomic::Ordering::SeqCst);
+        let mut session = self.shared.outbox.session.subscribe();
+        let id = loop {
+            if let Some(id) = *session.borrow_and_update() {
+                break id;
+            }
+            if session.changed().await.is_err() {
+                return;
+            }
+        };
+        session::drain(&self.shared, id).await;
+        loop {
+            let idle = self.shared.runs.lock().expect("runs").is_empty()
+                && self.shared.outbox.undelivered_runs().is_empty();
+            if idle {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Shuts the worker down and tells the coordinator, so that its runs go
     /// back to the queues now rather than when its lease runs out. It stops
     /// polling, reporting and serving, cancels its runs (their processes
@@ -395,6 +425,7 @@ pub async fn start(mut config: WorkerConfig) -> Result<Worker, WorkerError> {
         fetching: Mutex::new(BTreeSet::new()),
         fetched: tokio::sync::Notify::new(),
         tokens: tokens::Arbiter::new(pools(&config)),
+        draining: std::sync::atomic::AtomicBool::new(false),
         config,
     });
     let mut tasks = tokio::task::JoinSet::new();

@@ -22,9 +22,26 @@ pub(crate) async fn run(shared: Arc<Shared>) {
         }
         shared.outbox.set_session(Some(reply.worker));
         tracing::info!(worker = reply.worker, coordinator = %shared.config.coordinator, "registered");
+        if shared.draining.load(std::sync::atomic::Ordering::SeqCst) {
+            drain(&shared, reply.worker).await;
+        }
         poll(&shared, reply.worker, Duration::from_millis(reply.lease_ms)).await;
         tracing::warn!("the coordinator asked this worker to register again");
     }
+}
+
+/// Tells the coordinator that this worker (session `id`) drains: nothing
+/// new is to come to it. Retried until answered; a registration that comes
+/// in between says it again.
+pub(crate) async fn drain(shared: &Shared, id: u64) {
+    let url = shared.coordinator(&format!("/v1/workers/{id}/drain"));
+    let mut backoff = Duration::from_millis(100);
+    while let Err(e) = shared.http.post(&url).await {
+        tracing::warn!("cannot tell the coordinator this worker drains, retrying: {e}");
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+    tracing::info!(worker = id, "draining: running jobs finish, nothing new starts");
 }
 
 /// Registers, retrying until the coordinator answers.

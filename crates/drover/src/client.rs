@@ -633,9 +633,15 @@ pub(crate) async fn workers(args: WorkersArgs) -> Result<(), Failure> {
     for w in &workers {
         let labels: Vec<String> = w.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
         println!(
-            "{:<16} {:<5} {:<28} running {}/{}  cpu {}m  memory {}  {}",
+            "{:<16} {:<8} {:<28} running {}/{}  cpu {}m  memory {}  {}",
             w.name,
-            if w.alive { "up" } else { "lost" },
+            if w.draining {
+                "draining"
+            } else if w.alive {
+                "up"
+            } else {
+                "lost"
+            },
             w.url,
             w.running,
             w.capacity.slots,

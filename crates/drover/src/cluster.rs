@@ -276,8 +276,17 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<(), Failure> {
         () = worker.wait() => return Ok(()),
         () = shutdown_signal() => {}
     }
-    // Stopped: its runs go back to the queues now, not when its lease ends.
-    eprintln!("drover worker: stopping its jobs and leaving the cluster");
+    // A first stop request drains: the running jobs finish and are
+    // reported, nothing new starts. A second one stops them now. Either
+    // way the worker then leaves, so whatever it still ran goes back to the
+    // queues at once, not when its lease runs out.
+    eprintln!(
+        "drover worker: draining: running jobs finish, nothing new starts (stop it again to stop them now)"
+    );
+    tokio::select! {
+        () = worker.drain() => eprintln!("drover worker: drained; leaving the cluster"),
+        () = shutdown_signal() => eprintln!("drover worker: stopping its jobs and leaving the cluster"),
+    }
     worker.leave().await;
     Ok(())
 }

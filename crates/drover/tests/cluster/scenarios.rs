@@ -169,11 +169,45 @@ fn a_job_on_a_killed_worker_finishes_elsewhere() {
     assert_eq!(slow["attempts"], 2);
 }
 
-/// A worker stopped with SIGTERM stops its job and leaves: its run goes
-/// back to the queue at once. The lease here is ten minutes, longer than
-/// `final_status` waits, so the build could not finish by the lease.
+/// A worker told to stop (SIGTERM) drains: its running job finishes there
+/// and is reported, nothing new goes to it (the job that needs that output
+/// runs on the other worker), and then it leaves and exits.
 #[test]
-fn a_worker_stopped_with_sigterm_hands_its_job_back_at_once() {
+fn a_worker_stopped_with_sigterm_finishes_its_job_takes_nothing_new_and_leaves() {
+    let mut cluster = Cluster::with_config(None, "[scheduler]\nlease_timeout = \"10m\"\n");
+    cluster.add_worker("w1", 1, &[]);
+    let (go, started) = (cluster.scratch("go"), cluster.scratch("started"));
+    let build = format!(
+        "jobs:\n  - name: slow\n    run: [\"touch {started}; while [ ! -e {go} ]; do sleep 0.05; done; echo s > {{{{out}}}}/s\"]\n  - name: next\n    needs: [slow]\n    run: [\"cat {{{{dep:slow}}}}/s > {{{{out}}}}/n\"]\n"
+    );
+    let file = cluster.project("drain", &build, &[]);
+    let id = cluster.submit(&file);
+    eventually("slow to start", || std::path::Path::new(&started).exists().then_some(()));
+    cluster.add_worker("w2", 1, &[]);
+    cluster.signal_worker("w1", "TERM");
+    eventually("the coordinator to see w1 draining", || {
+        let workers = cluster.workers_json();
+        let w1 = workers.as_array()?.iter().find(|w| w["name"] == "w1")?.clone();
+        (w1["draining"] == true).then_some(())
+    });
+    std::fs::write(&go, "").expect("go");
+    let status = cluster.final_status(id);
+    assert_eq!(status["state"], "succeeded", "{status}");
+    let (slow, next) = (job(&status, "slow"), job(&status, "next"));
+    assert_eq!((slow["worker"].as_str(), &slow["attempts"]), (Some("w1"), &serde_json::json!(1)), "{status}");
+    assert_eq!(next["worker"].as_str(), Some("w2"), "nothing new went to the draining worker: {status}");
+    assert!(cluster.worker_exit("w1").success(), "the worker exits cleanly once drained");
+    let workers = cluster.workers_json();
+    let w1 = workers.as_array().expect("workers").iter().find(|w| w["name"] == "w1").expect("w1 listed");
+    assert_eq!(w1["alive"], false, "it left: {workers}");
+}
+
+/// A second stop request stops the running job now, and the worker leaves:
+/// the run goes back to the queue at once. The lease here is ten minutes,
+/// longer than `final_status` waits, so the build could not finish by the
+/// lease.
+#[test]
+fn a_second_sigterm_stops_the_job_and_hands_it_back_at_once() {
     let mut cluster = Cluster::with_config(None, "[scheduler]\nlease_timeout = \"10m\"\n");
     cluster.add_worker("w1", 1, &[]);
     let mark = cluster.scratch("first-attempt");
@@ -188,15 +222,18 @@ fn a_worker_stopped_with_sigterm_hands_its_job_back_at_once() {
     });
     cluster.add_worker("w2", 1, &[]);
     cluster.signal_worker("w1", "TERM");
+    eventually("the coordinator to see w1 draining", || {
+        let workers = cluster.workers_json();
+        let w1 = workers.as_array()?.iter().find(|w| w["name"] == "w1")?.clone();
+        (w1["draining"] == true).then_some(())
+    });
+    cluster.signal_worker("w1", "TERM");
     assert!(cluster.worker_exit("w1").success(), "the worker exits cleanly after leaving");
     assert!(process_gone(pid), "the first attempt's processes died before the worker left");
     let status = cluster.final_status(id);
     assert_eq!(status["state"], "succeeded", "{status}");
     let slow = job(&status, "slow");
     assert_eq!((slow["worker"].as_str(), &slow["attempts"]), (Some("w2"), &serde_json::json!(2)));
-    let workers = cluster.workers_json();
-    let w1 = workers.as_array().expect("workers").iter().find(|w| w["name"] == "w1").expect("w1 listed");
-    assert_eq!(w1["alive"], false, "{workers}");
 }
 
 /// An empty output needs no transfer: a job whose dependency's output is
