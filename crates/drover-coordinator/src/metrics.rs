@@ -81,6 +81,12 @@ pub(crate) fn render(m: &Metrics) -> String {
             (vec![("state", "lost".to_owned())], m.workers_lost),
         ],
     );
+    Family {
+        name: "drover_workers_draining",
+        kind: "gauge",
+        help: "Live workers draining: nothing new goes to them.",
+    }
+    .write(&mut out, one(m.workers_draining));
     Family { name: "drover_slots", kind: "gauge", help: "Job slots of the live workers." }
         .write(&mut out, one(m.slots));
     Family {
@@ -121,6 +127,7 @@ mod tests {
             build_jobs_ended: vec![(JobState::Succeeded, 40), (JobState::Skipped, 1)],
             runs_ended: vec![(RunEnd::Succeeded, 30), (RunEnd::GaveUp, 0)],
             workers_up: 3,
+            workers_draining: 1,
             workers_lost: 1,
             slots: 12,
             runs_in_flight: 4,
@@ -140,6 +147,7 @@ mod tests {
             "drover_runs_ended_total{result=\"gave_up\"} 0",
             "drover_workers{state=\"up\"} 3",
             "drover_workers{state=\"lost\"} 1",
+            "drover_workers_draining 1",
             "drover_slots 12",
             "drover_runs_in_flight 4",
             "drover_jobs_scheduled 9",
@@ -161,6 +169,6 @@ mod tests {
                 assert_eq!(declared.last().map(String::as_str), Some(name), "{line}");
             }
         }
-        assert_eq!(declared.len(), 10);
+        assert_eq!(declared.len(), 11);
     }
 }

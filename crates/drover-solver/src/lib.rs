@@ -233,8 +233,10 @@ pub struct Metrics {
     pub build_jobs_ended: Vec<(JobState, u64)>,
     /// Runs that ended, by how, every kind listed.
     pub runs_ended: Vec<(RunEnd, u64)>,
-    /// Registered workers holding their lease.
+    /// Registered workers holding their lease, draining ones included.
     pub workers_up: u64,
+    /// Of those, the ones draining (nothing new goes to them).
+    pub workers_draining: u64,
     /// Registered workers that lost their lease (or left).
     pub workers_lost: u64,
     /// Slots of the live workers.
@@ -445,6 +447,7 @@ impl Solver {
         for (&id, info) in &self.workers {
             if self.core.worker_alive(WorkerId(id)) {
                 m.workers_up += 1;
+                m.workers_draining += u64::from(self.core.worker_draining(WorkerId(id)));
                 m.slots += u64::from(info.capacity.slots);
                 m.runs_in_flight += self.core.worker_runs(WorkerId(id)).len() as u64;
             } else {

@@ -1850,6 +1850,8 @@ fn a_draining_worker_finishes_its_run_and_gets_nothing_new() {
     let runs = h.assigned();
     assert_eq!(runs.len(), 2, "a and c start on w1's two slots");
     assert_eq!(h.input(Input::Drain { worker: w1 }), Ok(Reply::Done));
+    let m = h.solver.metrics();
+    assert_eq!((m.workers_up, m.workers_draining), (1, 1));
     let a = runs.iter().find(|r| r.2 == "a").expect("a ran").1;
     h.report(w1, Report { finished: vec![ok(a, "a")], ..Report::default() });
     h.later();
