@@ -294,22 +294,18 @@ impl Worker {
     }
 
     /// Lets the runs in progress finish and takes nothing new: tells the
-    /// coordinator the worker drains (again after any new registration),
-    /// then waits until no run is left and every end has been reported.
-    /// Then [`Worker::leave`] (which a second stop request may also call
-    /// sooner, dropping this future).
+    /// coordinator the worker drains (in the background, retried, and again
+    /// after any new registration), and returns once no run is left and
+    /// every end has been reported. Then [`Worker::leave`] (which a second
+    /// stop request may also call sooner, dropping this future).
     pub async fn drain(&self) {
+        // The flag first: a registration that sets its session after this
+        // reads it and says so itself (see `session::run`).
         self.shared.draining.store(true, std::sync::atomic::Ordering::SeqCst);
-        let mut session = self.shared.outbox.session.subscribe();
-        let id = loop {
-            if let Some(id) = *session.borrow_and_update() {
-                break id;
-            }
-            if session.changed().await.is_err() {
-                return;
-            }
-        };
-        session::drain(&self.shared, id).await;
+        if let Some(id) = *self.shared.outbox.session.borrow() {
+            let shared = self.shared.clone();
+            tokio::spawn(async move { session::drain(&shared, id).await });
+        }
         loop {
             let idle = self.shared.runs.lock().expect("runs").is_empty()
                 && self.shared.outbox.undelivered_runs().is_empty();
