@@ -85,6 +85,9 @@ impl Scheduler {
             if self.hungry.contains(&w) != (worker.alive && !worker.draining && res.free_slot()) {
                 return Err(format!("worker {:?} hungry flag is stale", worker.id));
             }
+            if worker.draining && worker.reserved.is_some() {
+                return Err(format!("draining worker {:?} holds a reservation", worker.id));
+            }
             let [first, second] = self.queue_counts[w as usize];
             if !worker.alive && (first.len() + second.len() > 0 || !worker.held.is_empty()) {
                 return Err(format!("lost worker {:?} still has queues or artifacts", worker.id));
