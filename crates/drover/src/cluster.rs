@@ -392,7 +392,15 @@ impl Embedded {
         slots: u32,
         tune: impl FnOnce(&mut drover_core::Config),
     ) -> Result<Embedded, Failure> {
-        let coordinator = embedded_coordinator(state, tune).await.map_err(Failure::Runtime)?;
+        let coordinator = embedded_coordinator(state, tune).await.map_err(|e| {
+            // Another drover holds the directory: a usage error, and nothing
+            // was submitted (exit code 2).
+            if matches!(e.downcast_ref(), Some(drover_coordinator::CoordinatorError::Busy(_))) {
+                Failure::Usage(e)
+            } else {
+                Failure::Runtime(e)
+            }
+        })?;
         let url = coordinator.url();
         let mut started = Vec::new();
         for i in 1..=workers {

@@ -527,6 +527,12 @@ fn a_second_coordinator_or_worker_on_the_same_directory_is_refused() {
         .expect("worker");
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("in use by another worker"), "{}", stderr(&out));
+    // `drover run` on a state directory another drover holds: nothing is
+    // submitted, so exit code 2.
+    let file = cluster.project("busy", "jobs:\n  - name: a\n    run: [\"true\"]\n", &[]);
+    let out = drover().arg("run").arg(&file).arg("--state").arg(cluster.dir.path()).output().expect("run");
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("in use by another coordinator"), "{}", stderr(&out));
     // The first worker still works.
     let file = cluster.project("after", "jobs:\n  - name: a\n    run: [\"true\"]\n", &[]);
     let (code, status) = wait_json(&cluster, &file, &[]);
