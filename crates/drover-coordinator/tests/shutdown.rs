@@ -22,6 +22,13 @@ async fn a_dropped_coordinator_ends_its_state_thread_and_stops_listening() {
     config.listen = ([127, 0, 0, 1], 0).into();
     let coordinator = drover_coordinator::start(config).await.expect("start");
     let (addr, router) = (coordinator.addr(), coordinator.router());
+    // A thread names itself once it runs: under load that comes a little
+    // after `start` returns.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while state_threads() == 0 {
+        assert!(Instant::now() < deadline, "no state thread");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert_eq!(state_threads(), 1);
     drop(coordinator);
     // An in-process client's router still holds the state: the thread stays.
