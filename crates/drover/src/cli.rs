@@ -34,7 +34,7 @@ pub(crate) enum Command {
     /// Start a coordinator.
     Serve(ServeArgs),
     /// Start a worker that joins a coordinator.
-    Worker(WorkerArgs),
+    Worker(Box<WorkerArgs>),
     /// Submit a build to a coordinator and print its ID.
     Submit(SubmitArgs),
     /// Show a build's state and jobs (without BUILD: every build).
@@ -218,6 +218,13 @@ pub(crate) struct WorkerArgs {
     /// SIGTERM before its processes are killed with SIGKILL.
     #[arg(long, default_value = "10s", value_name = "DURATION")]
     pub(crate) kill_grace: String,
+    /// On SIGTERM or Ctrl-C the worker drains: its running jobs finish,
+    /// nothing new comes, then it leaves the cluster. After this long it
+    /// stops what still runs and leaves anyway, as on a second signal
+    /// (default: wait for the jobs). Set it below a pod's termination
+    /// grace period so the worker leaves before it is killed.
+    #[arg(long, value_name = "DURATION")]
+    pub(crate) drain_timeout: Option<String>,
     /// Do not push new outputs to the coordinator's shared cache.
     #[arg(long)]
     pub(crate) no_push: bool,

@@ -270,6 +270,12 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<(), Failure> {
 /// `drover worker`.
 pub(crate) async fn worker(args: WorkerArgs) -> Result<(), Failure> {
     let config = worker_config(&args).map_err(Failure::Usage)?;
+    let drain_timeout = args
+        .drain_timeout
+        .as_deref()
+        .map(|text| units::duration("--drain-timeout", text))
+        .transpose()
+        .map_err(Failure::Usage)?;
     let mut worker = drover_worker::start(config).await.map_err(|e| Failure::Runtime(e.into()))?;
     eprintln!("drover worker serving on {}, coordinator {}", worker.url(), args.coordinator);
     tokio::select! {
@@ -283,9 +289,16 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<(), Failure> {
     eprintln!(
         "drover worker: draining: running jobs finish, nothing new starts (stop it again to stop them now)"
     );
+    let timeout = async {
+        match drain_timeout {
+            Some(limit) => tokio::time::sleep(limit).await,
+            None => std::future::pending().await,
+        }
+    };
     tokio::select! {
         () = worker.drain() => eprintln!("drover worker: drained; leaving the cluster"),
         () = shutdown_signal() => eprintln!("drover worker: stopping its jobs and leaving the cluster"),
+        () = timeout => eprintln!("drover worker: --drain-timeout passed; stopping its jobs and leaving the cluster"),
     }
     worker.leave().await;
     Ok(())

@@ -91,7 +91,7 @@ async fn dispatch(command: Command) -> Result<(), Failure> {
     match command {
         Command::Run(args) => cluster::run(args).await,
         Command::Serve(args) => cluster::serve(args).await,
-        Command::Worker(args) => cluster::worker(args).await,
+        Command::Worker(args) => cluster::worker(*args).await,
         Command::Submit(args) => client::submit(args).await,
         Command::Status(args) => client::status(args).await,
         Command::Cancel(args) => client::cancel(args).await,

@@ -236,6 +236,28 @@ fn a_second_sigterm_stops_the_job_and_hands_it_back_at_once() {
     assert_eq!((slow["worker"].as_str(), &slow["attempts"]), (Some("w2"), &serde_json::json!(2)));
 }
 
+/// With `--drain-timeout`, a draining worker whose job does not end stops
+/// it and leaves on its own once the time is up; the job runs elsewhere.
+#[test]
+fn a_drain_timeout_stops_a_stuck_job_and_leaves() {
+    let mut cluster = Cluster::with_config(None, "[scheduler]\nlease_timeout = \"10m\"\n");
+    cluster.add_worker("w1", 1, &["--drain-timeout", "300ms"]);
+    let mark = cluster.scratch("first-attempt");
+    let build = format!(
+        "jobs:\n  - name: slow\n    run: [\"if [ ! -e {mark} ]; then touch {mark}; sleep 1000; fi; echo done > {{{{out}}}}/r\"]\n"
+    );
+    let file = cluster.project("timeout", &build, &[]);
+    let id = cluster.submit(&file);
+    eventually("the first attempt to start", || std::path::Path::new(&mark).exists().then_some(()));
+    cluster.add_worker("w2", 1, &[]);
+    cluster.signal_worker("w1", "TERM");
+    assert!(cluster.worker_exit("w1").success(), "the worker leaves on its own once the drain times out");
+    let status = cluster.final_status(id);
+    assert_eq!(status["state"], "succeeded", "{status}");
+    let slow = job(&status, "slow");
+    assert_eq!((slow["worker"].as_str(), &slow["attempts"]), (Some("w2"), &serde_json::json!(2)));
+}
+
 /// An empty output needs no transfer: a job whose dependency's output is
 /// empty runs even though the only worker that built it is gone (and never
 /// pushed it to the shared cache).
