@@ -49,12 +49,21 @@ fn escape(value: &str) -> String {
     value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
+/// One sample per item, labelled `key` = the item's `label`.
+fn by<'a, T: 'a>(
+    key: &'static str,
+    items: impl IntoIterator<Item = &'a (T, u64)>,
+    label: impl Fn(&T) -> String,
+) -> Vec<(Vec<(&'static str, String)>, u64)> {
+    items.into_iter().map(|(item, n)| (vec![(key, label(item))], *n)).collect()
+}
+
 /// The whole `/metrics` page.
 pub(crate) fn render(m: &Metrics) -> String {
     let mut out = String::new();
     let one = |value: u64| [(Vec::new(), value)];
     Family { name: "drover_builds", kind: "gauge", help: "Builds the coordinator knows, by state." }
-        .write(&mut out, m.builds.iter().map(|(state, n)| (vec![("state", state.to_string())], *n)));
+        .write(&mut out, by("state", &m.builds, ToString::to_string));
     Family { name: "drover_builds_submitted_total", kind: "counter", help: "Builds accepted." }
         .write(&mut out, one(m.builds_submitted));
     Family {
@@ -62,13 +71,13 @@ pub(crate) fn render(m: &Metrics) -> String {
         kind: "counter",
         help: "Ends of build jobs, by state; each build counts its own end of a job that builds share.",
     }
-    .write(&mut out, m.build_jobs_ended.iter().map(|(state, n)| (vec![("state", state.to_string())], *n)));
+    .write(&mut out, by("state", &m.build_jobs_ended, ToString::to_string));
     Family {
         name: "drover_runs_ended_total",
         kind: "counter",
         help: "Runs that ended on workers (a job that builds share runs once), by result.",
     }
-    .write(&mut out, m.runs_ended.iter().map(|(end, n)| (vec![("result", end.name().to_owned())], *n)));
+    .write(&mut out, by("result", &m.runs_ended, |end| end.name().to_owned()));
     Family {
         name: "drover_workers",
         kind: "gauge",

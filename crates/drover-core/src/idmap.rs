@@ -361,13 +361,19 @@ mod tests {
         assert!(s.contains(&JobId::named("y")) && !s.contains(&JobId::named("z")));
     }
 
-    #[test]
-    fn the_job_index_finds_jobs_by_id_through_the_slab() {
-        let ids: Vec<JobId> = (0..2_000).map(|i| JobId::named(&format!("job {i}"))).collect();
+    /// `n` IDs, each filed under its position as slab index.
+    fn filed(n: usize) -> (Vec<JobId>, JobIndex) {
+        let ids: Vec<JobId> = (0..n).map(|i| JobId::named(&format!("job {i}"))).collect();
         let mut index = JobIndex::default();
         for (j, id) in ids.iter().enumerate() {
             index.insert(id, j as JobIdx);
         }
+        (ids, index)
+    }
+
+    #[test]
+    fn the_job_index_finds_jobs_by_id_through_the_slab() {
+        let (ids, mut index) = filed(2_000);
         let id_of = |j: JobIdx| &ids[j as usize];
         assert_eq!(index.len(), 2_000);
         assert!(ids.iter().enumerate().all(|(j, id)| index.get(id, id_of) == Some(j as JobIdx)));
@@ -415,11 +421,7 @@ mod tests {
 
     #[test]
     fn stale_entries_are_taken_back_and_swept() {
-        let ids: Vec<JobId> = (0..1_000).map(|i| JobId::named(&format!("job {i}"))).collect();
-        let mut index = JobIndex::default();
-        for (j, id) in ids.iter().enumerate() {
-            index.insert(id, j as JobIdx);
-        }
+        let (ids, mut index) = filed(1_000);
         // The same job back in the same slot takes its stale entry again.
         assert!(index.remove(3));
         assert_eq!((index.len(), index.map.len(), index.stale), (999, 1_000, 1));

@@ -143,21 +143,40 @@ fn cancelling_a_build_leaves_no_process_behind() {
     assert_eq!(status["state"], "cancelled");
 }
 
-#[test]
-fn a_job_on_a_killed_worker_finishes_elsewhere() {
-    let mut cluster = Cluster::new();
-    cluster.add_worker("w1", 1, &[]);
-    cluster.add_worker("w2", 1, &[]);
+/// Submits a job `slow` whose first attempt writes its shell's pid and
+/// hangs (later attempts finish at once); returns the build and that pid
+/// once the first attempt runs.
+fn submit_stuck_first_attempt(cluster: &Cluster, project: &str) -> (u64, u32) {
     let mark = cluster.scratch("first-attempt");
     let pid_file = cluster.scratch("pid");
     let build = format!(
         "jobs:\n  - name: slow\n    run: [\"if [ ! -e {mark} ]; then touch {mark}; echo $$ > {pid_file}; sleep 1000; fi; echo done > {{{{out}}}}/r\"]\n"
     );
-    let file = cluster.project("loss", &build, &[]);
-    let id = cluster.submit(&file);
-    let pid: u32 = eventually("the first attempt to start", || {
+    let id = cluster.submit(&cluster.project(project, &build, &[]));
+    let pid = eventually("the first attempt to start", || {
         std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
     });
+    (id, pid)
+}
+
+/// Worker `name`'s entry in `drover workers --json`.
+fn worker_entry(cluster: &Cluster, name: &str) -> Option<Value> {
+    cluster.workers_json().as_array()?.iter().find(|w| w["name"] == name).cloned()
+}
+
+/// Waits until the coordinator lists worker `name` as draining.
+fn wait_draining(cluster: &Cluster, name: &str) {
+    eventually(&format!("the coordinator to see {name} draining"), || {
+        (worker_entry(cluster, name)?["draining"] == true).then_some(())
+    });
+}
+
+#[test]
+fn a_job_on_a_killed_worker_finishes_elsewhere() {
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", 1, &[]);
+    cluster.add_worker("w2", 1, &[]);
+    let (id, pid) = submit_stuck_first_attempt(&cluster, "loss");
     let status = cluster.status(id);
     let first = job(&status, "slow")["worker"].as_str().expect("worker").to_owned();
     cluster.kill_worker(&first);
@@ -185,11 +204,7 @@ fn a_worker_stopped_with_sigterm_finishes_its_job_takes_nothing_new_and_leaves()
     eventually("slow to start", || std::path::Path::new(&started).exists().then_some(()));
     cluster.add_worker("w2", 1, &[]);
     cluster.signal_worker("w1", "TERM");
-    eventually("the coordinator to see w1 draining", || {
-        let workers = cluster.workers_json();
-        let w1 = workers.as_array()?.iter().find(|w| w["name"] == "w1")?.clone();
-        (w1["draining"] == true).then_some(())
-    });
+    wait_draining(&cluster, "w1");
     std::fs::write(&go, "").expect("go");
     let status = cluster.final_status(id);
     assert_eq!(status["state"], "succeeded", "{status}");
@@ -197,9 +212,8 @@ fn a_worker_stopped_with_sigterm_finishes_its_job_takes_nothing_new_and_leaves()
     assert_eq!((slow["worker"].as_str(), &slow["attempts"]), (Some("w1"), &serde_json::json!(1)), "{status}");
     assert_eq!(next["worker"].as_str(), Some("w2"), "nothing new went to the draining worker: {status}");
     assert!(cluster.worker_exit("w1").success(), "the worker exits cleanly once drained");
-    let workers = cluster.workers_json();
-    let w1 = workers.as_array().expect("workers").iter().find(|w| w["name"] == "w1").expect("w1 listed");
-    assert_eq!(w1["alive"], false, "it left: {workers}");
+    let w1 = worker_entry(&cluster, "w1").expect("w1 listed");
+    assert_eq!(w1["alive"], false, "it left: {w1}");
 }
 
 /// A second stop request stops the running job now, and the worker leaves:
@@ -210,23 +224,10 @@ fn a_worker_stopped_with_sigterm_finishes_its_job_takes_nothing_new_and_leaves()
 fn a_second_sigterm_stops_the_job_and_hands_it_back_at_once() {
     let mut cluster = Cluster::with_config(None, "[scheduler]\nlease_timeout = \"10m\"\n");
     cluster.add_worker("w1", 1, &[]);
-    let mark = cluster.scratch("first-attempt");
-    let pid_file = cluster.scratch("pid");
-    let build = format!(
-        "jobs:\n  - name: slow\n    run: [\"if [ ! -e {mark} ]; then touch {mark}; echo $$ > {pid_file}; sleep 1000; fi; echo done > {{{{out}}}}/r\"]\n"
-    );
-    let file = cluster.project("leave", &build, &[]);
-    let id = cluster.submit(&file);
-    let pid: u32 = eventually("the first attempt to start", || {
-        std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
-    });
+    let (id, pid) = submit_stuck_first_attempt(&cluster, "leave");
     cluster.add_worker("w2", 1, &[]);
     cluster.signal_worker("w1", "TERM");
-    eventually("the coordinator to see w1 draining", || {
-        let workers = cluster.workers_json();
-        let w1 = workers.as_array()?.iter().find(|w| w["name"] == "w1")?.clone();
-        (w1["draining"] == true).then_some(())
-    });
+    wait_draining(&cluster, "w1");
     cluster.signal_worker("w1", "TERM");
     assert!(cluster.worker_exit("w1").success(), "the worker exits cleanly after leaving");
     assert!(process_gone(pid), "the first attempt's processes died before the worker left");
@@ -242,16 +243,11 @@ fn a_second_sigterm_stops_the_job_and_hands_it_back_at_once() {
 fn a_drain_timeout_stops_a_stuck_job_and_leaves() {
     let mut cluster = Cluster::with_config(None, "[scheduler]\nlease_timeout = \"10m\"\n");
     cluster.add_worker("w1", 1, &["--drain-timeout", "300ms"]);
-    let mark = cluster.scratch("first-attempt");
-    let build = format!(
-        "jobs:\n  - name: slow\n    run: [\"if [ ! -e {mark} ]; then touch {mark}; sleep 1000; fi; echo done > {{{{out}}}}/r\"]\n"
-    );
-    let file = cluster.project("timeout", &build, &[]);
-    let id = cluster.submit(&file);
-    eventually("the first attempt to start", || std::path::Path::new(&mark).exists().then_some(()));
+    let (id, pid) = submit_stuck_first_attempt(&cluster, "timeout");
     cluster.add_worker("w2", 1, &[]);
     cluster.signal_worker("w1", "TERM");
     assert!(cluster.worker_exit("w1").success(), "the worker leaves on its own once the drain times out");
+    assert!(process_gone(pid), "the stuck attempt's processes died before the worker left");
     let status = cluster.final_status(id);
     assert_eq!(status["state"], "succeeded", "{status}");
     let slow = job(&status, "slow");
