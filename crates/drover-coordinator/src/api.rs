@@ -29,6 +29,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
+use crate::specs::SpecCache;
 use crate::state::{Delivery, Follow, Live, Shared, Stopped, Update};
 
 /// Bytes per chunk of a streamed artifact (4 KiB chunks cost more in
@@ -45,6 +46,8 @@ pub(crate) struct App {
     pub(crate) http: Http,
     pub(crate) token: Option<String>,
     pub(crate) max_blob: u64,
+    /// Decoded build specs, by content (see `specs.rs`).
+    pub(crate) specs: Arc<SpecCache>,
     /// How often a polling worker's lease is renewed (a tenth of the lease).
     pub(crate) renew_every: Duration,
 }
@@ -146,15 +149,41 @@ fn parse_hash(s: &str) -> ApiResult<Hash32> {
     s.parse().map_err(|e: drover_proto::BadHash| bad(e.to_string()))
 }
 
-async fn submit(
-    State(app): State<App>,
-    JsonBody(req): JsonBody<SubmitRequest>,
-) -> ApiResult<Json<SubmitReply>> {
+/// `POST /v1/builds`. A JSON body is read through the spec cache (see
+/// `specs.rs`) and recorded as it came, not encoded again; anything else,
+/// or a body the cache cannot read, is decoded (or rejected) as every other
+/// body is.
+async fn submit(State(app): State<App>, req: Request) -> Response {
+    match read_submission(&app.specs, req).await {
+        Ok((req, body)) => accept(app, req, body).await.into_response(),
+        Err(rejection) => rejection,
+    }
+}
+
+async fn read_submission(
+    specs: &SpecCache,
+    req: Request,
+) -> Result<(SubmitRequest, Option<Bytes>), Response> {
+    if req.headers().get(header::CONTENT_TYPE).is_none_or(|t| t != "application/json") {
+        let JsonBody(req) = JsonBody::from_request(req, &()).await.map_err(IntoResponse::into_response)?;
+        return Ok((req, None));
+    }
+    let bytes = Bytes::from_request(req, &()).await.map_err(IntoResponse::into_response)?;
+    match specs.decode(&bytes) {
+        Some(req) => Ok((req, Some(bytes))),
+        None => {
+            let Json(req) = Json::from_bytes(&bytes).map_err(IntoResponse::into_response)?;
+            Ok((req, None))
+        }
+    }
+}
+
+async fn accept(app: App, req: SubmitRequest, body: Option<Bytes>) -> ApiResult<Json<SubmitReply>> {
     let missing = req.build.sources.iter().filter(|s| !app.blobs.has_blob(&Key(s.digest.0))).count();
     if missing > 0 {
         return Err(bad(format!("{missing} source file(s) were not uploaded; upload them first")));
     }
-    match app.shared.input(Input::Submit(req)).await?? {
+    match app.shared.submit(req, body.as_deref()).await?? {
         Reply::Submitted(id) => Ok(Json(SubmitReply { id })),
         other => Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("unexpected reply {other:?}"))),
     }
@@ -687,6 +716,45 @@ mod tests {
         let (updates, finished) = gather(&mut live, update(0, false), deadline).await;
         assert_eq!((seqs(&updates), finished), (vec![0, 1, 2], true));
         assert!(Instant::now() < deadline, "it did not wait");
+    }
+
+    /// A submission is read as `Json` reads it, through the spec cache or
+    /// not, and refused with the same status and message; only a JSON body
+    /// that decoded is kept, to be recorded as it came.
+    #[tokio::test]
+    async fn a_submission_is_taken_and_refused_as_json_does() {
+        let good = r#"{"build": {"name": "b", "sources": [], "jobs": [{"name": "a", "id": "0101010101010101010101010101010101010101010101010101010101010101", "commands": ["true"]}]}, "tenant": "t", "no_cache": false}"#;
+        let cases = [
+            (Some("application/json"), good),
+            (Some("application/json"), good),
+            (Some("application/json; charset=utf-8"), good),
+            (Some("application/json"), r#"{"build": {"name": "b"}, "tenant": "t", "no_cache": false}"#),
+            (
+                Some("application/json"),
+                r#"{"build": {"name": "b", "sources": [], "jobs": []}, "tenant": "t"}"#,
+            ),
+            (Some("application/json"), r#"{"build": "#),
+            (Some("text/plain"), good),
+            (None, good),
+        ];
+        let specs = SpecCache::default();
+        for (content_type, body) in cases {
+            let ours = read_submission(&specs, request(content_type, body)).await;
+            let axum = Json::<SubmitRequest>::from_request(request(content_type, body), &()).await;
+            match (ours, outcome(axum.map(|Json(v)| v)).await) {
+                (Ok((req, kept)), Ok(expected)) => {
+                    assert_eq!(req, expected, "{content_type:?} {body}");
+                    let fast = content_type == Some("application/json");
+                    assert_eq!(kept.as_deref(), fast.then_some(body.as_bytes()), "{content_type:?} {body}");
+                }
+                (Err(response), Err(expected)) => {
+                    let status = response.status();
+                    let text = to_bytes(response.into_body(), usize::MAX).await.expect("body");
+                    assert_eq!((status, text), expected, "{content_type:?} {body}");
+                }
+                (ours, axum) => panic!("{content_type:?} {body}: {:?} against {axum:?}", ours.map(|r| r.0)),
+            }
+        }
     }
 
     /// `JsonBody` accepts what `Json` accepts and rejects what it rejects,

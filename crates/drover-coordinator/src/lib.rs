@@ -7,6 +7,7 @@
 
 mod api;
 mod metrics;
+mod specs;
 mod state;
 
 use std::net::SocketAddr;
@@ -168,6 +169,7 @@ pub async fn start(config: CoordinatorConfig) -> Result<Coordinator, Coordinator
         http: Http::new(config.token.clone(), Duration::from_secs(30)),
         token: config.token.clone(),
         max_blob: config.max_blob,
+        specs: Arc::default(),
         renew_every: Duration::from_millis((config.core.lease_timeout.0 / 10).max(50)),
     };
     let listener = tokio::net::TcpListener::bind(config.listen)

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use drover_core::Millis;
-use drover_proto::{BuildEvent, PollReply, Report, RunResult, RunStage};
+use drover_proto::{BuildEvent, PollReply, Report, RunResult, RunStage, SubmitRequest};
 use drover_solver::{Effect, Input, Reply, Solver, SolverError};
 use drover_store::Store;
 use tokio::sync::{Notify, mpsc, oneshot};
@@ -298,6 +298,20 @@ impl Shared {
         rx.await.map_err(|_| Stopped)
     }
 
+    /// Submits a build. `body`: the request's JSON as it came, recorded as
+    /// it is (it reads back as `req`) instead of being encoded again.
+    pub(crate) async fn submit(
+        &self,
+        req: SubmitRequest,
+        body: Option<&[u8]>,
+    ) -> Result<Result<Reply, SolverError>, Stopped> {
+        let input = Input::Submit(req);
+        let record = body.map_or_else(|| record(&input), submit_record);
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Input { input, record, reply })?;
+        rx.await.map_err(|_| Stopped)
+    }
+
     /// Applies a worker's report durably; the answer says whether the
     /// worker must register again and, with `deliver`, carries its mail.
     pub(crate) async fn report(
@@ -428,6 +442,12 @@ pub(crate) fn start(mut store: Store, mut solver: Solver) -> Result<Arc<Shared>,
 /// a millisecond or more to encode).
 fn record(input: &Input) -> Vec<u8> {
     serde_json::to_vec(input).expect("encodable input")
+}
+
+/// The record of a submission whose JSON body decoded as its request: the
+/// body as it came, in the input's envelope (see `Input`'s encoding).
+fn submit_record(body: &[u8]) -> Vec<u8> {
+    [&b"{\"Submit\":"[..], body, b"}"].concat()
 }
 
 fn run(mut store: Store, mut solver: Solver, rx: Receiver<Command>, weak: std::sync::Weak<Shared>) {
@@ -720,7 +740,7 @@ mod tests {
         let submit = |name: &str| Command::Input {
             record: Vec::new(),
             input: Input::Submit(SubmitRequest {
-                build: BuildSpec { name: name.into(), sources: Vec::new(), jobs: vec![job("a")] },
+                build: BuildSpec { name: name.into(), sources: Vec::new(), jobs: vec![job("a")] }.into(),
                 tenant: "t".into(),
                 no_cache: false,
                 on_error: OnError::Quit,
@@ -757,6 +777,26 @@ mod tests {
         assert!(next_turn(Vec::new(), &mut submits).is_empty() && submits.is_empty());
     }
 
+    /// A submission recorded as it came reads back as the request it
+    /// decoded to, white space and fields unknown here included.
+    #[test]
+    fn a_submission_recorded_as_it_came_reads_back_as_its_request() {
+        let req = SubmitRequest {
+            build: BuildSpec { name: "b".into(), sources: Vec::new(), jobs: vec![job("a")] }.into(),
+            tenant: "t".into(),
+            no_cache: true,
+            on_error: OnError::Continue,
+            max_parallel: Some(2),
+            queue: Some("ci".into()),
+        };
+        let json = serde_json::to_string(&req).expect("encode");
+        let body = format!(" \n{{\"from_a_newer_client\": [1, 2], {}\n", &json[1..]);
+        let decoded: SubmitRequest = serde_json::from_str(&body).expect("the body decodes");
+        assert_eq!(decoded, req);
+        let record = submit_record(body.as_bytes());
+        assert_eq!(serde_json::from_slice::<Input>(&record).expect("the record decodes"), Input::Submit(req));
+    }
+
     fn job(name: &str) -> JobDef {
         let mut id = [0u8; 32];
         id[..name.len()].copy_from_slice(name.as_bytes());
@@ -768,7 +808,7 @@ mod tests {
         let mut solver = Solver::new(drover_core::Config::default());
         solver.handle(Millis(1), register()).expect("registered");
         let submit = Input::Submit(SubmitRequest {
-            build: BuildSpec { name: "b".into(), sources: Vec::new(), jobs: vec![job("a"), job("b")] },
+            build: BuildSpec { name: "b".into(), sources: Vec::new(), jobs: vec![job("a"), job("b")] }.into(),
             tenant: "t".into(),
             no_cache: false,
             on_error: OnError::Quit,

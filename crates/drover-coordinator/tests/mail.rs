@@ -115,7 +115,7 @@ fn submit_request(name: &str, jobs: usize) -> SubmitRequest {
         })
         .collect();
     SubmitRequest {
-        build: BuildSpec { name: name.into(), sources: Vec::new(), jobs },
+        build: BuildSpec { name: name.into(), sources: Vec::new(), jobs }.into(),
         tenant: "test".into(),
         no_cache: false,
         on_error: drover_proto::OnError::Continue,

@@ -27,6 +27,7 @@ pub use drover_core::{QueueAmounts, QueueView};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -254,8 +255,9 @@ pub struct BuildSpec {
 /// `POST /v1/builds`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SubmitRequest {
-    /// The build.
-    pub build: BuildSpec,
+    /// The build: shared, so that builds submitted with the same spec keep
+    /// one copy of it (see the coordinator's `SpecCache`).
+    pub build: Arc<BuildSpec>,
     /// Whose build (for fairness); defaults to "default".
     pub tenant: String,
     /// Re-run jobs even when a cached result exists.
@@ -1012,7 +1014,7 @@ mod tests {
         let build = BuildSpec { name: "b".into(), sources: Vec::new(), jobs: vec![job] };
         for (max_parallel, queue) in [(None, None), (Some(3), Some("ci".to_owned()))] {
             let owned = SubmitRequest {
-                build: build.clone(),
+                build: Arc::new(build.clone()),
                 tenant: "t".into(),
                 no_cache: true,
                 on_error: OnError::Continue,

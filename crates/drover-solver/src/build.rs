@@ -2,6 +2,7 @@
 //! stream.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
 
 use drover_core::{JobId, JobSpec, Millis, Request, WaiterId};
 use drover_proto::{
@@ -73,6 +74,21 @@ struct JobRec {
     rewinds: u32,
 }
 
+/// What a build's spec says, checked, with its graph by index: the same
+/// for every build submitted with that spec, so builds that share a spec
+/// (the coordinator hands them one `Arc`) share one plan too.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Plan {
+    spec: Arc<BuildSpec>,
+    index: BTreeMap<String, u32>,
+    /// Every job's needs by index, in the order of its `needs`: those of
+    /// job `i` are `needs[needs_at[i]..needs_at[i + 1]]` (looked up by name
+    /// once, not each time one of the build's jobs goes to the core).
+    needs: Vec<u32>,
+    needs_at: Vec<usize>,
+    dependents: Vec<Vec<u32>>,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Build {
     id: u64,
@@ -88,14 +104,9 @@ pub(crate) struct Build {
     /// Per job: expected milliseconds on the longest path from it to the
     /// build's end, itself included (critical-path order).
     path: Vec<u64>,
-    spec: BuildSpec,
-    index: BTreeMap<String, u32>,
-    /// Every job's needs by index, in the order of its `needs`: those of
-    /// job `i` are `needs[needs_at[i]..needs_at[i + 1]]` (looked up by name
-    /// once, not each time one of the build's jobs goes to the core).
-    needs: Vec<u32>,
-    needs_at: Vec<usize>,
-    dependents: Vec<Vec<u32>>,
+    /// The spec, checked, and its graph by index: shared with the other
+    /// builds submitted with the same spec.
+    plan: Arc<Plan>,
     /// Needs not yet succeeded, per job.
     pending: Vec<u32>,
     jobs: Vec<JobRec>,
@@ -244,15 +255,15 @@ fn valid_path(path: &str) -> bool {
         && path.split('/').all(|part| !part.is_empty() && part != "." && part != "..")
 }
 
-impl Build {
-    /// Checks and accepts a submitted build.
-    pub(crate) fn new(
-        id: u64,
-        req: SubmitRequest,
-        now: Millis,
-        durations: &BTreeMap<String, u64>,
-    ) -> Result<Build, String> {
-        let spec = req.build;
+impl Plan {
+    /// Was this plan made from `spec` itself (not merely an equal one)?
+    pub(crate) fn is_of(&self, spec: &Arc<BuildSpec>) -> bool {
+        Arc::ptr_eq(&self.spec, spec)
+    }
+
+    /// Checks a spec (everything that depends on it alone) and indexes its
+    /// graph.
+    fn new(spec: Arc<BuildSpec>) -> Result<Plan, String> {
         if spec.jobs.is_empty() {
             return Err("the build has no jobs".into());
         }
@@ -268,11 +279,13 @@ impl Build {
             return Err("source paths must be sorted and unique".into());
         }
         let mut index = BTreeMap::new();
-        let mut needs_list = Vec::new();
+        let mut needs = Vec::new();
         let mut needs_at = Vec::with_capacity(spec.jobs.len() + 1);
         needs_at.push(0);
         let mut dependents = vec![Vec::new(); spec.jobs.len()];
-        let mut pending = Vec::with_capacity(spec.jobs.len());
+        // The last job that named each job as a need: a second mention by
+        // the same job is a need listed twice.
+        let mut named_by = vec![u32::MAX; spec.jobs.len()];
         for (i, job) in spec.jobs.iter().enumerate() {
             if !valid_name(&job.name) {
                 return Err(format!("job name {:?} must be letters, digits, '.', '_' or '-'", job.name));
@@ -288,18 +301,15 @@ impl Build {
                         job.name
                     ));
                 };
+                if std::mem::replace(&mut named_by[d as usize], i as u32) == i as u32 {
+                    return Err(format!("job {:?} lists a need twice", job.name));
+                }
                 dependents[d as usize].push(i as u32);
-                needs_list.push(d);
+                needs.push(d);
             }
-            needs_at.push(needs_list.len());
+            needs_at.push(needs.len());
             if index.insert(job.name.clone(), i as u32).is_some() {
                 return Err(format!("two jobs are named {:?}", job.name));
-            }
-            let mut needs = job.needs.clone();
-            needs.sort();
-            needs.dedup();
-            if needs.len() != job.needs.len() {
-                return Err(format!("job {:?} lists a need twice", job.name));
             }
             if let Some(inputs) = &job.inputs {
                 for path in inputs {
@@ -311,10 +321,30 @@ impl Build {
                     }
                 }
             }
-            pending.push(job.needs.len() as u32);
         }
-        let gangs = gangs(&spec.jobs, &index, &dependents)?;
+        Ok(Plan { spec, index, needs, needs_at, dependents })
+    }
+}
+
+impl Build {
+    /// Checks and accepts a submitted build. `known`: the plan of an
+    /// earlier build, used if it was made from the very same spec (the
+    /// same `Arc`), which saves checking it again.
+    pub(crate) fn new(
+        id: u64,
+        req: SubmitRequest,
+        now: Millis,
+        durations: &BTreeMap<String, u64>,
+        known: Option<&Arc<Plan>>,
+    ) -> Result<Build, String> {
+        let plan = match known {
+            Some(plan) if plan.is_of(&req.build) => plan.clone(),
+            _ => Arc::new(Plan::new(req.build)?),
+        };
+        let Plan { spec, index, dependents, .. } = &*plan;
+        let gangs = gangs(&spec.jobs, index, dependents)?;
         let tenant = if req.tenant.is_empty() { "default".to_owned() } else { req.tenant };
+        let pending = spec.jobs.iter().map(|j| j.needs.len() as u32).collect();
         let jobs = vec![
             JobRec {
                 state: JobState::Queued,
@@ -350,11 +380,7 @@ impl Build {
             held: VecDeque::new(),
             in_core: 0,
             path,
-            spec,
-            index,
-            needs: needs_list,
-            needs_at,
-            dependents,
+            plan,
             pending,
             jobs,
             state: BuildState::Queued,
@@ -384,17 +410,22 @@ impl Build {
         self.events.push(BuildEvent { seq, at: now.0, kind });
     }
 
+    /// The build's plan, for a later build with the same spec.
+    pub(crate) fn plan(&self) -> &Arc<Plan> {
+        &self.plan
+    }
+
     fn name_of(&self, i: u32) -> String {
-        self.spec.jobs[i as usize].name.clone()
+        self.plan.spec.jobs[i as usize].name.clone()
     }
 
     pub(crate) fn def(&self, i: u32) -> &JobDef {
-        &self.spec.jobs[i as usize]
+        &self.plan.spec.jobs[i as usize]
     }
 
     /// Job `i`'s needs, by index, in the order of its `needs`.
     pub(crate) fn needs_of(&self, i: u32) -> &[u32] {
-        &self.needs[self.needs_at[i as usize]..self.needs_at[i as usize + 1]]
+        &self.plan.needs[self.plan.needs_at[i as usize]..self.plan.needs_at[i as usize + 1]]
     }
 
     /// Should job `i` ignore cached results (the build's choice, or a gang
@@ -442,7 +473,7 @@ impl Build {
         let mut again = Vec::new();
         for m in members {
             if let Some(w) = self.take_waiter(m) {
-                cancel.push((JobId::from(self.spec.jobs[m as usize].id), w));
+                cancel.push((JobId::from(self.plan.spec.jobs[m as usize].id), w));
             }
             let rec = &mut self.jobs[m as usize];
             if rec.state == JobState::Queued && self.pending[m as usize] > 0 {
@@ -467,10 +498,10 @@ impl Build {
     /// The sources job `i` sees.
     pub(crate) fn sources_of(&self, i: u32) -> Vec<SourceFile> {
         match &self.def(i).inputs {
-            None => self.spec.sources.clone(),
+            None => self.plan.spec.sources.clone(),
             Some(inputs) => {
                 let seen: std::collections::BTreeSet<&str> = inputs.iter().map(String::as_str).collect();
-                self.spec.sources.iter().filter(|s| seen.contains(s.path.as_str())).cloned().collect()
+                self.plan.spec.sources.iter().filter(|s| seen.contains(s.path.as_str())).cloned().collect()
             }
         }
     }
@@ -528,7 +559,7 @@ impl Build {
 
     /// Gang member `i`'s needs are done: it waits for the rest of its gang.
     pub(crate) fn gang_ready(&mut self, i: u32) {
-        if let Some(g) = &self.spec.jobs[i as usize].gang
+        if let Some(g) = &self.plan.spec.jobs[i as usize].gang
             && let Some(rec) = self.gangs.get_mut(&g.name)
         {
             rec.ready.insert(i);
@@ -618,8 +649,11 @@ impl Build {
     ) -> Result<Vec<(u64, u64)>, String> {
         let targets: Vec<u32> = match job {
             Some(name) => {
-                let &i =
-                    self.index.get(name).ok_or_else(|| format!("build {} has no job {name:?}", self.id))?;
+                let &i = self
+                    .plan
+                    .index
+                    .get(name)
+                    .ok_or_else(|| format!("build {} has no job {name:?}", self.id))?;
                 let rec = &self.jobs[i as usize];
                 if rec.state != JobState::Running || rec.run.is_none() {
                     return Err(format!("job {name} is {}, not running", rec.state));
@@ -760,7 +794,7 @@ impl Build {
     pub(crate) fn unblocked_by(&mut self, i: u32) -> Vec<u32> {
         // The output of a gang that restarts on failure is final only once
         // every member has succeeded: its dependents wait for all of them.
-        let sources: Vec<u32> = match &self.spec.jobs[i as usize].gang {
+        let sources: Vec<u32> = match &self.plan.spec.jobs[i as usize].gang {
             Some(g) if self.gangs[&g.name].restart => {
                 let members = &self.gangs[&g.name].members;
                 if !members.iter().all(|&m| self.jobs[m as usize].state.is_success()) {
@@ -771,7 +805,7 @@ impl Build {
             _ => vec![i],
         };
         let mut ready = Vec::new();
-        for &d in sources.iter().flat_map(|&s| self.dependents[s as usize].iter()) {
+        for &d in sources.iter().flat_map(|&s| self.plan.dependents[s as usize].iter()) {
             self.pending[d as usize] -= 1;
             let rec = &self.jobs[d as usize];
             if self.pending[d as usize] == 0
@@ -798,7 +832,7 @@ impl Build {
         let mut downstream = vec![false; self.jobs.len()];
         let mut stack = vec![i];
         while let Some(j) = stack.pop() {
-            for &d in &self.dependents[j as usize] {
+            for &d in &self.plan.dependents[j as usize] {
                 if !downstream[d as usize] {
                     downstream[d as usize] = true;
                     stack.push(d);
@@ -815,7 +849,7 @@ impl Build {
                 continue;
             }
             if let Some(w) = self.take_waiter(j) {
-                cancel.push((JobId::from(self.spec.jobs[j as usize].id), w));
+                cancel.push((JobId::from(self.plan.spec.jobs[j as usize].id), w));
             }
             let job = self.name_of(j);
             let rec = &mut self.jobs[j as usize];
@@ -871,9 +905,9 @@ impl Build {
         let mut again: Vec<bool> = self.jobs.iter().map(|rec| !rec.state.is_success()).collect();
         let mut stack: Vec<u32> = (0..self.jobs.len() as u32).filter(|&i| again[i as usize]).collect();
         while let Some(i) = stack.pop() {
-            for need in &self.spec.jobs[i as usize].needs {
-                let n = self.index[need];
-                if !again[n as usize] && !available(&self.spec.jobs[n as usize]) {
+            for need in &self.plan.spec.jobs[i as usize].needs {
+                let n = self.plan.index[need];
+                if !again[n as usize] && !available(&self.plan.spec.jobs[n as usize]) {
                     again[n as usize] = true;
                     stack.push(n);
                 }
@@ -889,10 +923,12 @@ impl Build {
                 jobs += 1;
             }
         }
-        for (i, def) in self.spec.jobs.iter().enumerate() {
-            self.pending[i] =
-                def.needs.iter().filter(|n| !self.jobs[self.index[*n] as usize].state.is_success()).count()
-                    as u32;
+        for (i, def) in self.plan.spec.jobs.iter().enumerate() {
+            self.pending[i] = def
+                .needs
+                .iter()
+                .filter(|n| !self.jobs[self.plan.index[*n] as usize].state.is_success())
+                .count() as u32;
         }
         self.held.clear();
         self.stopping = false;
@@ -973,7 +1009,7 @@ impl Build {
         // not started yet that needs what goes back (a running member has
         // its inputs already).
         let gangs: std::collections::BTreeSet<String> = std::iter::once(i)
-            .chain(back.iter().flat_map(|&j| self.dependents[j as usize].iter().copied()))
+            .chain(back.iter().flat_map(|&j| self.plan.dependents[j as usize].iter().copied()))
             .filter(|&d| d == i || self.jobs[d as usize].state == JobState::Queued)
             .filter_map(|d| self.def(d).gang.as_ref().map(|g| g.name.clone()))
             .collect();
@@ -986,8 +1022,8 @@ impl Build {
             rec.exit_code = None;
             rec.detail.clear();
             self.rerun.insert(j);
-            for k in 0..self.dependents[j as usize].len() {
-                let d = self.dependents[j as usize][k];
+            for k in 0..self.plan.dependents[j as usize].len() {
+                let d = self.plan.dependents[j as usize][k];
                 self.pending[d as usize] += 1;
                 let rec = &self.jobs[d as usize];
                 if rec.state == JobState::Queued && rec.waiter.is_some() {
@@ -1041,7 +1077,7 @@ impl Build {
                 continue;
             }
             if let Some(w) = self.take_waiter(j) {
-                cancel.push((JobId::from(self.spec.jobs[j as usize].id), w));
+                cancel.push((JobId::from(self.plan.spec.jobs[j as usize].id), w));
             }
             self.jobs[j as usize].state = JobState::Cancelled;
             let job = self.name_of(j);
@@ -1093,7 +1129,7 @@ impl Build {
     }
 
     pub(crate) fn latest_run(&self, job: &str) -> Option<u64> {
-        self.jobs[*self.index.get(job)? as usize].run
+        self.jobs[*self.plan.index.get(job)? as usize].run
     }
 
     /// Why a queued job the core does not hold yet waits: its needs, or
@@ -1107,7 +1143,7 @@ impl Build {
             .def(i)
             .needs
             .iter()
-            .filter(|n| !self.jobs[self.index[*n] as usize].state.is_success())
+            .filter(|n| !self.jobs[self.plan.index[*n] as usize].state.is_success())
             .map(String::as_str)
             .collect();
         if waiting.is_empty() { String::new() } else { format!("waits for {}", waiting.join(", ")) }
@@ -1116,9 +1152,10 @@ impl Build {
     pub(crate) fn status(&self, worker_name: impl Fn(u64) -> Option<String>) -> BuildStatus {
         BuildStatus {
             id: self.id,
-            name: self.spec.name.clone(),
+            name: self.plan.spec.name.clone(),
             state: self.state,
             jobs: self
+                .plan
                 .spec
                 .jobs
                 .iter()

@@ -27,6 +27,10 @@ use serde::{Deserialize, Serialize};
 
 use build::Build;
 
+/// How many of the latest builds a new build's spec is compared with (by
+/// pointer) for a plan to share: builds of one spec come together.
+const PLAN_LOOKBACK: usize = 64;
+
 /// An input to the solver. The coordinator records each one, with the time it
 /// was handled, before acting on what it caused.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -624,7 +628,17 @@ impl Solver {
     fn submit(&mut self, req: SubmitRequest) -> Result<Reply, SolverError> {
         let id = self.next_build;
         self.core.queue_for(req.queue.as_deref(), &req.tenant).map_err(SolverError::InvalidBuild)?;
-        let build = Build::new(id, req, self.now, &self.durations).map_err(SolverError::InvalidBuild)?;
+        // A build submitted with the spec of a recent one (the coordinator
+        // hands identical specs over as one `Arc`) shares its plan.
+        let known = self
+            .builds
+            .values()
+            .rev()
+            .take(PLAN_LOOKBACK)
+            .map(Build::plan)
+            .find(|plan| plan.is_of(&req.build));
+        let build =
+            Build::new(id, req, self.now, &self.durations, known).map_err(SolverError::InvalidBuild)?;
         self.next_build += 1;
         self.builds.insert(id, build);
         self.effects.push(Effect::BuildChanged { build: id });

@@ -28,7 +28,7 @@ fn submit(jobs: Vec<JobDef>) -> Input {
 
 fn submit_with(jobs: Vec<JobDef>, on_error: OnError, max_parallel: Option<u32>) -> Input {
     Input::Submit(SubmitRequest {
-        build: BuildSpec { name: "b".into(), sources: Vec::new(), jobs },
+        build: BuildSpec { name: "b".into(), sources: Vec::new(), jobs }.into(),
         tenant: "t".into(),
         no_cache: false,
         on_error,
@@ -242,6 +242,56 @@ fn builds_sharing_a_job_run_it_once_and_both_get_the_result() {
     h.report(w, Report { finished: vec![ok(runs[0].1, "shared")], ..Report::default() });
     for b in [b1, b2] {
         assert_eq!(h.solver.build_status(b).expect("build").state, BuildState::Succeeded);
+    }
+}
+
+/// Builds submitted with one spec (one `Arc`, as the coordinator hands
+/// identical specs over) share its plan; an equal spec of its own gets its
+/// own. Either way they run alike, and a replay from the JSON log, where
+/// nothing is shared, rebuilds an equal state.
+#[test]
+fn builds_of_one_spec_share_its_plan() {
+    let mut h = Harness::new();
+    let w = worker_id(h.input(register("w1", 4, vec![])));
+    let Input::Submit(first) = submit(vec![job("a", &[]), job("b", &["a"])]) else { unreachable!() };
+    let equal = SubmitRequest { build: std::sync::Arc::new((*first.build).clone()), ..first.clone() };
+    let b1 = build_id(h.input(Input::Submit(first.clone())));
+    let b2 = build_id(h.input(Input::Submit(first)));
+    let b3 = build_id(h.input(Input::Submit(equal)));
+    let plan = |b: u64| h.solver.builds[&b].plan().clone();
+    assert!(std::sync::Arc::ptr_eq(&plan(b1), &plan(b2)), "the same spec: one plan");
+    assert!(!std::sync::Arc::ptr_eq(&plan(b1), &plan(b3)), "an equal spec of its own: its own plan");
+    assert_eq!(plan(b1), plan(b3));
+    h.later();
+    for job in ["a", "b"] {
+        let runs = h.assigned();
+        assert_eq!(names(&runs), [job], "one run for three builds");
+        h.report(w, Report { finished: vec![ok(runs[0].1, job)], ..Report::default() });
+    }
+    for b in [b1, b2, b3] {
+        assert_eq!(h.solver.build_status(b).expect("build").state, BuildState::Succeeded);
+    }
+    let mut replayed = Solver::new(Config::default());
+    for (now, input) in &h.log {
+        let json = serde_json::to_vec(input).expect("encode");
+        let _ = replayed.handle(*now, serde_json::from_slice(&json).expect("decode"));
+    }
+    replayed.take_effects();
+    h.solver.take_effects();
+    assert_eq!(replayed, h.solver);
+}
+
+/// A spec that names a need twice is refused, the first time and when a
+/// later build brings the same spec.
+#[test]
+fn a_need_listed_twice_is_refused() {
+    let mut h = Harness::new();
+    let Input::Submit(req) = submit(vec![job("a", &[]), job("b", &["a", "a"])]) else { unreachable!() };
+    for _ in 0..2 {
+        match h.input(Input::Submit(req.clone())) {
+            Err(SolverError::InvalidBuild(why)) => assert_eq!(why, "job \"b\" lists a need twice"),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
     }
 }
 

@@ -1,0 +1,198 @@
+//! Submissions read once per distinct build spec.
+//!
+//! A build spec is most of a submission's bytes (about 230 bytes a job), and
+//! the same spec often comes again: a retried pipeline, several pipelines
+//! building one commit, twenty builds of one graph at once. The submit
+//! handler reads the request's small fields with the spec left as raw JSON,
+//! hashes that raw JSON (BLAKE3), and reuses the decoded spec of an earlier
+//! submission with the same bytes while a build still holds it; builds
+//! submitted with the same spec then share one copy in memory. The cache
+//! holds its specs weakly: it never keeps one alive by itself.
+//!
+//! Anything the fast path cannot read (bad JSON, a missing field) goes
+//! through the ordinary decoder, so a bad request gets the same error as
+//! ever.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, Weak};
+
+use drover_proto::{BuildSpec, OnError, SubmitRequest};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+/// A submission as sent, with its build left as raw JSON: the same fields,
+/// defaults and names as [`SubmitRequest`].
+#[derive(Deserialize)]
+struct Envelope<'a> {
+    #[serde(borrow)]
+    build: &'a RawValue,
+    tenant: String,
+    no_cache: bool,
+    #[serde(default)]
+    on_error: OnError,
+    #[serde(default)]
+    max_parallel: Option<u32>,
+    #[serde(default)]
+    queue: Option<String>,
+}
+
+/// Decoded specs by the BLAKE3 digest of their JSON.
+#[derive(Debug, Default)]
+pub(crate) struct SpecCache {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    specs: BTreeMap<[u8; 32], Weak<BuildSpec>>,
+    /// Entries whose spec is gone are dropped when the map reaches this
+    /// size (then twice what is left, at least 64).
+    prune_at: usize,
+}
+
+impl SpecCache {
+    /// Reads a submission (a JSON body), reusing the spec of an earlier one
+    /// with the same spec bytes. `None` if the fast path cannot read it:
+    /// the caller then decodes it the ordinary way, for the error.
+    pub(crate) fn decode(&self, body: &[u8]) -> Option<SubmitRequest> {
+        let envelope: Envelope<'_> = serde_json::from_slice(body).ok()?;
+        let raw = envelope.build.get();
+        let digest = *blake3::hash(raw.as_bytes()).as_bytes();
+        let known = self.lock().specs.get(&digest).and_then(Weak::upgrade);
+        let build = match known {
+            Some(spec) => spec,
+            None => {
+                let spec = Arc::new(serde_json::from_str::<BuildSpec>(raw).ok()?);
+                self.lock().insert(digest, &spec);
+                spec
+            }
+        };
+        // Every field named: a field added to `SubmitRequest` must be added
+        // to `Envelope` too.
+        Some(SubmitRequest {
+            build,
+            tenant: envelope.tenant,
+            no_cache: envelope.no_cache,
+            on_error: envelope.on_error,
+            max_parallel: envelope.max_parallel,
+            queue: envelope.queue,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // The map is consistent after every statement: a panic elsewhere
+        // while it was held leaves nothing half done.
+        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// How many specs it knows (live or not yet pruned).
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.lock().specs.len()
+    }
+}
+
+impl Inner {
+    fn insert(&mut self, digest: [u8; 32], spec: &Arc<BuildSpec>) {
+        self.specs.insert(digest, Arc::downgrade(spec));
+        if self.specs.len() >= self.prune_at {
+            self.specs.retain(|_, spec| spec.strong_count() > 0);
+            self.prune_at = (2 * self.specs.len()).max(64);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drover_proto::{Hash32, JobDef};
+
+    fn build(name: &str) -> BuildSpec {
+        let mut job = JobDef::new("a", Hash32([7; 32]));
+        job.commands = vec!["echo \"hi\" > {{out}}/x".into()];
+        job.needs = Vec::new();
+        BuildSpec { name: name.into(), sources: Vec::new(), jobs: vec![job] }
+    }
+
+    fn request(name: &str, max_parallel: Option<u32>, queue: Option<&str>) -> SubmitRequest {
+        SubmitRequest {
+            build: Arc::new(build(name)),
+            tenant: "t".into(),
+            no_cache: true,
+            on_error: OnError::Continue,
+            max_parallel,
+            queue: queue.map(str::to_owned),
+        }
+    }
+
+    /// The fast path reads what the ordinary decoder reads: with and
+    /// without the optional fields, with unknown fields, with white space.
+    #[test]
+    fn reads_a_submission_as_the_decoder_does() {
+        let cache = SpecCache::default();
+        let mut bodies: Vec<String> = [request("b", None, None), request("b", Some(2), Some("ci"))]
+            .iter()
+            .map(|r| serde_json::to_string(r).expect("json"))
+            .collect();
+        bodies.push(
+            r#" { "extra": [1, {"x": 2}], "tenant": "u", "no_cache": false,
+                 "build": {"name": "n", "sources": [], "jobs": [{"name": "a", "id": "0707070707070707070707070707070707070707070707070707070707070707", "commands": ["true"]}]} } "#
+                .into(),
+        );
+        for body in &bodies {
+            let ordinary: SubmitRequest = serde_json::from_str(body).expect("decodes");
+            assert_eq!(cache.decode(body.as_bytes()), Some(ordinary), "{body}");
+        }
+    }
+
+    /// A second submission with the same spec bytes gets the same spec,
+    /// whatever its other fields; a different spec gets its own.
+    #[test]
+    fn submissions_with_the_same_spec_share_it() {
+        let cache = SpecCache::default();
+        let body = |r: &SubmitRequest| serde_json::to_vec(r).expect("json");
+        let first = cache.decode(&body(&request("b", None, None))).expect("reads");
+        let again = cache.decode(&body(&request("b", Some(3), Some("q")))).expect("reads");
+        let other = cache.decode(&body(&request("c", None, None))).expect("reads");
+        assert!(Arc::ptr_eq(&first.build, &again.build));
+        assert_eq!(again.max_parallel, Some(3));
+        assert!(!Arc::ptr_eq(&first.build, &other.build));
+        assert_eq!(other.build.name, "c");
+    }
+
+    /// A spec no build holds any more is decoded afresh, and the entries of
+    /// dropped specs are pruned as the map grows.
+    #[test]
+    fn holds_specs_weakly() {
+        let cache = SpecCache::default();
+        let body = serde_json::to_vec(&request("b", None, None)).expect("json");
+        let first = cache.decode(&body).expect("reads");
+        let weak = Arc::downgrade(&first.build);
+        drop(first);
+        assert_eq!(weak.strong_count(), 0);
+        let again = cache.decode(&body).expect("reads");
+        assert_eq!(again.build.name, "b");
+        for i in 0..200 {
+            cache.decode(&serde_json::to_vec(&request(&format!("b{i}"), None, None)).expect("json"));
+        }
+        // Only `again`'s spec is alive: at most one prune's worth of dead
+        // entries remain.
+        assert!(cache.len() < 128, "{} entries", cache.len());
+    }
+
+    /// What the fast path cannot read is left to the ordinary decoder.
+    #[test]
+    fn leaves_bad_bodies_to_the_decoder() {
+        let cache = SpecCache::default();
+        for bad in [
+            "",
+            "{",
+            r#"{"tenant": "t", "no_cache": false}"#,
+            r#"{"tenant": "t", "no_cache": false, "build": {"name": "n"}}"#,
+            r#"{"tenant": 3, "no_cache": false, "build": {"name": "n", "sources": [], "jobs": []}}"#,
+        ] {
+            assert_eq!(cache.decode(bad.as_bytes()), None, "{bad}");
+            assert!(serde_json::from_str::<SubmitRequest>(bad).is_err(), "{bad}");
+        }
+    }
+}
