@@ -370,6 +370,9 @@ impl Build {
         if req.max_parallel == Some(0) {
             return Err("max_parallel must be at least 1".into());
         }
+        // Every job ends once, between the build's first and last events:
+        // room for that much at once, not in a dozen doublings.
+        let events = Vec::with_capacity(jobs.len() + 2);
         let mut build = Build {
             id,
             tenant,
@@ -386,7 +389,7 @@ impl Build {
             state: BuildState::Queued,
             cancelled: false,
             stopping: false,
-            events: Vec::new(),
+            events,
             ended: BTreeMap::new(),
             gangs,
             rerun: std::collections::BTreeSet::new(),

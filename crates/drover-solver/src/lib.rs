@@ -591,10 +591,16 @@ impl Solver {
                 && let Some((_, job, _)) = self.core.run_info(RunId(r.run))
             {
                 let took = r.duration_ms.max(1);
+                let mut last: Option<&str> = None;
                 for (b, i) in self.job_waiters(&job) {
                     // Builds sharing a job mostly share its name too: the
-                    // name is copied only the first time it is seen.
+                    // name is copied only the first time it is seen, and
+                    // looked up once for waiters in a row that share it.
                     let name = &self.builds[&b].def(i).name;
+                    if last == Some(name.as_str()) {
+                        continue;
+                    }
+                    last = Some(name);
                     match self.durations.get_mut(name) {
                         Some(known) => *known = took,
                         None => _ = self.durations.insert(name.clone(), took),
