@@ -296,7 +296,8 @@ impl EventStream {
             } else {
                 return Ok(None);
             };
-            let mut chunk = Vec::new();
+            let count: usize = updates.iter().map(|u| u.events.len()).sum();
+            let mut chunk = Vec::with_capacity(count * 128);
             for e in updates.iter().flat_map(|u| &u.events) {
                 if e.seq < self.next {
                     continue;
@@ -324,9 +325,26 @@ impl EventStream {
 async fn gather(live: &mut Live, first: Arc<Update>, deadline: Instant) -> (Vec<Arc<Update>>, bool) {
     let mut finished = first.finished;
     let mut updates = vec![first];
-    while !finished && let Ok(Some(more)) = tokio::time::timeout_at(deadline, live.recv()).await {
+    // What already waits needs no timer; one timer then serves the wait
+    // for the rest, however many updates come.
+    while !finished && let Ok(more) = live.try_recv() {
         finished = more.finished;
         updates.push(more);
+    }
+    let until = tokio::time::sleep_until(deadline);
+    tokio::pin!(until);
+    while !finished {
+        tokio::select! {
+            biased;
+            more = live.recv() => match more {
+                Some(more) => {
+                    finished = more.finished;
+                    updates.push(more);
+                }
+                None => break,
+            },
+            () = &mut until => break,
+        }
     }
     (updates, finished)
 }
