@@ -150,41 +150,60 @@ fn parse_hash(s: &str) -> ApiResult<Hash32> {
 }
 
 /// `POST /v1/builds`. A JSON body is read through the spec cache (see
-/// `specs.rs`) and recorded as it came, not encoded again; anything else,
-/// or a body the cache cannot read, is decoded (or rejected) as every other
-/// body is.
+/// `specs.rs`) and recorded as it came, not encoded again, or, if a build
+/// with its spec was accepted before, as a submission like that build;
+/// anything else, or a body the cache cannot read, is decoded (or refused)
+/// as every other body is.
 async fn submit(State(app): State<App>, req: Request) -> Response {
     match read_submission(&app.specs, req).await {
-        Ok((req, body)) => accept(app, req, body).await.into_response(),
+        Ok((req, how)) => accept(app, req, how).await.into_response(),
         Err(rejection) => rejection,
     }
 }
 
-async fn read_submission(
-    specs: &SpecCache,
-    req: Request,
-) -> Result<(SubmitRequest, Option<Bytes>), Response> {
+/// How a submission came, for its record.
+#[derive(Debug, PartialEq)]
+enum Came {
+    /// As JSON the spec cache read: the body, its spec's digest, and an
+    /// accepted build with the same spec, if the cache knows one.
+    Read { body: Bytes, digest: [u8; 32], like: Option<u64> },
+    /// Otherwise (decoded the ordinary way).
+    Decoded,
+}
+
+async fn read_submission(specs: &SpecCache, req: Request) -> Result<(SubmitRequest, Came), Response> {
     if req.headers().get(header::CONTENT_TYPE).is_none_or(|t| t != "application/json") {
         let JsonBody(req) = JsonBody::from_request(req, &()).await.map_err(IntoResponse::into_response)?;
-        return Ok((req, None));
+        return Ok((req, Came::Decoded));
     }
-    let bytes = Bytes::from_request(req, &()).await.map_err(IntoResponse::into_response)?;
-    match specs.decode(&bytes) {
-        Some(req) => Ok((req, Some(bytes))),
+    let body = Bytes::from_request(req, &()).await.map_err(IntoResponse::into_response)?;
+    match specs.decode(&body) {
+        Some(read) => Ok((read.req, Came::Read { body, digest: read.digest, like: read.like })),
         None => {
-            let Json(req) = Json::from_bytes(&bytes).map_err(IntoResponse::into_response)?;
-            Ok((req, None))
+            let Json(req) = Json::from_bytes(&body).map_err(IntoResponse::into_response)?;
+            Ok((req, Came::Decoded))
         }
     }
 }
 
-async fn accept(app: App, req: SubmitRequest, body: Option<Bytes>) -> ApiResult<Json<SubmitReply>> {
+async fn accept(app: App, req: SubmitRequest, came: Came) -> ApiResult<Json<SubmitReply>> {
     let missing = req.build.sources.iter().filter(|s| !app.blobs.has_blob(&Key(s.digest.0))).count();
     if missing > 0 {
         return Err(bad(format!("{missing} source file(s) were not uploaded; upload them first")));
     }
-    match app.shared.submit(req, body.as_deref()).await?? {
-        Reply::Submitted(id) => Ok(Json(SubmitReply { id })),
+    let spec = req.build.clone();
+    let reply = match &came {
+        Came::Read { like: Some(like), .. } => app.shared.submit_like(req, *like).await??,
+        Came::Read { body, .. } => app.shared.submit(req, Some(body)).await??,
+        Came::Decoded => app.shared.submit(req, None).await??,
+    };
+    match reply {
+        Reply::Submitted(id) => {
+            if let Came::Read { digest, like: None, .. } = &came {
+                app.specs.accepted(digest, &spec, id);
+            }
+            Ok(Json(SubmitReply { id }))
+        }
         other => Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("unexpected reply {other:?}"))),
     }
 }
@@ -760,8 +779,15 @@ mod tests {
             let ours = read_submission(&specs, request(content_type, body)).await;
             let axum = Json::<SubmitRequest>::from_request(request(content_type, body), &()).await;
             match (ours, outcome(axum.map(|Json(v)| v)).await) {
-                (Ok((req, kept)), Ok(expected)) => {
+                (Ok((req, came)), Ok(expected)) => {
                     assert_eq!(req, expected, "{content_type:?} {body}");
+                    let kept = match came {
+                        Came::Read { body, like: None, .. } => Some(body),
+                        other => {
+                            assert_eq!(other, Came::Decoded, "no build was accepted");
+                            None
+                        }
+                    };
                     let fast = content_type == Some("application/json");
                     assert_eq!(kept.as_deref(), fast.then_some(body.as_bytes()), "{content_type:?} {body}");
                 }

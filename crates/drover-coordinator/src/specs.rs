@@ -9,6 +9,11 @@
 //! submitted with the same spec then share one copy in memory. The cache
 //! holds its specs weakly: it never keeps one alive by itself.
 //!
+//! Once a build with a spec is accepted, the cache also knows that build: a
+//! later submission with the spec is recorded in the input log as "the spec
+//! of build N" (`Input::SubmitLike`), a hundred bytes instead of the whole
+//! spec again.
+//!
 //! Anything the fast path cannot read (bad JSON, a missing field) goes
 //! through the ordinary decoder, so a bad request gets the same error as
 //! ever.
@@ -42,9 +47,26 @@ pub(crate) struct SpecCache {
     inner: Mutex<Inner>,
 }
 
+/// A submission read through the cache.
+#[derive(Debug, PartialEq)]
+pub(crate) struct Read {
+    pub(crate) req: SubmitRequest,
+    /// The digest of its spec's JSON (for [`SpecCache::accepted`]).
+    pub(crate) digest: [u8; 32],
+    /// An accepted build with this very spec, if the cache knows one.
+    pub(crate) like: Option<u64>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    spec: Weak<BuildSpec>,
+    /// The first build accepted with it.
+    build: Option<u64>,
+}
+
 #[derive(Debug, Default)]
 struct Inner {
-    specs: BTreeMap<[u8; 32], Weak<BuildSpec>>,
+    specs: BTreeMap<[u8; 32], Entry>,
     /// Entries whose spec is gone are dropped when the map reaches this
     /// size (then twice what is left, at least 64).
     prune_at: usize,
@@ -54,29 +76,42 @@ impl SpecCache {
     /// Reads a submission (a JSON body), reusing the spec of an earlier one
     /// with the same spec bytes. `None` if the fast path cannot read it:
     /// the caller then decodes it the ordinary way, for the error.
-    pub(crate) fn decode(&self, body: &[u8]) -> Option<SubmitRequest> {
+    pub(crate) fn decode(&self, body: &[u8]) -> Option<Read> {
         let envelope: Envelope<'_> = serde_json::from_slice(body).ok()?;
         let raw = envelope.build.get();
         let digest = *blake3::hash(raw.as_bytes()).as_bytes();
-        let known = self.lock().specs.get(&digest).and_then(Weak::upgrade);
-        let build = match known {
-            Some(spec) => spec,
+        let known = self.lock().specs.get(&digest).and_then(|e| Some((e.spec.upgrade()?, e.build)));
+        let (build, like) = match known {
+            Some(known) => known,
             None => {
                 let spec = Arc::new(serde_json::from_str::<BuildSpec>(raw).ok()?);
                 self.lock().insert(digest, &spec);
-                spec
+                (spec, None)
             }
         };
         // Every field named: a field added to `SubmitRequest` must be added
         // to `Envelope` too.
-        Some(SubmitRequest {
+        let req = SubmitRequest {
             build,
             tenant: envelope.tenant,
             no_cache: envelope.no_cache,
             on_error: envelope.on_error,
             max_parallel: envelope.max_parallel,
             queue: envelope.queue,
-        })
+        };
+        Some(Read { req, digest, like })
+    }
+
+    /// Build `build` was accepted with `spec`, read under `digest`: later
+    /// submissions with it name that build (the first one accepted).
+    pub(crate) fn accepted(&self, digest: &[u8; 32], spec: &Arc<BuildSpec>, build: u64) {
+        let mut inner = self.lock();
+        if let Some(entry) = inner.specs.get_mut(digest)
+            && entry.build.is_none()
+            && std::ptr::eq(entry.spec.as_ptr(), Arc::as_ptr(spec))
+        {
+            entry.build = Some(build);
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -94,9 +129,9 @@ impl SpecCache {
 
 impl Inner {
     fn insert(&mut self, digest: [u8; 32], spec: &Arc<BuildSpec>) {
-        self.specs.insert(digest, Arc::downgrade(spec));
+        self.specs.insert(digest, Entry { spec: Arc::downgrade(spec), build: None });
         if self.specs.len() >= self.prune_at {
-            self.specs.retain(|_, spec| spec.strong_count() > 0);
+            self.specs.retain(|_, entry| entry.spec.strong_count() > 0);
             self.prune_at = (2 * self.specs.len()).max(64);
         }
     }
@@ -141,7 +176,7 @@ mod tests {
         );
         for body in &bodies {
             let ordinary: SubmitRequest = serde_json::from_str(body).expect("decodes");
-            assert_eq!(cache.decode(body.as_bytes()), Some(ordinary), "{body}");
+            assert_eq!(cache.decode(body.as_bytes()).map(|r| r.req), Some(ordinary), "{body}");
         }
     }
 
@@ -151,13 +186,36 @@ mod tests {
     fn submissions_with_the_same_spec_share_it() {
         let cache = SpecCache::default();
         let body = |r: &SubmitRequest| serde_json::to_vec(r).expect("json");
-        let first = cache.decode(&body(&request("b", None, None))).expect("reads");
-        let again = cache.decode(&body(&request("b", Some(3), Some("q")))).expect("reads");
-        let other = cache.decode(&body(&request("c", None, None))).expect("reads");
+        let first = cache.decode(&body(&request("b", None, None))).expect("reads").req;
+        let again = cache.decode(&body(&request("b", Some(3), Some("q")))).expect("reads").req;
+        let other = cache.decode(&body(&request("c", None, None))).expect("reads").req;
         assert!(Arc::ptr_eq(&first.build, &again.build));
         assert_eq!(again.max_parallel, Some(3));
         assert!(!Arc::ptr_eq(&first.build, &other.build));
         assert_eq!(other.build.name, "c");
+    }
+
+    /// Once a build with a spec is accepted, later submissions with the
+    /// spec name it; a spec decoded afresh (after its last holder went) names
+    /// no build until one is accepted with it again.
+    #[test]
+    fn names_the_first_build_accepted_with_a_spec() {
+        let cache = SpecCache::default();
+        let body = serde_json::to_vec(&request("b", None, None)).expect("json");
+        let first = cache.decode(&body).expect("reads");
+        assert_eq!(first.like, None);
+        let second = cache.decode(&body).expect("reads");
+        assert_eq!(second.like, None, "the first is not accepted yet");
+        cache.accepted(&first.digest, &first.req.build, 7);
+        cache.accepted(&second.digest, &second.req.build, 8);
+        let third = cache.decode(&body).expect("reads");
+        assert_eq!(third.like, Some(7), "the first build accepted");
+        drop((first, second, third));
+        let fresh = cache.decode(&body).expect("reads");
+        assert_eq!(fresh.like, None, "a new copy of the spec: build 7's is gone");
+        let stale = Arc::new(build("b"));
+        cache.accepted(&fresh.digest, &stale, 9);
+        assert_eq!(cache.decode(&body).expect("reads").like, None, "not the copy the cache holds");
     }
 
     /// A spec no build holds any more is decoded afresh, and the entries of
@@ -166,11 +224,11 @@ mod tests {
     fn holds_specs_weakly() {
         let cache = SpecCache::default();
         let body = serde_json::to_vec(&request("b", None, None)).expect("json");
-        let first = cache.decode(&body).expect("reads");
+        let first = cache.decode(&body).expect("reads").req;
         let weak = Arc::downgrade(&first.build);
         drop(first);
         assert_eq!(weak.strong_count(), 0);
-        let again = cache.decode(&body).expect("reads");
+        let again = cache.decode(&body).expect("reads").req;
         assert_eq!(again.build.name, "b");
         for i in 0..200 {
             cache.decode(&serde_json::to_vec(&request(&format!("b{i}"), None, None)).expect("json"));

@@ -62,7 +62,7 @@ pub(crate) enum Command {
 impl Command {
     /// A build submitted: the one command a turn carries out at most once.
     fn is_submit(&self) -> bool {
-        matches!(self, Command::Input { input: Input::Submit(_), .. })
+        matches!(self, Command::Input { input: Input::Submit(_) | Input::SubmitLike { .. }, .. })
     }
 }
 
@@ -310,6 +310,17 @@ impl Shared {
         let (reply, rx) = oneshot::channel();
         self.send(Command::Input { input, record, reply })?;
         rx.await.map_err(|_| Stopped)
+    }
+
+    /// Submits a build with the spec of build `like` (`req.build` is that
+    /// build's very spec), recorded as such instead of whole.
+    pub(crate) async fn submit_like(
+        &self,
+        req: SubmitRequest,
+        like: u64,
+    ) -> Result<Result<Reply, SolverError>, Stopped> {
+        let SubmitRequest { build: _, tenant, no_cache, on_error, max_parallel, queue } = req;
+        self.input(Input::SubmitLike { like, tenant, no_cache, on_error, max_parallel, queue }).await
     }
 
     /// Applies a worker's report durably; the answer says whether the

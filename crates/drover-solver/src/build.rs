@@ -256,6 +256,11 @@ fn valid_path(path: &str) -> bool {
 }
 
 impl Plan {
+    /// The spec it was made from.
+    pub(crate) fn spec(&self) -> &Arc<BuildSpec> {
+        &self.spec
+    }
+
     /// Was this plan made from `spec` itself (not merely an equal one)?
     pub(crate) fn is_of(&self, spec: &Arc<BuildSpec>) -> bool {
         Arc::ptr_eq(&self.spec, spec)

@@ -20,12 +20,13 @@ use drover_core::{
     WorkerId,
 };
 use drover_proto::{
-    Assignment, BuildEvent, BuildState, BuildStatus, DepInput, Hash32, JobDef, JobState, RegisterReply,
-    RegisterRequest, Report, SubmitRequest, WorkerCapacity, WorkerStatus,
+    Assignment, BuildEvent, BuildState, BuildStatus, DepInput, Hash32, JobDef, JobState, OnError,
+    RegisterReply, RegisterRequest, Report, SubmitRequest, WorkerCapacity, WorkerStatus,
 };
 use serde::{Deserialize, Serialize};
 
-use build::Build;
+use build::{Build, Plan};
+use std::sync::Arc;
 
 /// How many of the latest builds a new build's spec is compared with (by
 /// pointer) for a plan to share: builds of one spec come together.
@@ -63,6 +64,25 @@ pub enum Input {
     },
     /// A client submits a build.
     Submit(SubmitRequest),
+    /// A client submits a build with the very spec of an earlier build (as
+    /// the coordinator records a spec it has seen before: by reference, not
+    /// whole).
+    SubmitLike {
+        /// The earlier build, whose spec this build has.
+        like: u64,
+        /// Whose build.
+        tenant: String,
+        /// Re-run jobs even when a cached result exists.
+        no_cache: bool,
+        /// What the rest of the build does when a job fails.
+        on_error: OnError,
+        /// At most this many of the build's jobs queued or running at once.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_parallel: Option<u32>,
+        /// The leaf queue the build's jobs go to.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        queue: Option<String>,
+    },
     /// A client cancels a build.
     Cancel {
         /// The build.
@@ -329,7 +349,17 @@ impl Solver {
                 Ok(self.core_event(Event::WorkerDraining { worker: WorkerId(worker) }))
             }
             Input::Report { worker, report } => Ok(self.report(worker, report)),
-            Input::Submit(req) => self.submit(req),
+            Input::Submit(req) => self.submit(req, None),
+            Input::SubmitLike { like, tenant, no_cache, on_error, max_parallel, queue } => {
+                match self.builds.get(&like).map(|b| b.plan().clone()) {
+                    Some(plan) => {
+                        let build = plan.spec().clone();
+                        let req = SubmitRequest { build, tenant, no_cache, on_error, max_parallel, queue };
+                        self.submit(req, Some(plan))
+                    }
+                    None => Err(SolverError::InvalidBuild(format!("no build {like} to take the spec of"))),
+                }
+            }
             Input::Cancel { build } => self.cancel(build),
             Input::Suspend { build, job, resume } => self.suspend(build, job.as_deref(), resume),
             Input::Cached { job, tree } => {
@@ -631,20 +661,24 @@ impl Solver {
         Reply::Done
     }
 
-    fn submit(&mut self, req: SubmitRequest) -> Result<Reply, SolverError> {
+    /// Accepts a build; `known`: the plan of a build with the same spec,
+    /// if the caller knows it (else a recent build's is looked for).
+    fn submit(&mut self, req: SubmitRequest, known: Option<Arc<Plan>>) -> Result<Reply, SolverError> {
         let id = self.next_build;
         self.core.queue_for(req.queue.as_deref(), &req.tenant).map_err(SolverError::InvalidBuild)?;
         // A build submitted with the spec of a recent one (the coordinator
         // hands identical specs over as one `Arc`) shares its plan.
-        let known = self
-            .builds
-            .values()
-            .rev()
-            .take(PLAN_LOOKBACK)
-            .map(Build::plan)
-            .find(|plan| plan.is_of(&req.build));
-        let build =
-            Build::new(id, req, self.now, &self.durations, known).map_err(SolverError::InvalidBuild)?;
+        let known = known.or_else(|| {
+            self.builds
+                .values()
+                .rev()
+                .take(PLAN_LOOKBACK)
+                .map(Build::plan)
+                .find(|p| p.is_of(&req.build))
+                .cloned()
+        });
+        let build = Build::new(id, req, self.now, &self.durations, known.as_ref())
+            .map_err(SolverError::InvalidBuild)?;
         self.next_build += 1;
         self.builds.insert(id, build);
         self.effects.push(Effect::BuildChanged { build: id });

@@ -246,8 +246,9 @@ fn builds_sharing_a_job_run_it_once_and_both_get_the_result() {
 }
 
 /// Builds submitted with one spec (one `Arc`, as the coordinator hands
-/// identical specs over) share its plan; an equal spec of its own gets its
-/// own. Either way they run alike, and a replay from the JSON log, where
+/// identical specs over, or by naming an earlier build) share its plan; an
+/// equal spec of its own gets its own; a build like one that does not exist
+/// is refused. Either way they run alike, and a replay from the JSON log, where
 /// nothing is shared, rebuilds an equal state.
 #[test]
 fn builds_of_one_spec_share_its_plan() {
@@ -258,8 +259,23 @@ fn builds_of_one_spec_share_its_plan() {
     let b1 = build_id(h.input(Input::Submit(first.clone())));
     let b2 = build_id(h.input(Input::Submit(first)));
     let b3 = build_id(h.input(Input::Submit(equal)));
+    let like = |like: u64, max_parallel: Option<u32>| Input::SubmitLike {
+        like,
+        tenant: "u".into(),
+        no_cache: false,
+        on_error: OnError::Continue,
+        max_parallel,
+        queue: None,
+    };
+    let b4 = build_id(h.input(like(b1, Some(1))));
+    match h.input(like(99, None)) {
+        Err(SolverError::InvalidBuild(why)) => assert_eq!(why, "no build 99 to take the spec of"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
     let plan = |b: u64| h.solver.builds[&b].plan().clone();
     assert!(std::sync::Arc::ptr_eq(&plan(b1), &plan(b2)), "the same spec: one plan");
+    assert!(std::sync::Arc::ptr_eq(&plan(b1), &plan(b4)), "like b1: b1's plan");
+    assert_eq!(h.solver.build_status(b4).expect("b4").jobs.len(), 2);
     assert!(!std::sync::Arc::ptr_eq(&plan(b1), &plan(b3)), "an equal spec of its own: its own plan");
     assert_eq!(plan(b1), plan(b3));
     h.later();
@@ -268,7 +284,7 @@ fn builds_of_one_spec_share_its_plan() {
         assert_eq!(names(&runs), [job], "one run for three builds");
         h.report(w, Report { finished: vec![ok(runs[0].1, job)], ..Report::default() });
     }
-    for b in [b1, b2, b3] {
+    for b in [b1, b2, b3, b4] {
         assert_eq!(h.solver.build_status(b).expect("build").state, BuildState::Succeeded);
     }
     let mut replayed = Solver::new(Config::default());
