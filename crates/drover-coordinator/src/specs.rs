@@ -6,13 +6,15 @@
 //! handler reads the request's small fields with the spec left as raw JSON,
 //! hashes that raw JSON (BLAKE3), and reuses the decoded spec of an earlier
 //! submission with the same bytes while a build still holds it; builds
-//! submitted with the same spec then share one copy in memory. The cache
-//! holds its specs weakly: it never keeps one alive by itself.
+//! submitted with the same spec then share one copy in memory (and the
+//! solver one checked plan). The cache holds its specs weakly: it never
+//! keeps one alive by itself.
 //!
-//! Once a build with a spec is accepted, the cache also knows that build: a
-//! later submission with the spec is recorded in the input log as "the spec
-//! of build N" (`Input::SubmitLike`), a hundred bytes instead of the whole
-//! spec again.
+//! A submission whose spec a build already holds is recorded in the input
+//! log as "the spec of build N" (`Input::SubmitLike`): the state thread
+//! chooses, as it carries the submission out (see `state.rs`), so a burst
+//! of twenty is recorded whole once. Only the submission that decoded the
+//! spec has its record encoded ahead, in the handler.
 //!
 //! Anything the fast path cannot read (bad JSON, a missing field) goes
 //! through the ordinary decoder, so a bad request gets the same error as
@@ -51,22 +53,13 @@ pub(crate) struct SpecCache {
 #[derive(Debug, PartialEq)]
 pub(crate) struct Read {
     pub(crate) req: SubmitRequest,
-    /// The digest of its spec's JSON (for [`SpecCache::accepted`]).
-    pub(crate) digest: [u8; 32],
-    /// An accepted build with this very spec, if the cache knows one.
-    pub(crate) like: Option<u64>,
-}
-
-#[derive(Debug)]
-struct Entry {
-    spec: Weak<BuildSpec>,
-    /// The first build accepted with it.
-    build: Option<u64>,
+    /// Its spec was decoded here, not found: no build holds it yet.
+    pub(crate) fresh: bool,
 }
 
 #[derive(Debug, Default)]
 struct Inner {
-    specs: BTreeMap<[u8; 32], Entry>,
+    specs: BTreeMap<[u8; 32], Weak<BuildSpec>>,
     /// Entries whose spec is gone are dropped when the map reaches this
     /// size (then twice what is left, at least 64).
     prune_at: usize,
@@ -80,13 +73,14 @@ impl SpecCache {
         let envelope: Envelope<'_> = serde_json::from_slice(body).ok()?;
         let raw = envelope.build.get();
         let digest = *blake3::hash(raw.as_bytes()).as_bytes();
-        let known = self.lock().specs.get(&digest).and_then(|e| Some((e.spec.upgrade()?, e.build)));
-        let (build, like) = match known {
-            Some(known) => known,
+        let known = self.lock().specs.get(&digest).and_then(Weak::upgrade);
+        let (build, fresh) = match known {
+            Some(spec) => (spec, false),
             None => {
                 let spec = Arc::new(serde_json::from_str::<BuildSpec>(raw).ok()?);
-                self.lock().insert(digest, &spec);
-                (spec, None)
+                // Another submission may have decoded the same bytes
+                // meanwhile: the first one in stays the one copy.
+                self.lock().insert(digest, spec)
             }
         };
         // Every field named: a field added to `SubmitRequest` must be added
@@ -99,19 +93,7 @@ impl SpecCache {
             max_parallel: envelope.max_parallel,
             queue: envelope.queue,
         };
-        Some(Read { req, digest, like })
-    }
-
-    /// Build `build` was accepted with `spec`, read under `digest`: later
-    /// submissions with it name that build (the first one accepted).
-    pub(crate) fn accepted(&self, digest: &[u8; 32], spec: &Arc<BuildSpec>, build: u64) {
-        let mut inner = self.lock();
-        if let Some(entry) = inner.specs.get_mut(digest)
-            && entry.build.is_none()
-            && std::ptr::eq(entry.spec.as_ptr(), Arc::as_ptr(spec))
-        {
-            entry.build = Some(build);
-        }
+        Some(Read { req, fresh })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -128,12 +110,18 @@ impl SpecCache {
 }
 
 impl Inner {
-    fn insert(&mut self, digest: [u8; 32], spec: &Arc<BuildSpec>) {
-        self.specs.insert(digest, Entry { spec: Arc::downgrade(spec), build: None });
+    /// Files `spec` under `digest`, unless a live spec is there already:
+    /// returns the one to use, and whether it is `spec`.
+    fn insert(&mut self, digest: [u8; 32], spec: Arc<BuildSpec>) -> (Arc<BuildSpec>, bool) {
+        if let Some(known) = self.specs.get(&digest).and_then(Weak::upgrade) {
+            return (known, false);
+        }
+        self.specs.insert(digest, Arc::downgrade(&spec));
         if self.specs.len() >= self.prune_at {
-            self.specs.retain(|_, entry| entry.spec.strong_count() > 0);
+            self.specs.retain(|_, spec| spec.strong_count() > 0);
             self.prune_at = (2 * self.specs.len()).max(64);
         }
+        (spec, true)
     }
 }
 
@@ -195,27 +183,29 @@ mod tests {
         assert_eq!(other.build.name, "c");
     }
 
-    /// Once a build with a spec is accepted, later submissions with the
-    /// spec name it; a spec decoded afresh (after its last holder went) names
-    /// no build until one is accepted with it again.
+    /// Only the submission that decoded a spec says so; a spec decoded
+    /// again after its last holder went is fresh again.
     #[test]
-    fn names_the_first_build_accepted_with_a_spec() {
+    fn says_which_submission_decoded_the_spec() {
         let cache = SpecCache::default();
         let body = serde_json::to_vec(&request("b", None, None)).expect("json");
         let first = cache.decode(&body).expect("reads");
-        assert_eq!(first.like, None);
         let second = cache.decode(&body).expect("reads");
-        assert_eq!(second.like, None, "the first is not accepted yet");
-        cache.accepted(&first.digest, &first.req.build, 7);
-        cache.accepted(&second.digest, &second.req.build, 8);
-        let third = cache.decode(&body).expect("reads");
-        assert_eq!(third.like, Some(7), "the first build accepted");
-        drop((first, second, third));
-        let fresh = cache.decode(&body).expect("reads");
-        assert_eq!(fresh.like, None, "a new copy of the spec: build 7's is gone");
-        let stale = Arc::new(build("b"));
-        cache.accepted(&fresh.digest, &stale, 9);
-        assert_eq!(cache.decode(&body).expect("reads").like, None, "not the copy the cache holds");
+        assert!(first.fresh && !second.fresh);
+        drop((first, second));
+        assert!(cache.decode(&body).expect("reads").fresh);
+    }
+
+    /// Two submissions that decode the same bytes at once end up with one
+    /// copy: the first filed.
+    #[test]
+    fn a_race_to_decode_keeps_the_first_copy() {
+        let cache = SpecCache::default();
+        let first = Arc::new(build("b"));
+        let (kept, filed) = cache.lock().insert([1; 32], first.clone());
+        assert!(filed && Arc::ptr_eq(&kept, &first));
+        let (kept, filed) = cache.lock().insert([1; 32], Arc::new(build("b")));
+        assert!(!filed && Arc::ptr_eq(&kept, &first), "the second decoder takes the first copy");
     }
 
     /// A spec no build holds any more is decoded afresh, and the entries of

@@ -57,12 +57,19 @@ pub(crate) enum Command {
     Query(Box<dyn FnOnce(&Solver) + Send>),
     /// Follow a build's events from `from` (`None` for an unknown build).
     Follow { build: u64, from: u64, reply: oneshot::Sender<Option<Follow>> },
+    /// Submit a build: recorded as `Input::SubmitLike` if a build holds its
+    /// very spec, else whole (`record`: encoded ahead, if it was).
+    Submit { req: SubmitRequest, record: Option<Vec<u8>>, reply: oneshot::Sender<Result<Reply, SolverError>> },
 }
 
 impl Command {
     /// A build submitted: the one command a turn carries out at most once.
     fn is_submit(&self) -> bool {
-        matches!(self, Command::Input { input: Input::Submit(_) | Input::SubmitLike { .. }, .. })
+        matches!(
+            self,
+            Command::Submit { .. }
+                | Command::Input { input: Input::Submit(_) | Input::SubmitLike { .. }, .. }
+        )
     }
 }
 
@@ -298,29 +305,17 @@ impl Shared {
         rx.await.map_err(|_| Stopped)
     }
 
-    /// Submits a build. `body`: the request's JSON as it came, recorded as
-    /// it is (it reads back as `req`) instead of being encoded again.
+    /// Submits a build. `fresh`: no build can hold its spec yet, so it will
+    /// be recorded whole: its record is encoded here, off the state thread.
     pub(crate) async fn submit(
         &self,
         req: SubmitRequest,
-        body: Option<&[u8]>,
+        fresh: bool,
     ) -> Result<Result<Reply, SolverError>, Stopped> {
-        let input = Input::Submit(req);
-        let record = body.map_or_else(|| record(&input), submit_record);
+        let record = fresh.then(|| record(&Input::Submit(req.clone())));
         let (reply, rx) = oneshot::channel();
-        self.send(Command::Input { input, record, reply })?;
+        self.send(Command::Submit { req, record, reply })?;
         rx.await.map_err(|_| Stopped)
-    }
-
-    /// Submits a build with the spec of build `like` (`req.build` is that
-    /// build's very spec), recorded as such instead of whole.
-    pub(crate) async fn submit_like(
-        &self,
-        req: SubmitRequest,
-        like: u64,
-    ) -> Result<Result<Reply, SolverError>, Stopped> {
-        let SubmitRequest { build: _, tenant, no_cache, on_error, max_parallel, queue } = req;
-        self.input(Input::SubmitLike { like, tenant, no_cache, on_error, max_parallel, queue }).await
     }
 
     /// Applies a worker's report durably; the answer says whether the
@@ -455,12 +450,6 @@ fn record(input: &Input) -> Vec<u8> {
     serde_json::to_vec(input).expect("encodable input")
 }
 
-/// The record of a submission whose JSON body decoded as its request: the
-/// body as it came, in the input's envelope (see `Input`'s encoding).
-fn submit_record(body: &[u8]) -> Vec<u8> {
-    [&b"{\"Submit\":"[..], body, b"}"].concat()
-}
-
 fn run(mut store: Store, mut solver: Solver, rx: Receiver<Command>, weak: std::sync::Weak<Shared>) {
     let mut followers = Followers::default();
     // Submits beyond the one a turn carries out, oldest first.
@@ -512,6 +501,23 @@ fn run(mut store: Store, mut solver: Solver, rx: Receiver<Command>, weak: std::s
                     let mail = PollReply { reregister, ..PollReply::default() };
                     let deliver = Delivery { take: deliver.take && !reregister, ..deliver };
                     answers.push(Answer::Report { worker, deliver, mail, reply });
+                }
+                Command::Submit { req, record: ahead, reply } => {
+                    // The build that holds this very spec, if one does (the
+                    // spec cache hands identical specs over as one `Arc`).
+                    let input = match solver.build_with_spec(&req.build) {
+                        Some(like) => {
+                            let SubmitRequest { build: _, tenant, no_cache, on_error, max_parallel, queue } =
+                                req;
+                            Input::SubmitLike { like, tenant, no_cache, on_error, max_parallel, queue }
+                        }
+                        None => Input::Submit(req),
+                    };
+                    let record = match (&input, ahead) {
+                        (Input::Submit(_), Some(ahead)) => ahead,
+                        (input, _) => record(input),
+                    };
+                    answers.push(Answer::Input(reply, apply(&mut solver, input, record)))
                 }
                 Command::Query(f) => queries.push(f),
                 Command::Follow { build, from, reply } => follows.push((build, from, reply)),
@@ -748,17 +754,35 @@ mod tests {
     /// after the other commands that came by then.
     #[test]
     fn a_turn_carries_out_one_submit_after_everything_else() {
-        let submit = |name: &str| Command::Input {
-            record: Vec::new(),
-            input: Input::Submit(SubmitRequest {
-                build: BuildSpec { name: name.into(), sources: Vec::new(), jobs: vec![job("a")] }.into(),
-                tenant: "t".into(),
-                no_cache: false,
-                on_error: OnError::Quit,
-                max_parallel: None,
-                queue: None,
-            }),
-            reply: oneshot::channel().0,
+        let request = |name: &str| SubmitRequest {
+            build: BuildSpec { name: name.into(), sources: Vec::new(), jobs: vec![job("a")] }.into(),
+            tenant: "t".into(),
+            no_cache: false,
+            on_error: OnError::Quit,
+            max_parallel: None,
+            queue: None,
+        };
+        // Both forms a submit takes: from a client, and recorded (replayed
+        // or, like a spec seen before, by reference).
+        let submit = |name: &str| match name {
+            "s3" => Command::Input {
+                record: Vec::new(),
+                input: Input::SubmitLike {
+                    like: 1,
+                    tenant: "t".into(),
+                    no_cache: false,
+                    on_error: OnError::Quit,
+                    max_parallel: None,
+                    queue: Some(name.into()),
+                },
+                reply: oneshot::channel().0,
+            },
+            "s4" => Command::Input {
+                record: Vec::new(),
+                input: Input::Submit(request(name)),
+                reply: oneshot::channel().0,
+            },
+            _ => Command::Submit { req: request(name), record: None, reply: oneshot::channel().0 },
         };
         let report = |worker: u64| Command::Report {
             worker,
@@ -770,7 +794,10 @@ mod tests {
         let describe = |turn: &[Command]| -> Vec<String> {
             turn.iter()
                 .map(|c| match c {
-                    Command::Input { input: Input::Submit(r), .. } => r.build.name.clone(),
+                    Command::Submit { req, .. } | Command::Input { input: Input::Submit(req), .. } => {
+                        req.build.name.clone()
+                    }
+                    Command::Input { input: Input::SubmitLike { queue: Some(name), .. }, .. } => name.clone(),
                     Command::Report { worker, .. } => format!("report {worker}"),
                     _ => "other".into(),
                 })
@@ -786,26 +813,6 @@ mod tests {
         assert_eq!(describe(&third), ["s3"]);
         assert_eq!(describe(&next_turn(Vec::new(), &mut submits)), ["s4"]);
         assert!(next_turn(Vec::new(), &mut submits).is_empty() && submits.is_empty());
-    }
-
-    /// A submission recorded as it came reads back as the request it
-    /// decoded to, white space and fields unknown here included.
-    #[test]
-    fn a_submission_recorded_as_it_came_reads_back_as_its_request() {
-        let req = SubmitRequest {
-            build: BuildSpec { name: "b".into(), sources: Vec::new(), jobs: vec![job("a")] }.into(),
-            tenant: "t".into(),
-            no_cache: true,
-            on_error: OnError::Continue,
-            max_parallel: Some(2),
-            queue: Some("ci".into()),
-        };
-        let json = serde_json::to_string(&req).expect("encode");
-        let body = format!(" \n{{\"from_a_newer_client\": [1, 2], {}\n", &json[1..]);
-        let decoded: SubmitRequest = serde_json::from_str(&body).expect("the body decodes");
-        assert_eq!(decoded, req);
-        let record = submit_record(body.as_bytes());
-        assert_eq!(serde_json::from_slice::<Input>(&record).expect("the record decodes"), Input::Submit(req));
     }
 
     fn job(name: &str) -> JobDef {

@@ -50,41 +50,51 @@ async fn a_spec_submitted_again_is_recorded_once_and_replays() {
             reply.id
         }
     };
-    let first = submit(request("s", "t", None)).await;
-    let again = submit(request("s", "u", Some(1))).await;
+    // A burst of one spec (as twenty clients submitting at once), then
+    // another spec, then the first again.
+    let burst: Vec<u64> = futures::future::join_all((0..20).map(|i| {
+        let tenant = if i % 2 == 0 { "t" } else { "u" };
+        submit(request("s", tenant, Some(i + 1)))
+    }))
+    .await;
     let other = submit(request("o", "t", None)).await;
-    let third = submit(request("s", "t", None)).await;
+    let again = submit(request("s", "t", None)).await;
 
     let store = drover_store::Store::open(&dir.path().join("state.db")).expect("store");
     let mut inputs = Vec::new();
     store
         .replay(|r| inputs.push((r.at, serde_json::from_slice::<Input>(&r.body).expect("a recorded input"))))
         .expect("replay");
-    let submits: Vec<String> = inputs
+    let submits: Vec<(u64, String)> = inputs
         .iter()
         .filter_map(|(_, input)| match input {
-            Input::Submit(req) => Some(format!("{} whole", req.build.name)),
-            Input::SubmitLike { like, tenant, max_parallel, .. } => {
-                Some(format!("like {like} for {tenant}, {max_parallel:?}"))
+            Input::Submit(req) => {
+                Some((req.max_parallel.map_or(0, u64::from), format!("{} whole", req.build.name)))
+            }
+            Input::SubmitLike { like, max_parallel, .. } => {
+                Some((max_parallel.map_or(0, u64::from), format!("like {like}")))
             }
             _ => None,
         })
         .collect();
-    assert_eq!(
-        submits,
-        [
-            "s whole".to_owned(),
-            format!("like {first} for u, Some(1)"),
-            "o whole".into(),
-            format!("like {first} for t, None")
-        ]
+    let first = *burst.iter().min().expect("a build");
+    let whole: Vec<&str> = submits.iter().filter(|s| s.1.ends_with("whole")).map(|s| s.1.as_str()).collect();
+    assert_eq!(whole, ["s whole", "o whole"], "each spec whole once: {submits:?}");
+    assert_eq!(submits.len(), 22);
+    assert!(
+        submits.iter().filter(|s| s.1.starts_with("like")).all(|s| s.1 != format!("like {other}")),
+        "{submits:?}"
     );
+    let mut options: Vec<u64> = submits.iter().filter(|s| s.1 != "o whole").map(|s| s.0).collect();
+    options.sort_unstable();
+    assert_eq!(options, [0].into_iter().chain(1..=20).collect::<Vec<_>>(), "each keeps its own options");
+    assert!(first < other && other < again);
 
     let mut replayed = Solver::new(core);
     for (at, input) in inputs {
         let _ = replayed.handle(drover_core::Millis(at), input);
     }
-    for id in [first, again, other, third] {
+    for id in burst.into_iter().chain([other, again]) {
         let live: BuildStatus =
             http.get_json(&format!("{url}/v1/builds/{id}")).await.expect("the live build's status");
         let from_log = replayed.build_status(id).expect("the replayed build");

@@ -298,6 +298,7 @@ impl Plan {
             if job.commands.is_empty() {
                 return Err(format!("job {:?} has no commands", job.name));
             }
+            let mut twice = false;
             for need in &job.needs {
                 // Needs must come earlier: that is what makes the graph acyclic.
                 let Some(&d) = index.get(need) else {
@@ -306,15 +307,16 @@ impl Plan {
                         job.name
                     ));
                 };
-                if std::mem::replace(&mut named_by[d as usize], i as u32) == i as u32 {
-                    return Err(format!("job {:?} lists a need twice", job.name));
-                }
+                twice |= std::mem::replace(&mut named_by[d as usize], i as u32) == i as u32;
                 dependents[d as usize].push(i as u32);
                 needs.push(d);
             }
             needs_at.push(needs.len());
             if index.insert(job.name.clone(), i as u32).is_some() {
                 return Err(format!("two jobs are named {:?}", job.name));
+            }
+            if twice {
+                return Err(format!("job {:?} lists a need twice", job.name));
             }
             if let Some(inputs) = &job.inputs {
                 for path in inputs {
@@ -376,7 +378,9 @@ impl Build {
             return Err("max_parallel must be at least 1".into());
         }
         // Every job ends once, between the build's first and last events:
-        // room for that much at once, not in a dozen doublings.
+        // room for that much at once (a job that runs adds its queued and
+        // started events too, so most builds grow it twice more, not a
+        // dozen times from empty).
         let events = Vec::with_capacity(jobs.len() + 2);
         let mut build = Build {
             id,

@@ -20,7 +20,7 @@ use drover_core::{
     WorkerId,
 };
 use drover_proto::{
-    Assignment, BuildEvent, BuildState, BuildStatus, DepInput, Hash32, JobDef, JobState, OnError,
+    Assignment, BuildEvent, BuildSpec, BuildState, BuildStatus, DepInput, Hash32, JobDef, JobState, OnError,
     RegisterReply, RegisterRequest, Report, SubmitRequest, WorkerCapacity, WorkerStatus,
 };
 use serde::{Deserialize, Serialize};
@@ -357,7 +357,7 @@ impl Solver {
                         let req = SubmitRequest { build, tenant, no_cache, on_error, max_parallel, queue };
                         self.submit(req, Some(plan))
                     }
-                    None => Err(SolverError::InvalidBuild(format!("no build {like} to take the spec of"))),
+                    None => Err(SolverError::UnknownBuild(like)),
                 }
             }
             Input::Cancel { build } => self.cancel(build),
@@ -428,6 +428,12 @@ impl Solver {
     /// Every build, oldest first.
     pub fn build_ids(&self) -> Vec<u64> {
         self.builds.keys().copied().collect()
+    }
+
+    /// A recent build made from this very spec (the same `Arc`), if any: a
+    /// submission with it may then be recorded as [`Input::SubmitLike`].
+    pub fn build_with_spec(&self, spec: &Arc<BuildSpec>) -> Option<u64> {
+        self.builds.iter().rev().take(PLAN_LOOKBACK).find(|(_, b)| b.plan().is_of(spec)).map(|(&id, _)| id)
     }
 
     /// A build's events from `from` on, and whether the build is over.

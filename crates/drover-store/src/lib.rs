@@ -36,7 +36,12 @@ pub enum StoreError {
     },
 }
 
-const SCHEMA_VERSION: i64 = 1;
+/// 2: the log may hold `SubmitLike` records, which name an earlier build
+/// instead of repeating its spec; a drover that does not know them must not
+/// replay such a log (it would skip them, and every later build would get
+/// another ID). A version 1 log is a version 2 log without them: opening it
+/// marks it version 2.
+const SCHEMA_VERSION: i64 = 2;
 
 /// What an appended batch survives once [`Store::append`] returns.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -98,6 +103,9 @@ impl Store {
                 let found = v.parse::<i64>().unwrap_or(i64::MAX);
                 if found > SCHEMA_VERSION {
                     return Err(StoreError::TooNew { path: name, found, supported: SCHEMA_VERSION });
+                }
+                if found < SCHEMA_VERSION {
+                    store.set_meta("schema_version", &SCHEMA_VERSION.to_string())?;
                 }
             }
         }
