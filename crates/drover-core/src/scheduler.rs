@@ -632,7 +632,8 @@ impl Scheduler {
 
     /// A live worker holding the artifact, if any (the lowest-numbered one).
     pub fn locate_artifact(&self, artifact: &JobId) -> Option<WorkerId> {
-        self.artifact_holders(artifact).into_iter().next()
+        let &w = self.holders.get(artifact)?.iter().next()?;
+        Some(self.workers[w as usize].id)
     }
 
     /// Every live worker holding the artifact, for fallback on failure.

@@ -794,7 +794,9 @@ impl Solver {
     fn cache_hit(&self, build: u64, job: u32) -> bool {
         let b = &self.builds[&build];
         let id = JobId::from(b.def(job).id);
-        !b.must_run(job) && self.outputs.contains_key(&id) && self.core.locate_artifact(&id).is_some()
+        // The core's hashed lookup first: most jobs scheduled are not held
+        // anywhere yet.
+        !b.must_run(job) && self.core.locate_artifact(&id).is_some() && self.outputs.contains_key(&id)
     }
 
     /// Gangs whose members are all ready or over go on together: members
