@@ -162,6 +162,14 @@ pub async fn start(config: CoordinatorConfig) -> Result<Coordinator, Coordinator
     blobs.keep_free(config.cache_keep_free);
     cache.keep_free(config.cache_keep_free);
     let shared = state::start(store, Solver::new(config.core.clone()))?;
+    // The specs of the latest builds (replayed), so that a build submitted
+    // again after a restart, as every `drover run` is, is still recorded
+    // by reference.
+    let specs = Arc::new(specs::SpecCache::default());
+    let recent = shared.query(Solver::recent_specs).await.unwrap_or_default();
+    for spec in recent {
+        specs.seed(spec);
+    }
     let app = api::App {
         shared,
         blobs,
@@ -169,7 +177,7 @@ pub async fn start(config: CoordinatorConfig) -> Result<Coordinator, Coordinator
         http: Http::new(config.token.clone(), Duration::from_secs(30)),
         token: config.token.clone(),
         max_blob: config.max_blob,
-        specs: Arc::default(),
+        specs,
         renew_every: Duration::from_millis((config.core.lease_timeout.0 / 10).max(50)),
     };
     let listener = tokio::net::TcpListener::bind(config.listen)

@@ -14,7 +14,11 @@
 //! log as "the spec of build N" (`Input::SubmitLike`): the state thread
 //! chooses, as it carries the submission out (see `state.rs`), so a burst
 //! of twenty is recorded whole once. Only the submission that decoded the
-//! spec has its record encoded ahead, in the handler.
+//! spec has its record encoded ahead, in the handler. After a restart the
+//! cache is seeded with the specs of the latest replayed builds, encoded
+//! as drover's client encodes them, so a build submitted again (each
+//! `drover run` starts its coordinator afresh) is still recorded by
+//! reference.
 //!
 //! Anything the fast path cannot read (bad JSON, a missing field) goes
 //! through the ordinary decoder, so a bad request gets the same error as
@@ -94,6 +98,14 @@ impl SpecCache {
             queue: envelope.queue,
         };
         Some(Read { req, fresh })
+    }
+
+    /// Files a spec a build holds (after a restart, the replayed builds'),
+    /// under the digest of its JSON as drover's client sends it.
+    pub(crate) fn seed(&self, spec: Arc<BuildSpec>) {
+        if let Ok(json) = serde_json::to_vec(&*spec) {
+            self.lock().insert(*blake3::hash(&json).as_bytes(), spec);
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -206,6 +218,18 @@ mod tests {
         assert!(filed && Arc::ptr_eq(&kept, &first));
         let (kept, filed) = cache.lock().insert([1; 32], Arc::new(build("b")));
         assert!(!filed && Arc::ptr_eq(&kept, &first), "the second decoder takes the first copy");
+    }
+
+    /// A seeded spec (a replayed build's) is the one a submission of the
+    /// same spec, as drover's client encodes it, gets.
+    #[test]
+    fn a_seeded_spec_is_found_by_a_submission_of_it() {
+        let cache = SpecCache::default();
+        let held = request("b", None, None).build;
+        cache.seed(held.clone());
+        let read =
+            cache.decode(&serde_json::to_vec(&request("b", Some(2), None)).expect("json")).expect("reads");
+        assert!(Arc::ptr_eq(&read.req.build, &held) && !read.fresh);
     }
 
     /// A spec no build holds any more is decoded afresh, and the entries of

@@ -102,3 +102,40 @@ async fn a_spec_submitted_again_is_recorded_once_and_replays() {
         assert_eq!(from_log.jobs, live.jobs, "build {id}");
     }
 }
+
+/// After a restart, a spec a replayed build holds is still recorded by
+/// reference when it comes again (as every `drover run` of an unchanged
+/// build file brings it to a coordinator started afresh).
+#[tokio::test]
+async fn after_a_restart_a_spec_seen_before_is_recorded_by_reference() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = CoordinatorConfig::new(dir.path().to_owned());
+    config.listen = ([127, 0, 0, 1], 0).into();
+    // The log of an earlier coordinator: one build of the spec, recorded
+    // whole, as a coordinator records a spec it has not seen.
+    let mut store = drover_store::Store::open(&dir.path().join("state.db")).expect("store");
+    let first = serde_json::to_vec(&Input::Submit(request("s", "t", None))).expect("json");
+    store.append([(1_000, &first[..])]).expect("append");
+    drop(store);
+
+    let coordinator = drover_coordinator::start(config).await.expect("start");
+    let http = Http::new(None, Duration::from_secs(30));
+    let url = coordinator.url();
+    let reply: SubmitReply =
+        http.post_json(&format!("{url}/v1/builds"), &request("s", "u", None), None).await.expect("submit");
+    assert_eq!(reply.id, 2);
+    let other: SubmitReply =
+        http.post_json(&format!("{url}/v1/builds"), &request("o", "u", None), None).await.expect("submit");
+
+    let store = drover_store::Store::open(&dir.path().join("state.db")).expect("store");
+    let mut submits = Vec::new();
+    store
+        .replay(|r| match serde_json::from_slice::<Input>(&r.body).expect("a recorded input") {
+            Input::Submit(req) => submits.push(format!("{} whole", req.build.name)),
+            Input::SubmitLike { like, tenant, .. } => submits.push(format!("like {like} for {tenant}")),
+            _ => {}
+        })
+        .expect("replay");
+    assert_eq!(submits, ["s whole", "like 1 for u", "o whole"]);
+    assert_eq!(other.id, 3);
+}

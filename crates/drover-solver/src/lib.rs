@@ -436,6 +436,22 @@ impl Solver {
         self.builds.iter().rev().take(PLAN_LOOKBACK).find(|(_, b)| b.plan().is_of(spec)).map(|(&id, _)| id)
     }
 
+    /// The distinct specs of the latest builds (those [`build_with_spec`]
+    /// looks at), newest first: after a restart, the coordinator files them
+    /// so that a submission of one of them is recorded by reference.
+    ///
+    /// [`build_with_spec`]: Solver::build_with_spec
+    pub fn recent_specs(&self) -> Vec<Arc<BuildSpec>> {
+        let mut specs: Vec<Arc<BuildSpec>> = Vec::new();
+        for b in self.builds.values().rev().take(PLAN_LOOKBACK) {
+            let spec = b.plan().spec();
+            if !specs.iter().any(|s| Arc::ptr_eq(s, spec)) {
+                specs.push(spec.clone());
+            }
+        }
+        specs
+    }
+
     /// A build's events from `from` on, and whether the build is over.
     pub fn events(&self, id: u64, from: u64) -> Option<(Vec<BuildEvent>, bool)> {
         let b = self.builds.get(&id)?;
