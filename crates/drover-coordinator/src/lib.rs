@@ -167,9 +167,7 @@ pub async fn start(config: CoordinatorConfig) -> Result<Coordinator, Coordinator
     // by reference.
     let specs = Arc::new(specs::SpecCache::default());
     let recent = shared.query(Solver::recent_specs).await.unwrap_or_default();
-    for spec in recent {
-        specs.seed(spec);
-    }
+    specs.seed(recent);
     let app = api::App {
         shared,
         blobs,

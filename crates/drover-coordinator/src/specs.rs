@@ -47,6 +47,9 @@ struct Envelope<'a> {
     queue: Option<String>,
 }
 
+/// At most about this much JSON is encoded to seed the cache at a start.
+const SEED_BYTES: usize = 64 << 20;
+
 /// Decoded specs by the BLAKE3 digest of their JSON.
 #[derive(Debug, Default)]
 pub(crate) struct SpecCache {
@@ -100,11 +103,19 @@ impl SpecCache {
         Some(Read { req, fresh })
     }
 
-    /// Files a spec a build holds (after a restart, the replayed builds'),
-    /// under the digest of its JSON as drover's client sends it.
-    pub(crate) fn seed(&self, spec: Arc<BuildSpec>) {
-        if let Ok(json) = serde_json::to_vec(&*spec) {
+    /// Files specs builds hold (after a restart, the latest replayed
+    /// builds', newest first) under the digest of their JSON as drover's
+    /// client sends it; stops once it has encoded [`SEED_BYTES`], so that
+    /// a history of huge graphs does not hold up the start.
+    pub(crate) fn seed(&self, specs: Vec<Arc<BuildSpec>>) {
+        let mut encoded = 0;
+        for spec in specs {
+            let Ok(json) = serde_json::to_vec(&*spec) else { continue };
+            encoded += json.len();
             self.lock().insert(*blake3::hash(&json).as_bytes(), spec);
+            if encoded >= SEED_BYTES {
+                break;
+            }
         }
     }
 
@@ -226,7 +237,7 @@ mod tests {
     fn a_seeded_spec_is_found_by_a_submission_of_it() {
         let cache = SpecCache::default();
         let held = request("b", None, None).build;
-        cache.seed(held.clone());
+        cache.seed(vec![held.clone()]);
         let read =
             cache.decode(&serde_json::to_vec(&request("b", Some(2), None)).expect("json")).expect("reads");
         assert!(Arc::ptr_eq(&read.req.build, &held) && !read.fresh);
