@@ -154,35 +154,53 @@ fn parse_hash(s: &str) -> ApiResult<Hash32> {
 /// (or refused) as every other body is.
 async fn submit(State(app): State<App>, req: Request) -> Response {
     match read_submission(&app.specs, req).await {
-        Ok((req, fresh)) => accept(app, req, fresh).await.into_response(),
+        Ok((req, read)) => accept(app, req, read).await.into_response(),
         Err(rejection) => rejection,
     }
 }
 
-/// The request, and whether its spec is new here (not one a build may
-/// hold already: its record is then encoded ahead, off the state thread).
-async fn read_submission(specs: &SpecCache, req: Request) -> Result<(SubmitRequest, bool), Response> {
+/// How a submission was read: through the spec cache (its digest, whether
+/// it decoded the spec, and the latest build known to hold it), or not.
+#[derive(Debug, PartialEq)]
+enum Read {
+    Cached { digest: [u8; 32], fresh: bool, holder: Option<u64> },
+    Decoded,
+}
+
+async fn read_submission(specs: &SpecCache, req: Request) -> Result<(SubmitRequest, Read), Response> {
     if req.headers().get(header::CONTENT_TYPE).is_none_or(|t| t != "application/json") {
         let JsonBody(req) = JsonBody::from_request(req, &()).await.map_err(IntoResponse::into_response)?;
-        return Ok((req, true));
+        return Ok((req, Read::Decoded));
     }
     let body = Bytes::from_request(req, &()).await.map_err(IntoResponse::into_response)?;
     match specs.decode(&body) {
-        Some(read) => Ok((read.req, read.fresh)),
+        Some(r) => Ok((r.req, Read::Cached { digest: r.digest, fresh: r.fresh, holder: r.holder })),
         None => {
             let Json(req) = Json::from_bytes(&body).map_err(IntoResponse::into_response)?;
-            Ok((req, true))
+            Ok((req, Read::Decoded))
         }
     }
 }
 
-async fn accept(app: App, req: SubmitRequest, fresh: bool) -> ApiResult<Json<SubmitReply>> {
+async fn accept(app: App, req: SubmitRequest, read: Read) -> ApiResult<Json<SubmitReply>> {
     let missing = req.build.sources.iter().filter(|s| !app.blobs.has_blob(&Key(s.digest.0))).count();
     if missing > 0 {
         return Err(bad(format!("{missing} source file(s) were not uploaded; upload them first")));
     }
-    match app.shared.submit(req, fresh).await?? {
-        Reply::Submitted(id) => Ok(Json(SubmitReply { id })),
+    let spec = req.build.clone();
+    // A spec no build can hold yet will be recorded whole: its record is
+    // encoded here, off the state thread.
+    let (fresh, holder) = match read {
+        Read::Cached { fresh, holder, .. } => (fresh, holder),
+        Read::Decoded => (true, None),
+    };
+    match app.shared.submit(req, fresh, holder).await?? {
+        Reply::Submitted(id) => {
+            if let Read::Cached { digest, .. } = read {
+                app.specs.accepted(&digest, &spec, id);
+            }
+            Ok(Json(SubmitReply { id }))
+        }
         other => Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("unexpected reply {other:?}"))),
     }
 }
@@ -761,9 +779,15 @@ mod tests {
             let ours = read_submission(&specs, request(content_type, body)).await;
             let axum = Json::<SubmitRequest>::from_request(request(content_type, body), &()).await;
             match (ours, outcome(axum.map(|Json(v)| v)).await) {
-                (Ok((req, fresh)), Ok(expected)) => {
+                (Ok((req, read)), Ok(expected)) => {
                     assert_eq!(req, expected, "{content_type:?} {body}");
-                    // The spec cache sees the same good body three times.
+                    let fresh = match read {
+                        Read::Cached { fresh, holder, .. } => {
+                            assert_eq!(holder, None, "no build was accepted");
+                            fresh
+                        }
+                        Read::Decoded => true,
+                    };
                     assert_eq!(fresh, seen.insert(content_type), "{content_type:?} {body}");
                     // Held, as a build would hold it: the cache keeps specs
                     // only while something does.

@@ -164,10 +164,12 @@ pub async fn start(config: CoordinatorConfig) -> Result<Coordinator, Coordinator
     let shared = state::start(store, Solver::new(config.core.clone()))?;
     // The specs of the latest builds (replayed), so that a build submitted
     // again after a restart, as every `drover run` is, is still recorded
-    // by reference.
+    // by reference (at most about 64 MiB of JSON to encode, off the async
+    // threads).
     let specs = Arc::new(specs::SpecCache::default());
     let recent = shared.query(Solver::recent_specs).await.unwrap_or_default();
-    specs.seed(recent);
+    let seeding = specs.clone();
+    let _ = tokio::task::spawn_blocking(move || seeding.seed(recent)).await;
     let app = api::App {
         shared,
         blobs,

@@ -62,11 +62,23 @@ pub(crate) struct Read {
     pub(crate) req: SubmitRequest,
     /// Its spec was decoded here, not found: no build holds it yet.
     pub(crate) fresh: bool,
+    /// The digest its spec is filed under (for [`SpecCache::accepted`]).
+    pub(crate) digest: [u8; 32],
+    /// The latest build accepted with this very spec, if the cache knows
+    /// one: the state thread checks it before it looks at recent builds.
+    pub(crate) holder: Option<u64>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    spec: Weak<BuildSpec>,
+    /// The latest build accepted with it.
+    build: Option<u64>,
 }
 
 #[derive(Debug, Default)]
 struct Inner {
-    specs: BTreeMap<[u8; 32], Weak<BuildSpec>>,
+    specs: BTreeMap<[u8; 32], Entry>,
     /// Entries whose spec is gone are dropped when the map reaches this
     /// size (then twice what is left, at least 64).
     prune_at: usize,
@@ -80,14 +92,15 @@ impl SpecCache {
         let envelope: Envelope<'_> = serde_json::from_slice(body).ok()?;
         let raw = envelope.build.get();
         let digest = *blake3::hash(raw.as_bytes()).as_bytes();
-        let known = self.lock().specs.get(&digest).and_then(Weak::upgrade);
-        let (build, fresh) = match known {
-            Some(spec) => (spec, false),
+        let known = self.lock().specs.get(&digest).and_then(|e| Some((e.spec.upgrade()?, e.build)));
+        let (build, fresh, holder) = match known {
+            Some((spec, holder)) => (spec, false, holder),
             None => {
                 let spec = Arc::new(serde_json::from_str::<BuildSpec>(raw).ok()?);
                 // Another submission may have decoded the same bytes
                 // meanwhile: the first one in stays the one copy.
-                self.lock().insert(digest, spec)
+                let (spec, fresh) = self.lock().insert(digest, spec);
+                (spec, fresh, None)
             }
         };
         // Every field named: a field added to `SubmitRequest` must be added
@@ -100,22 +113,36 @@ impl SpecCache {
             max_parallel: envelope.max_parallel,
             queue: envelope.queue,
         };
-        Some(Read { req, fresh })
+        Some(Read { req, fresh, digest, holder })
+    }
+
+    /// Build `build` was accepted with `spec`, read under `digest`: later
+    /// submissions of it name that build as the holder to check first.
+    pub(crate) fn accepted(&self, digest: &[u8; 32], spec: &Arc<BuildSpec>, build: u64) {
+        if let Some(entry) = self.lock().specs.get_mut(digest)
+            && std::ptr::eq(entry.spec.as_ptr(), Arc::as_ptr(spec))
+        {
+            entry.build = Some(build);
+        }
     }
 
     /// Files specs builds hold (after a restart, the latest replayed
-    /// builds', newest first) under the digest of their JSON as drover's
-    /// client sends it; stops once it has encoded [`SEED_BYTES`], so that
-    /// a history of huge graphs does not hold up the start.
-    pub(crate) fn seed(&self, specs: Vec<Arc<BuildSpec>>) {
+    /// builds', newest first, each with the latest build holding it) under
+    /// the digest of their JSON as drover's client sends it; stops before
+    /// a spec would take the JSON it encodes past [`SEED_BYTES`] (a spec's
+    /// size is judged by its jobs' commands, a lower bound).
+    pub(crate) fn seed(&self, specs: Vec<(u64, Arc<BuildSpec>)>) {
         let mut encoded = 0;
-        for spec in specs {
-            let Ok(json) = serde_json::to_vec(&*spec) else { continue };
-            encoded += json.len();
-            self.lock().insert(*blake3::hash(&json).as_bytes(), spec);
-            if encoded >= SEED_BYTES {
+        for (build, spec) in specs {
+            let floor: usize = spec.jobs.iter().flat_map(|j| &j.commands).map(String::len).sum();
+            if encoded + floor > SEED_BYTES {
                 break;
             }
+            let Ok(json) = serde_json::to_vec(&*spec) else { continue };
+            encoded += json.len();
+            let digest = *blake3::hash(&json).as_bytes();
+            let (kept, _) = self.lock().insert(digest, spec);
+            self.accepted(&digest, &kept, build);
         }
     }
 
@@ -136,12 +163,12 @@ impl Inner {
     /// Files `spec` under `digest`, unless a live spec is there already:
     /// returns the one to use, and whether it is `spec`.
     fn insert(&mut self, digest: [u8; 32], spec: Arc<BuildSpec>) -> (Arc<BuildSpec>, bool) {
-        if let Some(known) = self.specs.get(&digest).and_then(Weak::upgrade) {
+        if let Some(known) = self.specs.get(&digest).and_then(|e| e.spec.upgrade()) {
             return (known, false);
         }
-        self.specs.insert(digest, Arc::downgrade(&spec));
+        self.specs.insert(digest, Entry { spec: Arc::downgrade(&spec), build: None });
         if self.specs.len() >= self.prune_at {
-            self.specs.retain(|_, spec| spec.strong_count() > 0);
+            self.specs.retain(|_, entry| entry.spec.strong_count() > 0);
             self.prune_at = (2 * self.specs.len()).max(64);
         }
         (spec, true)
@@ -219,6 +246,22 @@ mod tests {
         assert!(cache.decode(&body).expect("reads").fresh);
     }
 
+    /// Once a build is accepted with a spec, later submissions of it name
+    /// that build; a build accepted with another copy of the spec is not
+    /// named.
+    #[test]
+    fn names_the_latest_build_accepted_with_the_spec() {
+        let cache = SpecCache::default();
+        let body = serde_json::to_vec(&request("b", None, None)).expect("json");
+        let first = cache.decode(&body).expect("reads");
+        assert_eq!(first.holder, None);
+        cache.accepted(&first.digest, &first.req.build, 7);
+        assert_eq!(cache.decode(&body).expect("reads").holder, Some(7));
+        cache.accepted(&first.digest, &first.req.build, 9);
+        cache.accepted(&first.digest, &Arc::new(build("b")), 11);
+        assert_eq!(cache.decode(&body).expect("reads").holder, Some(9));
+    }
+
     /// Two submissions that decode the same bytes at once end up with one
     /// copy: the first filed.
     #[test]
@@ -237,10 +280,11 @@ mod tests {
     fn a_seeded_spec_is_found_by_a_submission_of_it() {
         let cache = SpecCache::default();
         let held = request("b", None, None).build;
-        cache.seed(vec![held.clone()]);
+        cache.seed(vec![(4, held.clone())]);
         let read =
             cache.decode(&serde_json::to_vec(&request("b", Some(2), None)).expect("json")).expect("reads");
         assert!(Arc::ptr_eq(&read.req.build, &held) && !read.fresh);
+        assert_eq!(read.holder, Some(4));
     }
 
     /// A spec no build holds any more is decoded afresh, and the entries of

@@ -58,8 +58,14 @@ pub(crate) enum Command {
     /// Follow a build's events from `from` (`None` for an unknown build).
     Follow { build: u64, from: u64, reply: oneshot::Sender<Option<Follow>> },
     /// Submit a build: recorded as `Input::SubmitLike` if a build holds its
-    /// very spec, else whole (`record`: encoded ahead, if it was).
-    Submit { req: SubmitRequest, record: Option<Vec<u8>>, reply: oneshot::Sender<Result<Reply, SolverError>> },
+    /// very spec (`holder`, the latest the spec cache knows, is checked
+    /// first), else whole (`record`: encoded ahead, if it was).
+    Submit {
+        req: SubmitRequest,
+        record: Option<Vec<u8>>,
+        holder: Option<u64>,
+        reply: oneshot::Sender<Result<Reply, SolverError>>,
+    },
 }
 
 impl Command {
@@ -307,14 +313,16 @@ impl Shared {
 
     /// Submits a build. `fresh`: no build can hold its spec yet, so it will
     /// be recorded whole: its record is encoded here, off the state thread.
+    /// `holder`: a build the spec cache knows to hold the very spec.
     pub(crate) async fn submit(
         &self,
         req: SubmitRequest,
         fresh: bool,
+        holder: Option<u64>,
     ) -> Result<Result<Reply, SolverError>, Stopped> {
         let record = fresh.then(|| record(&Input::Submit(req.clone())));
         let (reply, rx) = oneshot::channel();
-        self.send(Command::Submit { req, record, reply })?;
+        self.send(Command::Submit { req, record, holder, reply })?;
         rx.await.map_err(|_| Stopped)
     }
 
@@ -502,10 +510,13 @@ fn run(mut store: Store, mut solver: Solver, rx: Receiver<Command>, weak: std::s
                     let deliver = Delivery { take: deliver.take && !reregister, ..deliver };
                     answers.push(Answer::Report { worker, deliver, mail, reply });
                 }
-                Command::Submit { req, record: ahead, reply } => {
+                Command::Submit { req, record: ahead, holder, reply } => {
                     // The build that holds this very spec, if one does (the
                     // spec cache hands identical specs over as one `Arc`).
-                    let input = match solver.build_with_spec(&req.build) {
+                    let like = holder
+                        .filter(|&b| solver.build_holds_spec(b, &req.build))
+                        .or_else(|| solver.build_with_spec(&req.build));
+                    let input = match like {
                         Some(like) => {
                             let SubmitRequest { build: _, tenant, no_cache, on_error, max_parallel, queue } =
                                 req;
@@ -782,7 +793,12 @@ mod tests {
                 input: Input::Submit(request(name)),
                 reply: oneshot::channel().0,
             },
-            _ => Command::Submit { req: request(name), record: None, reply: oneshot::channel().0 },
+            _ => Command::Submit {
+                req: request(name),
+                record: None,
+                holder: None,
+                reply: oneshot::channel().0,
+            },
         };
         let report = |worker: u64| Command::Report {
             worker,

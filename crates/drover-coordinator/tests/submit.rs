@@ -139,3 +139,48 @@ async fn after_a_restart_a_spec_seen_before_is_recorded_by_reference() {
     assert_eq!(submits, ["s whole", "like 1 for u", "o whole"]);
     assert_eq!(other.id, 3);
 }
+
+/// A spec submitted again after more builds than the state thread looks
+/// back over is still recorded by reference: the spec cache names the
+/// latest build that holds it. A body with fields this coordinator does not
+/// know is recorded without them.
+#[tokio::test]
+async fn a_spec_submitted_again_long_after_is_recorded_by_reference_and_unknown_fields_are_dropped() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = CoordinatorConfig::new(dir.path().to_owned());
+    config.listen = ([127, 0, 0, 1], 0).into();
+    let coordinator = drover_coordinator::start(config).await.expect("start");
+    let http = Http::new(None, Duration::from_secs(30));
+    let url = coordinator.url();
+    let post = |body: serde_json::Value| {
+        let (http, url) = (http.clone(), url.clone());
+        async move {
+            let reply: SubmitReply =
+                http.post_json(&format!("{url}/v1/builds"), &body, None).await.expect("submit");
+            reply.id
+        }
+    };
+    // The first submission carries fields from a newer client, at the top,
+    // in the build and in a job.
+    let mut newer = serde_json::to_value(request("s", "t", None)).expect("json");
+    newer["from_the_future"] = serde_json::json!(1);
+    newer["build"]["colour"] = serde_json::json!("red");
+    newer["build"]["jobs"][0]["weight"] = serde_json::json!(3);
+    let first = post(newer.clone()).await;
+    for i in 0..70 {
+        post(serde_json::to_value(request(&format!("o{i}"), "t", None)).expect("json")).await;
+    }
+    let again = post(newer).await;
+
+    let store = drover_store::Store::open(&dir.path().join("state.db")).expect("store");
+    let mut records = Vec::new();
+    store.replay(|r| records.push(r.body)).expect("replay");
+    let text: Vec<String> = records.iter().map(|b| String::from_utf8_lossy(b).into_owned()).collect();
+    assert!(
+        text.iter().all(|t| !t.contains("from_the_future") && !t.contains("colour") && !t.contains("weight"))
+    );
+    let like: Vec<&String> = text.iter().filter(|t| t.starts_with("{\"SubmitLike\"")).collect();
+    assert_eq!(like.len(), 1, "{like:?}");
+    assert!(like[0].starts_with(&format!("{{\"SubmitLike\":{{\"like\":{first},")), "{}", like[0]);
+    assert_eq!(again, first + 71);
+}

@@ -436,17 +436,23 @@ impl Solver {
         self.builds.iter().rev().take(PLAN_LOOKBACK).find(|(_, b)| b.plan().is_of(spec)).map(|(&id, _)| id)
     }
 
+    /// Does build `build` hold this very spec (the same `Arc`)?
+    pub fn build_holds_spec(&self, build: u64, spec: &Arc<BuildSpec>) -> bool {
+        self.builds.get(&build).is_some_and(|b| b.plan().is_of(spec))
+    }
+
     /// The distinct specs of the latest builds (those [`build_with_spec`]
-    /// looks at), newest first: after a restart, the coordinator files them
-    /// so that a submission of one of them is recorded by reference.
+    /// looks at), newest first, each with the latest build holding it:
+    /// after a restart, the coordinator files them so that a submission of
+    /// one of them is recorded by reference.
     ///
     /// [`build_with_spec`]: Solver::build_with_spec
-    pub fn recent_specs(&self) -> Vec<Arc<BuildSpec>> {
-        let mut specs: Vec<Arc<BuildSpec>> = Vec::new();
-        for b in self.builds.values().rev().take(PLAN_LOOKBACK) {
+    pub fn recent_specs(&self) -> Vec<(u64, Arc<BuildSpec>)> {
+        let mut specs: Vec<(u64, Arc<BuildSpec>)> = Vec::new();
+        for (&id, b) in self.builds.iter().rev().take(PLAN_LOOKBACK) {
             let spec = b.plan().spec();
-            if !specs.iter().any(|s| Arc::ptr_eq(s, spec)) {
-                specs.push(spec.clone());
+            if !specs.iter().any(|(_, s)| Arc::ptr_eq(s, spec)) {
+                specs.push((id, spec.clone()));
             }
         }
         specs
