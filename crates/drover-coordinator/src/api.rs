@@ -222,7 +222,8 @@ async fn list_builds(State(app): State<App>) -> ApiResult<Json<Vec<BuildStatus>>
 
 async fn build_status(State(app): State<App>, Path(id): Path<u64>) -> ApiResult<Json<BuildStatus>> {
     let stages = app.shared.stages();
-    app.shared
+    let status = app
+        .shared
         .query(move |s| {
             let mut status = s.build_status(id)?;
             // Where each running job stands on its worker, if it said.
@@ -237,9 +238,25 @@ async fn build_status(State(app): State<App>, Path(id): Path<u64>) -> ApiResult<
             }
             Some(status)
         })
-        .await?
-        .map(Json)
-        .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no build {id}")))
+        .await?;
+    match status {
+        Some(status) => Ok(Json(status)),
+        None => Err(no_build(&app, id).await),
+    }
+}
+
+/// 404 for a build it does not have: never accepted, or forgotten (it had
+/// finished, and newer finished builds took its place).
+async fn no_build(app: &App, id: u64) -> ApiError {
+    let forgotten = app.shared.query(move |s| s.forgotten(id).then(|| s.keep_finished())).await;
+    let why = match forgotten {
+        Ok(Some(Some(keep))) => format!(
+            "build {id} is no longer kept: the coordinator keeps the latest {keep} finished builds ([history] \
+             keep_finished_builds)"
+        ),
+        _ => format!("no build {id}"),
+    };
+    ApiError(StatusCode::NOT_FOUND, why)
 }
 
 #[derive(Debug, Deserialize)]
@@ -262,7 +279,7 @@ async fn build_events(
     Query(q): Query<EventsQuery>,
 ) -> ApiResult<Response> {
     let Some(follow) = app.shared.follow(id, q.from).await? else {
-        return Err(ApiError(StatusCode::NOT_FOUND, format!("no build {id}")));
+        return Err(no_build(&app, id).await);
     };
     let start = EventStream { app, id, next: q.from, follow: Some(follow), live: None, sent: None };
     let stream = futures::stream::try_unfold(start, |mut s| async move {

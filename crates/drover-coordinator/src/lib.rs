@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use drover_cas::Cas;
 use drover_http::Http;
-use drover_solver::Solver;
+use drover_solver::{Input, Solver};
 pub use drover_store::Durability;
 use drover_store::Store;
 
@@ -45,7 +45,14 @@ pub struct CoordinatorConfig {
     pub cache_keep_free: drover_cas::Reserve,
     /// What a recorded input survives (default: a crash of the process).
     pub durability: Durability,
+    /// How many finished builds the coordinator keeps, their status and
+    /// events (default [`KEEP_FINISHED_BUILDS`]; `None`: all, and memory
+    /// grows with the history). Older finished builds are forgotten.
+    pub keep_finished_builds: Option<u64>,
 }
+
+/// The default of [`CoordinatorConfig::keep_finished_builds`].
+pub const KEEP_FINISHED_BUILDS: u64 = 1_000;
 
 impl CoordinatorConfig {
     /// Defaults: loopback port 7700, data in `./.drover/coordinator`.
@@ -60,6 +67,7 @@ impl CoordinatorConfig {
             artifact_cache_bytes: 10 << 30,
             cache_keep_free: drover_cas::DEFAULT_KEEP_FREE,
             durability: Durability::default(),
+            keep_finished_builds: Some(KEEP_FINISHED_BUILDS),
         }
     }
 }
@@ -162,6 +170,12 @@ pub async fn start(config: CoordinatorConfig) -> Result<Coordinator, Coordinator
     blobs.keep_free(config.cache_keep_free);
     cache.keep_free(config.cache_keep_free);
     let shared = state::start(store, Solver::new(config.core.clone()))?;
+    // The setting is an input: a replay forgets the same builds at the same
+    // points, whatever the setting is now.
+    let keep = config.keep_finished_builds;
+    if shared.query(Solver::keep_finished).await.is_ok_and(|kept| kept != keep) {
+        let _ = shared.input(Input::KeepFinished { builds: keep }).await;
+    }
     // The specs of the latest builds (replayed), so that a build submitted
     // again after a restart, as every `drover run` is, is still recorded
     // by reference (at most about 64 MiB of JSON to encode, off the async

@@ -331,7 +331,7 @@ pub struct MissingReply {
 }
 
 /// A build's state.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BuildState {
     /// Nothing started yet.

@@ -116,6 +116,13 @@ pub enum Input {
         /// The jobs.
         jobs: Vec<Hash32>,
     },
+    /// How many finished builds to keep (`None`: all). Past that, the
+    /// oldest finished builds are forgotten (see [`Solver::forgotten`]); the
+    /// coordinator records this when its setting differs from the log's.
+    KeepFinished {
+        /// Finished builds to keep.
+        builds: Option<u64>,
+    },
     /// Time passes: due timers fire.
     Tick,
     /// The coordinator restarted: time stood still for the cluster while it
@@ -246,7 +253,8 @@ impl RunEnd {
 /// read from the builds, workers and queues, never job by job.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Metrics {
-    /// Builds by state, every state listed.
+    /// Builds by state, every state listed (forgotten builds in the final
+    /// state they had).
     pub builds: Vec<(BuildState, u64)>,
     /// Builds accepted since the log began.
     pub builds_submitted: u64,
@@ -305,6 +313,12 @@ pub struct Solver {
     /// Runs that ended (or were given up), by [`RunEnd`], since the log
     /// began (a replay counts them again).
     runs_ended: BTreeMap<RunEnd, u64>,
+    /// How many finished builds to keep (`None`: all).
+    keep_finished: Option<u64>,
+    /// Builds forgotten, by final state, and their jobs' ends: the metrics
+    /// count them still.
+    forgotten_builds: BTreeMap<BuildState, u64>,
+    forgotten_ends: BTreeMap<JobState, u64>,
     effects: Vec<Effect>,
     now: Millis,
 }
@@ -328,8 +342,44 @@ impl Solver {
             runs_ended: BTreeMap::new(),
             stalled: std::collections::BTreeSet::new(),
             durations: BTreeMap::new(),
+            keep_finished: None,
+            forgotten_builds: BTreeMap::new(),
+            forgotten_ends: BTreeMap::new(),
             effects: Vec::new(),
             now: Millis(0),
+        }
+    }
+
+    /// How many finished builds it keeps (`None`: all).
+    pub fn keep_finished(&self) -> Option<u64> {
+        self.keep_finished
+    }
+
+    /// Was build `id` accepted, then forgotten (it had finished, and newer
+    /// finished builds took its place)?
+    pub fn forgotten(&self, id: u64) -> bool {
+        id >= 1 && id < self.next_build && !self.builds.contains_key(&id)
+    }
+
+    /// Forgets the oldest finished builds once more than `slack` beyond
+    /// what it keeps are held, down to what it keeps; a build not over is
+    /// never forgotten. Their counts stay in the metrics.
+    fn forget_finished(&mut self, slack: u64) {
+        let Some(keep) = self.keep_finished else { return };
+        if (self.builds.len() as u64) <= keep.saturating_add(slack) {
+            return;
+        }
+        let finished: Vec<u64> =
+            self.builds.iter().filter(|(_, b)| b.state.is_final()).map(|(&id, _)| id).collect();
+        let excess = (finished.len() as u64).saturating_sub(keep) as usize;
+        for id in finished.into_iter().take(excess) {
+            let Some(build) = self.builds.remove(&id) else { continue };
+            *self.forgotten_builds.entry(build.state).or_default() += 1;
+            for (&state, &n) in &build.ended {
+                *self.forgotten_ends.entry(state).or_default() += n;
+            }
+            self.stalled.remove(&id);
+            self.effects.push(Effect::BuildChanged { build: id });
         }
     }
 
@@ -376,6 +426,11 @@ impl Solver {
             Input::Retry { build } => self.retry(build),
             Input::Tick => Ok(self.core_event(Event::Tick)),
             Input::Restarted => Ok(self.core_event(Event::Resumed)),
+            Input::KeepFinished { builds } => {
+                self.keep_finished = builds;
+                self.forget_finished(0);
+                Ok(Reply::Done)
+            }
         };
         self.drain();
         // Gangs held back may go now that the input moved jobs out of the
@@ -386,6 +441,11 @@ impl Solver {
             }
         }
         self.drain();
+        if let (Ok(Reply::Submitted(_)), Some(keep)) = (&reply, self.keep_finished) {
+            // A pass over the builds once a quarter more than it keeps
+            // (at least 16) came in, not one per submission.
+            self.forget_finished((keep / 4).max(16));
+        }
         reply
     }
 
@@ -505,6 +565,12 @@ impl Solver {
             for (state, count) in &mut m.build_jobs_ended {
                 *count += build.ended.get(state).copied().unwrap_or(0);
             }
+        }
+        for (state, count) in &mut m.builds {
+            *count += self.forgotten_builds.get(state).copied().unwrap_or(0);
+        }
+        for (state, count) in &mut m.build_jobs_ended {
+            *count += self.forgotten_ends.get(state).copied().unwrap_or(0);
         }
         for (&id, info) in &self.workers {
             if self.core.worker_alive(WorkerId(id)) {

@@ -319,6 +319,53 @@ fn a_specs_first_mistake_is_the_one_named() {
     }
 }
 
+/// Past what it keeps, the oldest finished builds are forgotten (once a
+/// quarter more, at least 16, came in; at once when the setting changes),
+/// never a build still running; the metrics still count them, and a replay
+/// of the log forgets the same builds.
+#[test]
+fn the_oldest_finished_builds_are_forgotten_past_what_it_keeps() {
+    let mut h = Harness::new();
+    let w = worker_id(h.input(register("w1", 1, vec![])));
+    h.input(Input::KeepFinished { builds: Some(2) }).expect("setting");
+    let mut kept_at_most = 0;
+    for n in 0..30 {
+        let name = format!("j{n}");
+        build_id(h.input(submit(vec![job(&name, &[])])));
+        kept_at_most = kept_at_most.max(h.solver.builds.len());
+        h.later();
+        let runs = h.assigned();
+        assert_eq!(names(&runs), [name.as_str()]);
+        h.report(w, Report { finished: vec![ok(runs[0].1, &name)], ..Report::default() });
+    }
+    assert!(kept_at_most <= 2 + 16 + 1, "a pass once 16 more came in: {kept_at_most} held");
+    let running = build_id(h.input(submit(vec![job("slow", &[])])));
+    h.later();
+    let slow = h.assigned();
+    assert_eq!(names(&slow), ["slow"]);
+    let held = h.solver.builds.len();
+    h.input(Input::KeepFinished { builds: Some(2) }).expect("setting again");
+    assert_eq!(h.solver.builds.len(), 3, "down to what it keeps, and the running build ({held} before)");
+    h.input(Input::KeepFinished { builds: Some(0) }).expect("a new setting");
+    let kept: Vec<u64> = h.solver.builds.keys().copied().collect();
+    assert_eq!(kept, [running], "never a build still running");
+    assert!(h.solver.forgotten(30) && !h.solver.forgotten(running) && !h.solver.forgotten(99));
+    assert_eq!(h.solver.build_status(2), None);
+    let m = h.solver.metrics();
+    assert_eq!(m.builds.iter().find(|(s, _)| *s == BuildState::Succeeded).map(|c| c.1), Some(30));
+    assert_eq!(m.build_jobs_ended.iter().find(|(s, _)| *s == JobState::Succeeded).map(|c| c.1), Some(30));
+    h.report(w, Report { finished: vec![ok(slow[0].1, "slow")], ..Report::default() });
+    assert_eq!(h.solver.build_status(running).expect("kept").state, BuildState::Succeeded);
+    let mut replayed = Solver::new(Config::default());
+    for (now, input) in &h.log {
+        let json = serde_json::to_vec(input).expect("encode");
+        let _ = replayed.handle(*now, serde_json::from_slice(&json).expect("decode"));
+    }
+    replayed.take_effects();
+    h.solver.take_effects();
+    assert_eq!(replayed, h.solver);
+}
+
 #[test]
 fn cancelling_a_build_stops_its_running_job_unless_another_build_needs_it() {
     let mut h = Harness::new();

@@ -48,6 +48,17 @@ struct ConfigFile {
     tiers: Option<Vec<TierSection>>,
     #[serde(default)]
     cache: CacheSection,
+    #[serde(default)]
+    history: HistorySection,
+}
+
+/// The `[history]` table: what the coordinator keeps of finished builds.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HistorySection {
+    /// How many finished builds it keeps, their status and events (default
+    /// 1,000; 0 keeps every one, and memory grows with the history).
+    keep_finished_builds: Option<u64>,
 }
 
 /// The `[cache]` table: the shared cache of outputs.
@@ -236,6 +247,9 @@ fn coordinator_config(args: &ServeArgs) -> anyhow::Result<CoordinatorConfig> {
         }
         if let Some(keep) = &file.cache.keep_free {
             config.cache_keep_free = units::reserve("[cache] keep_free", keep)?;
+        }
+        if let Some(keep) = file.history.keep_finished_builds {
+            config.keep_finished_builds = (keep > 0).then_some(keep);
         }
         if let Err(errors) = core.validate() {
             anyhow::bail!(
@@ -525,6 +539,27 @@ mod tests {
             core.tiers = tiers(sections);
         }
         core
+    }
+
+    /// `[history] keep_finished_builds`: absent keeps the default, 0 keeps
+    /// every finished build.
+    #[test]
+    fn the_history_setting_reaches_the_coordinator() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let keep = |text: &str| {
+            let path = dir.path().join("config.toml");
+            std::fs::write(&path, text).expect("config");
+            let args = ServeArgs {
+                listen: ([127, 0, 0, 1], 0).into(),
+                data: dir.path().join("data"),
+                config: Some(path),
+                token: None,
+            };
+            coordinator_config(&args).expect("config reads").keep_finished_builds
+        };
+        assert_eq!(keep(""), Some(drover_coordinator::KEEP_FINISHED_BUILDS));
+        assert_eq!(keep("[history]\nkeep_finished_builds = 5\n"), Some(5));
+        assert_eq!(keep("[history]\nkeep_finished_builds = 0\n"), None);
     }
 
     #[test]
