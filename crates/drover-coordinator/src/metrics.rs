@@ -62,8 +62,12 @@ fn by<'a, T: 'a>(
 pub(crate) fn render(m: &Metrics) -> String {
     let mut out = String::new();
     let one = |value: u64| [(Vec::new(), value)];
-    Family { name: "drover_builds", kind: "gauge", help: "Builds the coordinator knows, by state." }
-        .write(&mut out, by("state", &m.builds, ToString::to_string));
+    Family {
+        name: "drover_builds",
+        kind: "gauge",
+        help: "Builds the coordinator accepted, by state (forgotten ones in the final state they had).",
+    }
+    .write(&mut out, by("state", &m.builds, ToString::to_string));
     Family { name: "drover_builds_submitted_total", kind: "counter", help: "Builds accepted." }
         .write(&mut out, one(m.builds_submitted));
     Family {

@@ -30,26 +30,34 @@ fn request(n: usize) -> SubmitRequest {
 #[tokio::test]
 async fn finished_builds_past_the_setting_are_forgotten_and_said_to_be() {
     let dir = tempfile::tempdir().expect("tempdir");
+    // The log of an earlier coordinator, long ago: three builds that ended
+    // at once (no worker could run them) and no history setting.
+    let mut store = drover_store::Store::open(&dir.path().join("state.db")).expect("store");
+    for n in 0..3 {
+        let record = serde_json::to_vec(&Input::Submit(request(n))).expect("json");
+        store.append([(1_000 + n as u64, &record[..])]).expect("append");
+    }
+    drop(store);
     let mut config = CoordinatorConfig::new(dir.path().to_owned());
     config.listen = ([127, 0, 0, 1], 0).into();
     config.keep_finished_builds = Some(1);
     let coordinator = drover_coordinator::start(config).await.expect("start");
     let http = Http::new(None, Duration::from_secs(30));
     let url = coordinator.url();
-    // No worker: each build ends cancelled, which is as finished as any.
-    for n in 0..20 {
-        let reply: SubmitReply =
-            http.post_json(&format!("{url}/v1/builds"), &request(n), None).await.expect("submit");
-        http.post(&format!("{url}/v1/builds/{}/cancel", reply.id)).await.expect("cancel");
-    }
     let gone = http.get_json::<BuildStatus>(&format!("{url}/v1/builds/1")).await.expect_err("forgotten");
     assert_eq!(gone.status(), Some(404));
     assert!(gone.to_string().contains("build 1 is no longer kept"), "{gone}");
-    let latest: BuildStatus =
-        http.get_json(&format!("{url}/v1/builds/20")).await.expect("the latest is kept");
-    assert_eq!(latest.name, "b19");
+    let latest: BuildStatus = http.get_json(&format!("{url}/v1/builds/3")).await.expect("the latest is kept");
+    assert_eq!(latest.name, "b2");
     let unknown = http.get_json::<BuildStatus>(&format!("{url}/v1/builds/99")).await.expect_err("never was");
     assert!(unknown.to_string().contains("no build 99"), "{unknown}");
+    // A build that ends now is kept, whatever the setting, for a minute.
+    let reply: SubmitReply =
+        http.post_json(&format!("{url}/v1/builds"), &request(3), None).await.expect("submit");
+    let now: BuildStatus = http.get_json(&format!("{url}/v1/builds/{}", reply.id)).await.expect("kept");
+    assert!(now.state.is_final(), "{now:?}");
+    let still: BuildStatus = http.get_json(&format!("{url}/v1/builds/3")).await.expect("still kept");
+    assert_eq!(still.name, "b2");
 
     let store = drover_store::Store::open(&dir.path().join("state.db")).expect("store");
     let mut settings = Vec::new();
@@ -61,4 +69,36 @@ async fn finished_builds_past_the_setting_are_forgotten_and_said_to_be() {
         })
         .expect("replay");
     assert_eq!(settings, [Some(1)], "the setting is recorded once, at the start");
+}
+
+/// A start records the setting only when it differs from the log's: the
+/// same setting again adds nothing, another one is recorded.
+#[tokio::test]
+async fn the_setting_is_recorded_only_when_it_changes() {
+    for (logged, now, expected) in [
+        (Some(7), Some(7), vec![Some(7)]),
+        (Some(7), Some(9), vec![Some(7), Some(9)]),
+        (Some(7), None, vec![Some(7), None]),
+    ] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut store = drover_store::Store::open(&dir.path().join("state.db")).expect("store");
+        let record = serde_json::to_vec(&Input::KeepFinished { builds: logged }).expect("json");
+        store.append([(1_000, &record[..])]).expect("append");
+        drop(store);
+        let mut config = CoordinatorConfig::new(dir.path().to_owned());
+        config.listen = ([127, 0, 0, 1], 0).into();
+        config.keep_finished_builds = now;
+        let coordinator = drover_coordinator::start(config).await.expect("start");
+        drop(coordinator);
+        let store = drover_store::Store::open(&dir.path().join("state.db")).expect("store");
+        let mut settings = Vec::new();
+        store
+            .replay(|r| {
+                if let Ok(Input::KeepFinished { builds }) = serde_json::from_slice::<Input>(&r.body) {
+                    settings.push(builds);
+                }
+            })
+            .expect("replay");
+        assert_eq!(settings, expected, "logged {logged:?}, configured {now:?}");
+    }
 }

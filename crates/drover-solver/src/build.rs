@@ -125,6 +125,8 @@ pub(crate) struct Build {
     /// Every job before this index was over when last looked at (see
     /// `all_over`).
     over_before: usize,
+    /// When it last finished (a retried build finishes again).
+    pub(crate) finished_at: Option<Millis>,
 }
 
 /// The build's gangs, checked: members agree on their settings, there are
@@ -403,6 +405,7 @@ impl Build {
             gangs,
             rerun: std::collections::BTreeSet::new(),
             over_before: 0,
+            finished_at: None,
         };
         build.event(now, EventKind::BuildQueued { jobs: build.jobs.len() });
         Ok(build)
@@ -1116,6 +1119,7 @@ impl Build {
             *counts.entry(job.state).or_insert(0) += 1;
         }
         self.event(now, EventKind::BuildFinished { state, counts });
+        self.finished_at = Some(now);
         true
     }
 

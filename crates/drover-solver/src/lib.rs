@@ -32,6 +32,11 @@ use std::sync::Arc;
 /// pointer) for a plan to share: builds of one spec come together.
 const PLAN_LOOKBACK: usize = 64;
 
+/// How long a finished build is kept at least, whatever the history
+/// setting: its followers and clients read its end (and a client its
+/// status and outputs) first.
+const FORGET_AFTER: Millis = Millis(60_000);
+
 /// An input to the solver. The coordinator records each one, with the time it
 /// was handled, before acting on what it caused.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -361,18 +366,28 @@ impl Solver {
         id >= 1 && id < self.next_build && !self.builds.contains_key(&id)
     }
 
-    /// Forgets the oldest finished builds once more than `slack` beyond
-    /// what it keeps are held, down to what it keeps; a build not over is
-    /// never forgotten. Their counts stay in the metrics.
+    /// Forgets the builds that finished longest ago once more than `slack`
+    /// beyond what it keeps are held, down to what it keeps; a build not
+    /// over, or over for less than [`FORGET_AFTER`], is never forgotten (its
+    /// followers and clients read its end first). Their counts stay in the
+    /// metrics.
     fn forget_finished(&mut self, slack: u64) {
         let Some(keep) = self.keep_finished else { return };
         if (self.builds.len() as u64) <= keep.saturating_add(slack) {
             return;
         }
-        let finished: Vec<u64> =
-            self.builds.iter().filter(|(_, b)| b.state.is_final()).map(|(&id, _)| id).collect();
+        let mut finished: Vec<(Millis, u64)> = self
+            .builds
+            .iter()
+            .filter(|(_, b)| b.state.is_final())
+            .filter_map(|(&id, b)| Some((b.finished_at?, id)))
+            .collect();
+        finished.sort_unstable();
         let excess = (finished.len() as u64).saturating_sub(keep) as usize;
-        for id in finished.into_iter().take(excess) {
+        let settled = |at: Millis| at.0.saturating_add(FORGET_AFTER.0) <= self.now.0;
+        let gone: Vec<u64> =
+            finished.into_iter().take(excess).take_while(|&(at, _)| settled(at)).map(|(_, id)| id).collect();
+        for id in gone {
             let Some(build) = self.builds.remove(&id) else { continue };
             *self.forgotten_builds.entry(build.state).or_default() += 1;
             for (&state, &n) in &build.ended {

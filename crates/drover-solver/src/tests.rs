@@ -319,33 +319,46 @@ fn a_specs_first_mistake_is_the_one_named() {
     }
 }
 
-/// Past what it keeps, the oldest finished builds are forgotten (once a
-/// quarter more, at least 16, came in; at once when the setting changes),
-/// never a build still running; the metrics still count them, and a replay
-/// of the log forgets the same builds.
+/// Lets `seconds` pass, worker `w` polling every second (it keeps its lease).
+fn pass(h: &mut Harness, w: u64, seconds: u64) {
+    for _ in 0..seconds {
+        h.now += 1_000;
+        h.input(Input::Poll { worker: w }).expect("poll");
+    }
+}
+
+/// Past what it keeps, the builds that finished longest ago are forgotten
+/// (once a quarter more, at least 16, came in; at once on the setting),
+/// never a build still running nor one that finished less than a minute
+/// ago; the metrics still count them, and a replay of the log forgets the
+/// same builds.
 #[test]
-fn the_oldest_finished_builds_are_forgotten_past_what_it_keeps() {
+fn the_builds_finished_longest_ago_are_forgotten_past_what_it_keeps() {
     let mut h = Harness::new();
     let w = worker_id(h.input(register("w1", 1, vec![])));
     h.input(Input::KeepFinished { builds: Some(2) }).expect("setting");
-    let mut kept_at_most = 0;
+    let mut held_at_most = 0;
     for n in 0..30 {
         let name = format!("j{n}");
         build_id(h.input(submit(vec![job(&name, &[])])));
-        kept_at_most = kept_at_most.max(h.solver.builds.len());
+        held_at_most = held_at_most.max(h.solver.builds.len());
         h.later();
         let runs = h.assigned();
         assert_eq!(names(&runs), [name.as_str()]);
         h.report(w, Report { finished: vec![ok(runs[0].1, &name)], ..Report::default() });
+        pass(&mut h, w, 9); // ten seconds a build
     }
-    assert!(kept_at_most <= 2 + 16 + 1, "a pass once 16 more came in: {kept_at_most} held");
+    // Two kept, a pass once 16 more came in, and those of the last minute.
+    assert!(held_at_most <= 2 + 16 + 7, "{held_at_most} held");
+    assert!(held_at_most >= 2 + 16, "{held_at_most} held: forgotten too early");
     let running = build_id(h.input(submit(vec![job("slow", &[])])));
     h.later();
     let slow = h.assigned();
     assert_eq!(names(&slow), ["slow"]);
-    let held = h.solver.builds.len();
+    pass(&mut h, w, 60);
     h.input(Input::KeepFinished { builds: Some(2) }).expect("setting again");
-    assert_eq!(h.solver.builds.len(), 3, "down to what it keeps, and the running build ({held} before)");
+    let kept: Vec<u64> = h.solver.builds.keys().copied().collect();
+    assert_eq!(kept, [29, 30, running], "the two that finished last, and the running one");
     h.input(Input::KeepFinished { builds: Some(0) }).expect("a new setting");
     let kept: Vec<u64> = h.solver.builds.keys().copied().collect();
     assert_eq!(kept, [running], "never a build still running");
@@ -355,7 +368,11 @@ fn the_oldest_finished_builds_are_forgotten_past_what_it_keeps() {
     assert_eq!(m.builds.iter().find(|(s, _)| *s == BuildState::Succeeded).map(|c| c.1), Some(30));
     assert_eq!(m.build_jobs_ended.iter().find(|(s, _)| *s == JobState::Succeeded).map(|c| c.1), Some(30));
     h.report(w, Report { finished: vec![ok(slow[0].1, "slow")], ..Report::default() });
-    assert_eq!(h.solver.build_status(running).expect("kept").state, BuildState::Succeeded);
+    h.input(Input::KeepFinished { builds: Some(0) }).expect("the setting, just after it finished");
+    assert_eq!(h.solver.build_status(running).expect("kept a minute").state, BuildState::Succeeded);
+    pass(&mut h, w, 60);
+    h.input(Input::KeepFinished { builds: Some(0) }).expect("a minute later");
+    assert!(h.solver.forgotten(running));
     let mut replayed = Solver::new(Config::default());
     for (now, input) in &h.log {
         let json = serde_json::to_vec(input).expect("encode");

@@ -41,7 +41,11 @@ pub enum StoreError {
 /// replay such a log (it would skip them, and every later build would get
 /// another ID). A version 1 log is a version 2 log without them: opening it
 /// marks it version 2.
-const SCHEMA_VERSION: i64 = 2;
+/// 3: the log may hold `KeepFinished` records, after which a replay forgets
+/// old finished builds; a drover that skipped them would keep those builds
+/// and write records naming them that a newer one could not replay. An
+/// older log is read as it is and marked 3.
+const SCHEMA_VERSION: i64 = 3;
 
 /// What an appended batch survives once [`Store::append`] returns.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

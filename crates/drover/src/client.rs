@@ -317,9 +317,21 @@ pub(crate) struct Ended {
 /// `GET /v1/builds/{id}`.
 pub(crate) async fn build_status(http: &Http, base: &str, id: u64) -> Result<BuildStatus, Failure> {
     http.get_json(&api(base, &format!("/v1/builds/{id}"))).await.map_err(|e| match e.status() {
-        Some(404) => Failure::Usage(anyhow!("no build {id}")),
+        Some(404) => no_build(&e, id, ""),
         _ => reach(base)(e),
     })
+}
+
+/// A 404 for build `id`: the coordinator's reason when it gives one (a
+/// finished build it no longer keeps, see `[history]`), else "no build
+/// ID" and `at`.
+fn no_build(e: &HttpError, id: u64, at: &str) -> Failure {
+    match e {
+        HttpError::Status { message, .. } if message.contains("no longer kept") => {
+            Failure::Usage(anyhow!("{message}"))
+        }
+        _ => Failure::Usage(anyhow!("no build {id}{at}")),
+    }
 }
 
 /// Follows a build's events from `from` until it ends, handing each to
@@ -341,9 +353,7 @@ pub(crate) async fn follow_events(
         let url = api(base, &format!("/v1/builds/{id}/events?from={next}"));
         let mut stream = match http.get_stream(&url).await {
             Ok(stream) => stream,
-            Err(e) if e.status() == Some(404) => {
-                return Err(Failure::Usage(anyhow!("no build {id} at {base}")));
-            }
+            Err(e) if e.status() == Some(404) => return Err(no_build(&e, id, &format!(" at {base}"))),
             Err(e) => {
                 failures += 1;
                 if failures > 120 {
@@ -552,7 +562,7 @@ pub(crate) async fn cancel(args: CancelArgs) -> Result<(), Failure> {
     let base = &args.remote.coordinator;
     http.post(&api(base, &format!("/v1/builds/{}/cancel", args.build))).await.map_err(|e| {
         match e.status() {
-            Some(404) => Failure::Usage(anyhow!("no build {}", args.build)),
+            Some(404) => no_build(&e, args.build, ""),
             _ => reach(base)(e),
         }
     })?;
