@@ -121,9 +121,10 @@ pub enum Input {
         /// The jobs.
         jobs: Vec<Hash32>,
     },
-    /// How many finished builds to keep (`None`: all). Past that, the
-    /// oldest finished builds are forgotten (see [`Solver::forgotten`]); the
-    /// coordinator records this when its setting differs from the log's.
+    /// How many finished builds to keep (`None`: all). Past that, those
+    /// that finished longest ago (and over a minute ago) are forgotten (see
+    /// [`Solver::forgotten`]); the coordinator records this when its
+    /// setting differs from the log's.
     KeepFinished {
         /// Finished builds to keep.
         builds: Option<u64>,
