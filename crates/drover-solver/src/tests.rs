@@ -1197,6 +1197,10 @@ mod random {
         Lose(usize),
         /// The k-th run in flight (if any) fails: its commands exit with 1.
         Fail(usize),
+        /// Over a minute passes and the history setting drops to keeping
+        /// none, then back to all: every build that had finished by then is
+        /// forgotten (its end is read first, for the checks).
+        Forget,
     }
 
     fn ops() -> impl Strategy<Value = Vec<Op>> {
@@ -1221,6 +1225,7 @@ mod random {
                 3 => Just(Op::Work),
                 1 => (0usize..8).prop_map(Op::Lose),
                 2 => (0usize..8).prop_map(Op::Fail),
+                1 => Just(Op::Forget),
             ],
             1..30,
         )
@@ -1282,6 +1287,8 @@ mod random {
         submissions: u8,
         /// Losses per job, kept within what a job survives (three).
         losses: BTreeMap<String, u32>,
+        /// How forgotten builds ended, read just before they were.
+        forgotten: BTreeMap<u64, (BuildStatus, Vec<BuildEvent>)>,
     }
 
     impl Sim<'_> {
@@ -1302,6 +1309,7 @@ mod random {
                 disrupted: BTreeSet::new(),
                 submissions: 0,
                 losses: BTreeMap::new(),
+                forgotten: BTreeMap::new(),
             }
         }
 
@@ -1445,12 +1453,41 @@ mod random {
                 }
                 Op::Cancel(k) => {
                     if let Some(&b) = self.builds.get(k % self.builds.len().max(1)) {
+                        if self.forgotten.contains_key(&b) {
+                            // Forgotten: it had finished; nothing to cancel.
+                            assert_eq!(
+                                self.input(Input::Cancel { build: b }),
+                                Err(SolverError::UnknownBuild(b))
+                            );
+                            return;
+                        }
                         // Cancelling a finished build changes nothing.
                         if !self.h.solver.build_status(b).expect("build").state.is_final() {
                             self.cancelled.insert(b);
                         }
                         self.input(Input::Cancel { build: b }).expect("cancel");
                     }
+                }
+                Op::Forget => {
+                    for _ in 0..61 {
+                        self.later();
+                    }
+                    for &b in &self.builds {
+                        if let Some(status) = self.h.solver.build_status(b).filter(|s| s.state.is_final()) {
+                            let events = self.h.solver.events(b, 0).expect("events").0;
+                            self.forgotten.entry(b).or_insert((status, events));
+                        }
+                    }
+                    self.input(Input::KeepFinished { builds: Some(0) }).expect("setting");
+                    for &b in &self.builds {
+                        assert_eq!(
+                            self.h.solver.forgotten(b),
+                            self.forgotten.contains_key(&b),
+                            "build {b}: forgotten exactly when it had finished"
+                        );
+                    }
+                    // Back to keeping all: nothing is forgotten unread.
+                    self.input(Input::KeepFinished { builds: None }).expect("setting");
                 }
                 Op::Work => self.work(),
                 Op::Lose(k) => {
@@ -1499,7 +1536,10 @@ mod random {
         /// over by then never will be).
         fn drain(&mut self) {
             for _ in 0..200 {
-                let over = |b: &u64| self.h.solver.build_status(*b).expect("build").state.is_final();
+                let over = |b: &u64| {
+                    self.forgotten.contains_key(b)
+                        || self.h.solver.build_status(*b).expect("build").state.is_final()
+                };
                 if self.running.is_empty() && self.builds.iter().all(over) {
                     return;
                 }
@@ -1510,8 +1550,13 @@ mod random {
         /// How the builds ended: see [`check_end`].
         fn check_ends(&self) {
             for &b in &self.builds {
-                let status = self.h.solver.build_status(b).expect("build");
-                let events = self.h.solver.events(b, 0).expect("events").0;
+                let (status, events) = match self.forgotten.get(&b) {
+                    Some(ended) => ended.clone(),
+                    None => (
+                        self.h.solver.build_status(b).expect("build"),
+                        self.h.solver.events(b, 0).expect("events").0,
+                    ),
+                };
                 if self.cancelled.contains(&b) {
                     assert_eq!(status.state, BuildState::Cancelled, "build {b}");
                 } else {
