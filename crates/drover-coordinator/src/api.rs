@@ -29,7 +29,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
-use crate::specs::SpecCache;
+use crate::specs::{Cached, SpecCache};
 use crate::state::{Delivery, Follow, Live, Shared, Stopped, Update};
 
 /// Bytes per chunk of a streamed artifact (4 KiB chunks cost more in
@@ -154,35 +154,32 @@ fn parse_hash(s: &str) -> ApiResult<Hash32> {
 /// (or refused) as every other body is.
 async fn submit(State(app): State<App>, req: Request) -> Response {
     match read_submission(&app.specs, req).await {
-        Ok((req, read)) => accept(app, req, read).await.into_response(),
+        Ok((req, cached)) => accept(app, req, cached).await.into_response(),
         Err(rejection) => rejection,
     }
 }
 
-/// How a submission was read: through the spec cache (its digest, whether
-/// it decoded the spec, and the latest build known to hold it), or not.
-#[derive(Debug, PartialEq)]
-enum Read {
-    Cached { digest: [u8; 32], fresh: bool, holder: Option<u64> },
-    Decoded,
-}
-
-async fn read_submission(specs: &SpecCache, req: Request) -> Result<(SubmitRequest, Read), Response> {
+/// The request, and what the spec cache found out if it read it (`None`:
+/// decoded the ordinary way, a spec no build holds).
+async fn read_submission(
+    specs: &SpecCache,
+    req: Request,
+) -> Result<(SubmitRequest, Option<Cached>), Response> {
     if req.headers().get(header::CONTENT_TYPE).is_none_or(|t| t != "application/json") {
         let JsonBody(req) = JsonBody::from_request(req, &()).await.map_err(IntoResponse::into_response)?;
-        return Ok((req, Read::Decoded));
+        return Ok((req, None));
     }
     let body = Bytes::from_request(req, &()).await.map_err(IntoResponse::into_response)?;
     match specs.decode(&body) {
-        Some(r) => Ok((r.req, Read::Cached { digest: r.digest, fresh: r.fresh, holder: r.holder })),
+        Some((req, cached)) => Ok((req, Some(cached))),
         None => {
             let Json(req) = Json::from_bytes(&body).map_err(IntoResponse::into_response)?;
-            Ok((req, Read::Decoded))
+            Ok((req, None))
         }
     }
 }
 
-async fn accept(app: App, req: SubmitRequest, read: Read) -> ApiResult<Json<SubmitReply>> {
+async fn accept(app: App, req: SubmitRequest, cached: Option<Cached>) -> ApiResult<Json<SubmitReply>> {
     let missing = req.build.sources.iter().filter(|s| !app.blobs.has_blob(&Key(s.digest.0))).count();
     if missing > 0 {
         return Err(bad(format!("{missing} source file(s) were not uploaded; upload them first")));
@@ -190,14 +187,12 @@ async fn accept(app: App, req: SubmitRequest, read: Read) -> ApiResult<Json<Subm
     let spec = req.build.clone();
     // A spec no build can hold yet will be recorded whole: its record is
     // encoded here, off the state thread.
-    let (fresh, holder) = match read {
-        Read::Cached { fresh, holder, .. } => (fresh, holder),
-        Read::Decoded => (true, None),
-    };
+    let fresh = cached.as_ref().is_none_or(|c| c.fresh);
+    let holder = cached.as_ref().and_then(|c| c.holder);
     match app.shared.submit(req, fresh, holder).await?? {
         Reply::Submitted(id) => {
-            if let Read::Cached { digest, .. } = read {
-                app.specs.accepted(&digest, &spec, id);
+            if let Some(cached) = cached {
+                app.specs.accepted(&cached.digest, &spec, id);
             }
             Ok(Json(SubmitReply { id }))
         }
@@ -796,15 +791,10 @@ mod tests {
             let ours = read_submission(&specs, request(content_type, body)).await;
             let axum = Json::<SubmitRequest>::from_request(request(content_type, body), &()).await;
             match (ours, outcome(axum.map(|Json(v)| v)).await) {
-                (Ok((req, read)), Ok(expected)) => {
+                (Ok((req, cached)), Ok(expected)) => {
                     assert_eq!(req, expected, "{content_type:?} {body}");
-                    let fresh = match read {
-                        Read::Cached { fresh, holder, .. } => {
-                            assert_eq!(holder, None, "no build was accepted");
-                            fresh
-                        }
-                        Read::Decoded => true,
-                    };
+                    assert!(cached.as_ref().is_none_or(|c| c.holder.is_none()), "no build was accepted");
+                    let fresh = cached.as_ref().is_none_or(|c| c.fresh);
                     assert_eq!(fresh, seen.insert(content_type), "{content_type:?} {body}");
                     // Held, as a build would hold it: the cache keeps specs
                     // only while something does.

@@ -56,10 +56,9 @@ pub(crate) struct SpecCache {
     inner: Mutex<Inner>,
 }
 
-/// A submission read through the cache.
+/// What reading a submission through the cache found out.
 #[derive(Debug, PartialEq)]
-pub(crate) struct Read {
-    pub(crate) req: SubmitRequest,
+pub(crate) struct Cached {
     /// Its spec was decoded here, not found: no build holds it yet.
     pub(crate) fresh: bool,
     /// The digest its spec is filed under (for [`SpecCache::accepted`]).
@@ -88,7 +87,7 @@ impl SpecCache {
     /// Reads a submission (a JSON body), reusing the spec of an earlier one
     /// with the same spec bytes. `None` if the fast path cannot read it:
     /// the caller then decodes it the ordinary way, for the error.
-    pub(crate) fn decode(&self, body: &[u8]) -> Option<Read> {
+    pub(crate) fn decode(&self, body: &[u8]) -> Option<(SubmitRequest, Cached)> {
         let envelope: Envelope<'_> = serde_json::from_slice(body).ok()?;
         let raw = envelope.build.get();
         let digest = *blake3::hash(raw.as_bytes()).as_bytes();
@@ -113,7 +112,7 @@ impl SpecCache {
             max_parallel: envelope.max_parallel,
             queue: envelope.queue,
         };
-        Some(Read { req, fresh, digest, holder })
+        Some((req, Cached { fresh, digest, holder }))
     }
 
     /// Build `build` was accepted with `spec`, read under `digest`: later
@@ -214,7 +213,7 @@ mod tests {
         );
         for body in &bodies {
             let ordinary: SubmitRequest = serde_json::from_str(body).expect("decodes");
-            assert_eq!(cache.decode(body.as_bytes()).map(|r| r.req), Some(ordinary), "{body}");
+            assert_eq!(cache.decode(body.as_bytes()).map(|r| r.0), Some(ordinary), "{body}");
         }
     }
 
@@ -224,9 +223,9 @@ mod tests {
     fn submissions_with_the_same_spec_share_it() {
         let cache = SpecCache::default();
         let body = |r: &SubmitRequest| serde_json::to_vec(r).expect("json");
-        let first = cache.decode(&body(&request("b", None, None))).expect("reads").req;
-        let again = cache.decode(&body(&request("b", Some(3), Some("q")))).expect("reads").req;
-        let other = cache.decode(&body(&request("c", None, None))).expect("reads").req;
+        let first = cache.decode(&body(&request("b", None, None))).expect("reads").0;
+        let again = cache.decode(&body(&request("b", Some(3), Some("q")))).expect("reads").0;
+        let other = cache.decode(&body(&request("c", None, None))).expect("reads").0;
         assert!(Arc::ptr_eq(&first.build, &again.build));
         assert_eq!(again.max_parallel, Some(3));
         assert!(!Arc::ptr_eq(&first.build, &other.build));
@@ -241,9 +240,9 @@ mod tests {
         let body = serde_json::to_vec(&request("b", None, None)).expect("json");
         let first = cache.decode(&body).expect("reads");
         let second = cache.decode(&body).expect("reads");
-        assert!(first.fresh && !second.fresh);
+        assert!(first.1.fresh && !second.1.fresh);
         drop((first, second));
-        assert!(cache.decode(&body).expect("reads").fresh);
+        assert!(cache.decode(&body).expect("reads").1.fresh);
     }
 
     /// Once a build is accepted with a spec, later submissions of it name
@@ -253,13 +252,13 @@ mod tests {
     fn names_the_latest_build_accepted_with_the_spec() {
         let cache = SpecCache::default();
         let body = serde_json::to_vec(&request("b", None, None)).expect("json");
-        let first = cache.decode(&body).expect("reads");
-        assert_eq!(first.holder, None);
-        cache.accepted(&first.digest, &first.req.build, 7);
-        assert_eq!(cache.decode(&body).expect("reads").holder, Some(7));
-        cache.accepted(&first.digest, &first.req.build, 9);
-        cache.accepted(&first.digest, &Arc::new(build("b")), 11);
-        assert_eq!(cache.decode(&body).expect("reads").holder, Some(9));
+        let (first, cached) = cache.decode(&body).expect("reads");
+        assert_eq!(cached.holder, None);
+        cache.accepted(&cached.digest, &first.build, 7);
+        assert_eq!(cache.decode(&body).expect("reads").1.holder, Some(7));
+        cache.accepted(&cached.digest, &first.build, 9);
+        cache.accepted(&cached.digest, &Arc::new(build("b")), 11);
+        assert_eq!(cache.decode(&body).expect("reads").1.holder, Some(9));
     }
 
     /// Two submissions that decode the same bytes at once end up with one
@@ -283,8 +282,8 @@ mod tests {
         cache.seed(vec![(4, held.clone())]);
         let read =
             cache.decode(&serde_json::to_vec(&request("b", Some(2), None)).expect("json")).expect("reads");
-        assert!(Arc::ptr_eq(&read.req.build, &held) && !read.fresh);
-        assert_eq!(read.holder, Some(4));
+        assert!(Arc::ptr_eq(&read.0.build, &held) && !read.1.fresh);
+        assert_eq!(read.1.holder, Some(4));
     }
 
     /// A spec no build holds any more is decoded afresh, and the entries of
@@ -293,11 +292,11 @@ mod tests {
     fn holds_specs_weakly() {
         let cache = SpecCache::default();
         let body = serde_json::to_vec(&request("b", None, None)).expect("json");
-        let first = cache.decode(&body).expect("reads").req;
+        let first = cache.decode(&body).expect("reads").0;
         let weak = Arc::downgrade(&first.build);
         drop(first);
         assert_eq!(weak.strong_count(), 0);
-        let again = cache.decode(&body).expect("reads").req;
+        let again = cache.decode(&body).expect("reads").0;
         assert_eq!(again.build.name, "b");
         for i in 0..200 {
             cache.decode(&serde_json::to_vec(&request(&format!("b{i}"), None, None)).expect("json"));

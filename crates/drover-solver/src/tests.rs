@@ -133,16 +133,19 @@ impl Harness {
         self.input(Input::Report { worker, report }).expect("report");
     }
 
-    /// Replaying the recorded inputs on a fresh solver rebuilds an equal
-    /// state.
-    fn assert_replays(&mut self) {
+    /// Replaying the recorded inputs, each through its JSON as the input log
+    /// holds it (so nothing is shared that the log does not share), on a
+    /// fresh solver rebuilds an equal state; returns the replayed solver.
+    fn assert_replays(&mut self) -> Solver {
         let mut replayed = Solver::new(Config::default());
-        for (now, input) in self.log.clone() {
-            let _ = replayed.handle(now, input);
+        for (now, input) in &self.log {
+            let json = serde_json::to_vec(input).expect("encode");
+            let _ = replayed.handle(*now, serde_json::from_slice(&json).expect("decode"));
         }
         replayed.take_effects();
         self.solver.take_effects();
         assert_eq!(replayed, self.solver);
+        replayed
     }
 
     fn states(&self, build: u64) -> Vec<(String, JobState)> {
@@ -285,14 +288,7 @@ fn builds_of_one_spec_share_its_plan() {
     for b in [b1, b2, b3, b4] {
         assert_eq!(h.solver.build_status(b).expect("build").state, BuildState::Succeeded);
     }
-    let mut replayed = Solver::new(Config::default());
-    for (now, input) in &h.log {
-        let json = serde_json::to_vec(input).expect("encode");
-        let _ = replayed.handle(*now, serde_json::from_slice(&json).expect("decode"));
-    }
-    replayed.take_effects();
-    h.solver.take_effects();
-    assert_eq!(replayed, h.solver);
+    let replayed = h.assert_replays();
     let replayed_plan = |b: u64| replayed.builds[&b].plan().clone();
     assert!(
         std::sync::Arc::ptr_eq(&replayed_plan(b1), &replayed_plan(b4)),
@@ -373,14 +369,7 @@ fn the_builds_finished_longest_ago_are_forgotten_past_what_it_keeps() {
     pass(&mut h, w, 60);
     h.input(Input::KeepFinished { builds: Some(0) }).expect("a minute later");
     assert!(h.solver.forgotten(running));
-    let mut replayed = Solver::new(Config::default());
-    for (now, input) in &h.log {
-        let json = serde_json::to_vec(input).expect("encode");
-        let _ = replayed.handle(*now, serde_json::from_slice(&json).expect("decode"));
-    }
-    replayed.take_effects();
-    h.solver.take_effects();
-    assert_eq!(replayed, h.solver);
+    h.assert_replays();
 }
 
 #[test]
