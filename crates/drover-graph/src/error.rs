@@ -109,3 +109,12 @@ impl Diagnostics {
         GraphError::Invalid(self.list)
     }
 }
+
+/// A key or name as a message shows it: the first 64 characters, then `…`
+/// (a key of megabytes is not repeated whole).
+pub(crate) fn shown(text: &str) -> std::borrow::Cow<'_, str> {
+    match text.char_indices().nth(64) {
+        Some((end, _)) => format!("{}…", &text[..end]).into(),
+        None => text.into(),
+    }
+}

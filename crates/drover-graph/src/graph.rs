@@ -7,9 +7,9 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 
-use crate::error::Diagnostics;
+use crate::error::{Diagnostics, shown};
 use crate::schema::JobSpec;
-use crate::suggest::did_you_mean;
+use crate::suggest::Suggestions;
 
 /// Checks names and `needs`. Returns, for each job, the indices of the jobs
 /// it needs (only edges that point at a known, other job), and reports every
@@ -31,31 +31,41 @@ pub(crate) fn check(jobs: &[JobSpec], diags: &mut Diagnostics) -> Vec<Vec<usize>
     }
 
     let mut edges = vec![Vec::new(); jobs.len()];
+    let mut suggestions = Suggestions::new();
     for (i, job) in jobs.iter().enumerate() {
         let label = job.label();
-        for (n, need) in job.needs.iter().enumerate() {
-            if job.needs[..n].iter().any(|earlier| earlier.value == need.value) {
-                diags.push(Some(need.line), label, format!("{:?} is listed twice in needs", need.value));
+        let mut listed = std::collections::BTreeSet::new();
+        for need in &job.needs {
+            if !listed.insert(need.value.as_str()) {
+                diags.push(
+                    Some(need.line),
+                    label,
+                    format!("{:?} is listed twice in needs", shown(&need.value)),
+                );
             } else if label == Some(need.value.as_str()) {
                 diags.push(Some(need.line), label, "job depends on itself");
             } else if let Some(&target) = index.get(need.value.as_str()) {
                 edges[i].push(target);
             } else {
                 // Not the job itself: that would be a cycle.
-                let hint =
-                    did_you_mean(&need.value, index.keys().copied().filter(|name| Some(*name) != label));
-                diags.push(Some(need.line), label, format!("unknown dependency {:?}{hint}", need.value));
+                let hint = suggestions
+                    .did_you_mean(&need.value, index.keys().copied().filter(|name| Some(*name) != label));
+                diags.push(
+                    Some(need.line),
+                    label,
+                    format!("unknown dependency {:?}{hint}", shown(&need.value)),
+                );
             }
         }
     }
 
-    let gangs = check_gangs(jobs, &edges, diags);
-
     let cycles = cycles(&edges);
+    let mut searches = Searches::new(jobs.len());
+    let gangs = check_gangs(jobs, &edges, cycles.is_empty(), &mut searches, diags);
     if let Some(gangs) = gangs
         && cycles.is_empty()
     {
-        check_gang_order(jobs, &edges, &gangs, diags);
+        check_gang_order(jobs, &edges, &gangs, &mut searches, diags);
     }
     for cycle in cycles {
         let names: Vec<&str> = cycle.iter().map(|&i| jobs[i].label().unwrap_or("?")).collect();
@@ -69,13 +79,51 @@ pub(crate) fn check(jobs: &[JobSpec], diags: &mut Diagnostics) -> Vec<Vec<usize>
     edges
 }
 
+/// Searches through the jobs a gang's jobs need, directly or not: they
+/// share one budget of visits in proportion to the build (so that a file of
+/// many gangs is checked in linear time, the searches past it left out:
+/// the file has a mistake either way), and one array of marks.
+struct Searches {
+    budget: usize,
+    /// The search that last visited each job.
+    marks: Vec<usize>,
+    search: usize,
+}
+
+impl Searches {
+    fn new(jobs: usize) -> Searches {
+        Searches { budget: 8 * jobs + 100_000, marks: vec![usize::MAX; jobs], search: 0 }
+    }
+
+    /// Visits every job that `members` need, directly or not (each once),
+    /// handing each to `visit`; false if the budget ran out first.
+    fn needed(&mut self, members: &[usize], edges: &[Vec<usize>], mut visit: impl FnMut(usize)) -> bool {
+        self.search += 1;
+        let mut stack: Vec<usize> = members.iter().flat_map(|&m| edges[m].iter().copied()).collect();
+        while let Some(d) = stack.pop() {
+            if std::mem::replace(&mut self.marks[d], self.search) == self.search {
+                continue;
+            }
+            let Some(left) = self.budget.checked_sub(1) else { return false };
+            self.budget = left;
+            visit(d);
+            stack.extend(edges[d].iter().copied());
+        }
+        true
+    }
+}
+
 /// Members of one gang give the same `min_available` and `on_failure`, at
 /// most as many as they are, and none needs another, even indirectly: a
 /// gang's members start at the same moment. Returns each gang's members,
-/// by name, if no member needs another.
+/// by name, if no member needs another. Such a gang never starts, so in a
+/// graph without cycles only the gangs the build would leave waiting (see
+/// [`stuck_gangs`]) are searched.
 fn check_gangs<'a>(
     jobs: &'a [JobSpec],
     edges: &[Vec<usize>],
+    acyclic: bool,
+    searches: &mut Searches,
     diags: &mut Diagnostics,
 ) -> Option<BTreeMap<&'a str, Vec<usize>>> {
     let mut apart = true;
@@ -114,47 +162,43 @@ fn check_gangs<'a>(
                 format!("gang {name:?}: min_available is {min} but it has {} job(s)", members.len()),
             );
         }
-        // One search from every member's needs (linear in the build):
-        // reaching a member means another member needs it, maybe
-        // indirectly.
-        let mut seen = vec![false; jobs.len()];
-        let mut stack: Vec<usize> = members.iter().flat_map(|&m| edges[m].iter().copied()).collect();
-        while let Some(d) = stack.pop() {
-            if std::mem::replace(&mut seen[d], true) {
-                continue;
+    }
+    let candidates: Vec<&str> =
+        if acyclic { stuck_gangs(jobs, edges, &gangs) } else { gangs.keys().copied().collect() };
+    for name in candidates {
+        // One search from every member's needs: reaching a member means
+        // another member needs it, maybe indirectly.
+        let mut found = Vec::new();
+        let whole = searches.needed(&gangs[name], edges, |d| {
+            if jobs[d].gang.as_ref().is_some_and(|g| g.name == name) {
+                found.push(d);
             }
-            if members.contains(&d) {
-                apart = false;
-                diags.push(
-                    Some(jobs[d].gang.as_ref().expect("member").line),
-                    jobs[d].label(),
-                    format!(
-                        "gang {name:?}: another job of the gang needs this one (its jobs start together)"
-                    ),
-                );
-            }
-            stack.extend(edges[d].iter().copied());
+        });
+        for d in found {
+            apart = false;
+            diags.push(
+                Some(jobs[d].gang.as_ref().expect("member").line),
+                jobs[d].label(),
+                format!("gang {name:?}: another job of the gang needs this one (its jobs start together)"),
+            );
+        }
+        if !whole {
+            break;
         }
     }
     apart.then_some(gangs)
 }
 
-/// No two gangs wait for each other. A gang goes on once all its members'
-/// needs are done, so if a job of gang `x` needs (directly or not) a job of
-/// gang `y` and the other way round, neither ever starts. Plays the build
-/// out (jobs go on as their needs are done, gangs once all their members'
-/// are) and reports each gang left waiting, at its first member, with the
-/// waiting gangs its jobs need. Only for a graph without cycles, whose
-/// gangs' members (`gangs`, by name) do not need each other.
-fn check_gang_order(
+/// The gangs that would never start, in name order. A gang goes on once
+/// all its members' needs are done: plays the build out (jobs go on as
+/// their needs are done, gangs once all their members' are), in time
+/// linear in the build, and names the gangs left waiting. Only for a graph
+/// without cycles.
+fn stuck_gangs<'a>(
     jobs: &[JobSpec],
     edges: &[Vec<usize>],
-    gangs: &BTreeMap<&str, Vec<usize>>,
-    diags: &mut Diagnostics,
-) {
-    if gangs.len() < 2 {
-        return;
-    }
+    gangs: &BTreeMap<&'a str, Vec<usize>>,
+) -> Vec<&'a str> {
     let mut waiting: Vec<usize> = edges.iter().map(Vec::len).collect();
     let mut dependents = vec![Vec::new(); jobs.len()];
     for (i, needs) in edges.iter().enumerate() {
@@ -185,38 +229,56 @@ fn check_gang_order(
             }
         }
     }
-    let stuck = |name: &str| ready.get(name).copied().unwrap_or(0) < gangs[name].len();
-    for (name, members) in gangs {
-        if !stuck(name) {
-            continue;
-        }
+    gangs
+        .iter()
+        .filter(|(name, members)| ready.get(*name).copied().unwrap_or(0) < members.len())
+        .map(|(name, _)| *name)
+        .collect()
+}
+
+/// No two gangs wait for each other. If a job of gang `x` needs (directly
+/// or not) a job of gang `y` and the other way round, neither ever starts:
+/// reports each gang left waiting, at its first member, with the waiting
+/// gangs its jobs need. Only for a graph without cycles, whose gangs'
+/// members (`gangs`, by name) do not need each other.
+fn check_gang_order(
+    jobs: &[JobSpec],
+    edges: &[Vec<usize>],
+    gangs: &BTreeMap<&str, Vec<usize>>,
+    searches: &mut Searches,
+    diags: &mut Diagnostics,
+) {
+    if gangs.len() < 2 {
+        return;
+    }
+    let stuck = stuck_gangs(jobs, edges, gangs);
+    for &name in &stuck {
+        let members = &gangs[name];
         // The waiting gangs this one's jobs need, directly or not.
-        let mut seen = vec![false; jobs.len()];
-        let mut stack: Vec<usize> = members.iter().flat_map(|&m| edges[m].iter().copied()).collect();
         let mut waits_for = std::collections::BTreeSet::new();
-        while let Some(d) = stack.pop() {
-            if std::mem::replace(&mut seen[d], true) {
-                continue;
-            }
+        let whole = searches.needed(members, edges, |d| {
             if let Some(g) = &jobs[d].gang
-                && g.name != *name
-                && stuck(&g.name)
+                && g.name != name
+                && stuck.binary_search(&g.name.as_str()).is_ok()
             {
                 waits_for.insert(format!("{:?}", g.name));
             }
-            stack.extend(edges[d].iter().copied());
-        }
+        });
         let first = &jobs[members[0]];
         let waits_for: Vec<String> = waits_for.into_iter().collect();
-        let (gang, start) = if waits_for.len() == 1 { ("gang", "starts") } else { ("gangs", "start") };
+        let others = match waits_for.len() {
+            // The search was cut short (see `Searches`).
+            _ if !whole => "other gangs, which never start".to_owned(),
+            1 => format!("gang {}, which never starts", waits_for[0]),
+            _ => format!("gangs {}, which never start", waits_for.join(", ")),
+        };
         diags.push(
             first.gang.as_ref().map(|g| g.line),
             first.label(),
             format!(
-                "gang {name:?} can never start: its jobs need, directly or not, jobs of {gang} {}, which never \
-                 {start} either: gangs that need each other wait forever (a gang's jobs start together, once \
-                 all their needs are done)",
-                waits_for.join(", ")
+                "gang {name:?} can never start: its jobs need, directly or not, jobs of {others} either: gangs \
+                 that need each other wait forever (a gang's jobs start together, once all their needs are \
+                 done)"
             ),
         );
     }

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::error::Diagnostics;
+use crate::error::{Diagnostics, shown};
 use crate::node::{Entry, Kind, Node};
 use crate::suggest::did_you_mean;
 use crate::units;
@@ -115,12 +115,15 @@ impl Cx<'_> {
             self.wrong_type(node, key, "a mapping");
             return None;
         };
-        for (i, entry) in entries.iter().enumerate() {
-            if let Some(first) = entries[..i].iter().find(|e| e.key == entry.key) {
+        let mut first: BTreeMap<&str, &Entry> = BTreeMap::new();
+        for entry in entries {
+            if let Some(first) = first.get(entry.key.as_str()) {
                 self.error(
                     entry.key_line,
-                    format!("duplicate key {:?} (first at line {})", entry.key, first.key_line),
+                    format!("duplicate key {:?} (first at line {})", shown(&entry.key), first.key_line),
                 );
+            } else {
+                first.insert(&entry.key, entry);
             }
         }
         Some(entries)
@@ -139,7 +142,7 @@ impl Cx<'_> {
                     hint if !hint.is_empty() => hint,
                     _ => format!(" (expected one of: {})", known.join(", ")),
                 };
-                self.error(entry.key_line, format!("unknown key {:?}{within}{hint}", entry.key));
+                self.error(entry.key_line, format!("unknown key {:?}{within}{hint}", shown(&entry.key)));
             }
         }
         Fields(found)
@@ -343,8 +346,9 @@ fn job_spec(node: &Node, diags: &mut Diagnostics) -> Option<JobSpec> {
 
     if let Some(value) = fields.get("exclusive") {
         job.exclusive = cx.strings(value, "exclusive");
-        for (i, token) in job.exclusive.iter().enumerate() {
-            if job.exclusive[..i].iter().any(|t| t.value == token.value) {
+        let mut listed = std::collections::BTreeSet::new();
+        for token in &job.exclusive {
+            if !listed.insert(token.value.as_str()) {
                 cx.error(token.line, format!("exclusive token {:?} is listed twice", token.value));
             } else if !job.tokens.contains_key(&token.value) {
                 cx.error(
