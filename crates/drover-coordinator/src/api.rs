@@ -71,7 +71,9 @@ impl From<Stopped> for ApiError {
 impl From<SolverError> for ApiError {
     fn from(e: SolverError) -> Self {
         let status = match e {
-            SolverError::UnknownBuild(_) => StatusCode::NOT_FOUND,
+            SolverError::UnknownBuild(_) | SolverError::UnknownWorker(_) | SolverError::UnknownJob { .. } => {
+                StatusCode::NOT_FOUND
+            }
             SolverError::InvalidBuild(_) => StatusCode::BAD_REQUEST,
             SolverError::CannotRetry(_) | SolverError::NotRunning(_) => StatusCode::CONFLICT,
         };
@@ -180,6 +182,7 @@ async fn read_submission(
 }
 
 async fn accept(app: App, req: SubmitRequest, cached: Option<Cached>) -> ApiResult<Json<SubmitReply>> {
+    crate::checks::submission(&req).map_err(bad)?;
     let missing = req.build.sources.iter().filter(|s| !app.blobs.has_blob(&Key(s.digest.0))).count();
     if missing > 0 {
         return Err(bad(format!("{missing} source file(s) were not uploaded; upload them first")));
@@ -588,9 +591,7 @@ async fn register(
     State(app): State<App>,
     JsonBody(req): JsonBody<RegisterRequest>,
 ) -> ApiResult<Json<drover_proto::RegisterReply>> {
-    if req.name.is_empty() || req.name.len() > 256 {
-        return Err(bad("a worker name is 1 to 256 characters"));
-    }
+    crate::checks::registration(&req).map_err(bad)?;
     if req.capacity.slots == 0 {
         return Err(bad("a worker needs at least one slot"));
     }

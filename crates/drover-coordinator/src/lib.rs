@@ -6,6 +6,7 @@
 //! token configured, every request must present it.
 
 mod api;
+mod checks;
 mod metrics;
 mod specs;
 mod state;

@@ -492,9 +492,15 @@ fn run(mut store: Store, mut solver: Solver, rx: Receiver<Command>, weak: std::s
         let mut answers = Vec::new();
         let mut queries = Vec::new();
         let mut follows = Vec::new();
+        // An input the solver refuses changed nothing: it stays out of the
+        // log (a refused submission of a million jobs would otherwise be
+        // kept, and replayed at every start, for nothing).
         let mut apply = |solver: &mut Solver, input: Input, record: Vec<u8>| {
-            records.push((now, record));
-            solver.handle(Millis(now), input)
+            let reply = solver.handle(Millis(now), input);
+            if reply.is_ok() {
+                records.push((now, record));
+            }
+            reply
         };
         if solver.poll_timeout().is_some_and(|at| at.0 <= now) {
             let _ = apply(&mut solver, Input::Tick, record(&Input::Tick));
@@ -533,6 +539,20 @@ fn run(mut store: Store, mut solver: Solver, rx: Receiver<Command>, weak: std::s
                 Command::Query(f) => queries.push(f),
                 Command::Follow { build, from, reply } => follows.push((build, from, reply)),
             }
+        }
+        // A turn that held the state thread for a tenth of a lease or more
+        // (a huge submission, a slow disk) kept the workers' polls waiting:
+        // as after a restart, time stood still for the cluster meanwhile,
+        // so no lease runs out for the coordinator's own delay.
+        let took = now_ms().saturating_sub(now);
+        if took >= solver.config().lease_timeout.0 / 10 {
+            let at = now_ms();
+            let _ = solver.handle(Millis(at), Input::Restarted);
+            records.push((at, record(&Input::Restarted)));
+            tracing::warn!(
+                took_ms = took,
+                "a turn held the coordinator up: the cluster's leases and waits were paused"
+            );
         }
         if !records.is_empty()
             && let Err(e) = store.append(records.iter().map(|(at, body)| (*at, &body[..])))

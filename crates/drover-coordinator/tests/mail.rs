@@ -370,3 +370,67 @@ async fn the_mail_of_an_answer_that_never_arrived_comes_again() {
     .await
     .expect("no hang");
 }
+
+/// A turn that holds the coordinator up for longer than a worker's lease (a
+/// huge submission) does not cost a worker that kept polling its lease: the
+/// polls wait in line meanwhile, and once the turn is over the cluster's
+/// deadlines move on by its length, as after a restart (recorded as such).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_turn_does_not_cost_a_polling_worker_its_lease() {
+    tokio::time::timeout(DEADLINE, async {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut config = config(dir.path());
+        // A lease shorter than the huge submission below takes to accept
+        // (tens of thousands of jobs, in a test build).
+        config.core.lease_timeout = drover_core::Millis(400);
+        let coordinator = drover_coordinator::start(config).await.expect("start");
+        let client = Client::new(&coordinator);
+        let worker = client.register("w", 1, Vec::new()).await.worker;
+        let small = client.submit("small", 1).await;
+        let mail = client.fetch(worker, 0).await;
+        assert_eq!(mail.assign.len(), 1);
+        let started = Report { started: vec![mail.assign[0].run], ..Report::default() };
+        assert!(!client.report(worker, &started).await.reregister);
+        // The worker keeps polling (its heartbeat) throughout.
+        let polling = {
+            let client = Client::new(&coordinator);
+            tokio::spawn(async move {
+                loop {
+                    let reply =
+                        client.poll(worker, &PollRequest { wait_ms: 50, notify_only: true, seen: 0 }).await;
+                    assert!(!reply.reregister, "the worker was declared lost");
+                }
+            })
+        };
+        let huge = client.submit("huge", 40_000).await;
+        // A few more heartbeats after the long turn.
+        for _ in 0..3 {
+            let reply = client.poll(worker, &PollRequest { wait_ms: 50, notify_only: true, seen: 0 }).await;
+            assert!(!reply.reregister, "the worker was declared lost");
+        }
+        assert!(!polling.is_finished(), "the polling worker was declared lost");
+        polling.abort();
+        let status = client.status(small).await;
+        assert_eq!(status.jobs[0].state, drover_proto::JobState::Running, "{:?}", status.jobs[0]);
+        assert_eq!(status.jobs[0].attempts, 1, "its run was never lost");
+        // The long turn was followed by a pause of the cluster's clock.
+        let store = drover_store::Store::open(&dir.path().join("state.db")).expect("store");
+        let mut after_huge = Vec::new();
+        let mut seen_huge = false;
+        store
+            .replay(|r| {
+                let input: Input = serde_json::from_slice(&r.body).expect("input");
+                if seen_huge {
+                    after_huge.push(input);
+                } else if let Input::Submit(req) = &input {
+                    seen_huge = req.build.name == "huge";
+                }
+            })
+            .expect("replay");
+        assert!(seen_huge);
+        assert!(matches!(after_huge.first(), Some(Input::Restarted)), "{:?}", after_huge.first());
+        let _ = huge;
+    })
+    .await
+    .expect("done in time");
+}

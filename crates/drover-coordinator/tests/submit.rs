@@ -184,3 +184,68 @@ async fn a_spec_submitted_again_long_after_is_recorded_by_reference_and_unknown_
     assert!(like[0].starts_with(&format!("{{\"SubmitLike\":{{\"like\":{first},")), "{}", like[0]);
     assert_eq!(again, first + 71);
 }
+
+/// Requests the solver refuses change nothing, so they stay out of the log:
+/// an empty build, a cancel or a suspend of a build that does not exist, a
+/// suspend of a job the build lacks, a worker leaving that never joined.
+/// Each gets its error (400, 404) all the same.
+#[tokio::test]
+async fn refused_requests_are_answered_and_left_out_of_the_log() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = CoordinatorConfig::new(dir.path().to_owned());
+    config.listen = ([127, 0, 0, 1], 0).into();
+    let coordinator = drover_coordinator::start(config).await.expect("start");
+    let http = Http::new(None, Duration::from_secs(30));
+    let url = coordinator.url();
+    let status = |result: Result<(), drover_http::HttpError>| match result {
+        Err(drover_http::HttpError::Status { status, .. }) => status,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    let recorded = |dir: &std::path::Path| {
+        let store = drover_store::Store::open(&dir.join("state.db")).expect("store");
+        let mut inputs = Vec::new();
+        store
+            .replay(|r| inputs.push(serde_json::from_slice::<Input>(&r.body).expect("input")))
+            .expect("replay");
+        inputs
+    };
+    let kept = |inputs: &[Input]| {
+        inputs
+            .iter()
+            .filter(|i| !matches!(i, Input::Tick | Input::Restarted | Input::KeepFinished { .. }))
+            .count()
+    };
+
+    let id = {
+        let reply: SubmitReply = http
+            .post_json(&format!("{url}/v1/builds"), &request("ok", "t", None), None)
+            .await
+            .expect("submit");
+        reply.id
+    };
+    let before = kept(&recorded(dir.path()));
+    assert_eq!(before, 1, "the accepted submission is recorded");
+
+    let mut empty = request("empty", "t", None);
+    empty.build = BuildSpec { name: "empty".into(), sources: Vec::new(), jobs: Vec::new() }.into();
+    let refused: Result<SubmitReply, _> = http.post_json(&format!("{url}/v1/builds"), &empty, None).await;
+    assert!(matches!(refused, Err(drover_http::HttpError::Status { status: 400, .. })), "{refused:?}");
+    assert_eq!(status(http.post(&format!("{url}/v1/builds/999/cancel")).await), 404);
+    assert_eq!(status(http.post(&format!("{url}/v1/builds/999/suspend")).await), 404);
+    assert_eq!(status(http.post(&format!("{url}/v1/builds/{id}/suspend?job=nope")).await), 404);
+    assert_eq!(status(http.post(&format!("{url}/v1/workers/999/leave")).await), 404);
+    assert_eq!(status(http.post(&format!("{url}/v1/workers/999/drain")).await), 404);
+
+    // A request the solver accepts after them is recorded: the refused ones
+    // were handled (and answered) before it, yet left nothing.
+    assert_eq!(
+        status(http.post(&format!("{url}/v1/builds/{id}/suspend?job=a")).await),
+        409,
+        "a is not running"
+    );
+    http.post(&format!("{url}/v1/builds/{id}/cancel")).await.expect("cancel");
+    let inputs = recorded(dir.path());
+    assert_eq!(kept(&inputs), before + 1, "only the cancel joined the log: {inputs:?}");
+    assert!(matches!(inputs.last(), Some(Input::Cancel { build }) if *build == id), "{inputs:?}");
+    drop(coordinator);
+}

@@ -161,51 +161,97 @@ fn gangs(
         }
         rec.members.push(i as u32);
     }
-    for (name, rec) in &gangs {
-        if rec.min_available == 0 || rec.min_available as usize > rec.members.len() {
-            return Err(format!(
-                "gang {name:?}: min_available must be from 1 to its {} job(s), not {}",
-                rec.members.len(),
-                rec.min_available
-            ));
-        }
-        // One search from every member's needs: reaching a member means
-        // one member needs another, directly or not.
-        let members: std::collections::BTreeSet<u32> = rec.members.iter().copied().collect();
-        let mut seen = vec![false; jobs.len()];
-        let mut stack: Vec<u32> =
-            rec.members.iter().flat_map(|&m| jobs[m as usize].needs.iter().map(|n| index[n])).collect();
-        while let Some(d) = stack.pop() {
-            if std::mem::replace(&mut seen[d as usize], true) {
-                continue;
-            }
-            if members.contains(&d) {
+    // The first gang (by name) whose min_available is out of range.
+    let bad_min = gangs
+        .iter()
+        .find(|(_, rec)| rec.min_available == 0 || rec.min_available as usize > rec.members.len());
+    let stuck = if gangs.is_empty() { Vec::new() } else { gangs_stuck(jobs, dependents, &gangs) };
+    // A gang one of whose jobs needs another of its jobs, directly or not,
+    // never starts, so it is among the stuck ones: only those are searched,
+    // in name order, before the first gang with a bad min_available (the
+    // first mistake is the one named). The searches share a budget in
+    // proportion to the build, so that a hostile build of many gangs costs
+    // linear time; past it, the plainer message below names them.
+    let mut budget = 8 * jobs.len() + 10_000;
+    for name in stuck.iter().copied().take_while(|name| bad_min.is_none_or(|(bad, _)| name < &bad.as_str())) {
+        match needed_member(jobs, index, &gangs[name].members, &mut budget) {
+            Search::Found(d) => {
                 return Err(format!(
                     "gang {name:?}: job {:?} is needed by another job of the gang (its jobs start together)",
                     jobs[d as usize].name
                 ));
             }
-            stack.extend(jobs[d as usize].needs.iter().map(|n| index[n]));
+            Search::None => {}
+            Search::OutOfBudget => break,
         }
     }
-    if !gangs.is_empty() {
-        gangs_can_start(jobs, dependents, &gangs)?;
+    if let Some((name, rec)) = bad_min {
+        return Err(format!(
+            "gang {name:?}: min_available must be from 1 to its {} job(s), not {}",
+            rec.members.len(),
+            rec.min_available
+        ));
+    }
+    if !stuck.is_empty() {
+        let names: Vec<String> = stuck.iter().map(|name| format!("{name:?}")).collect();
+        return Err(format!(
+            "gangs {} wait for each other: a job of one needs, directly or not, a job of another (a gang's \
+             jobs start together, once all their needs are done)",
+            names.join(", ")
+        ));
     }
     Ok(gangs)
 }
 
-/// Every gang can start some day. A gang goes on once all its members'
-/// needs are done, so two gangs that wait for each other (a job of one
-/// needs, directly or not, a job of the other, and the other way round, as
-/// in `a` (gang x), `b` (gang y), `c` needs `a` (gang y), `d` needs `b`
-/// (gang x)) never would: their builds would wait forever. Plays the build
-/// out, jobs going on as their needs are done and gangs once all their
-/// members' are, and names the gangs left waiting.
-fn gangs_can_start(
+/// What a search for a gang's job needed by another of its jobs found.
+enum Search {
+    /// This member is needed by another, directly or not.
+    Found(u32),
+    /// No member is.
+    None,
+    /// The shared budget of visits ran out first.
+    OutOfBudget,
+}
+
+/// One search from every member's needs: reaching a member means one member
+/// needs another, directly or not. Each job visited takes one from `budget`.
+fn needed_member(
+    jobs: &[JobDef],
+    index: &BTreeMap<String, u32>,
+    members: &[u32],
+    budget: &mut usize,
+) -> Search {
+    let member: std::collections::BTreeSet<u32> = members.iter().copied().collect();
+    let mut seen = std::collections::BTreeSet::new();
+    let mut stack: Vec<u32> =
+        members.iter().flat_map(|&m| jobs[m as usize].needs.iter().map(|n| index[n])).collect();
+    while let Some(d) = stack.pop() {
+        if !seen.insert(d) {
+            continue;
+        }
+        let Some(left) = budget.checked_sub(1) else { return Search::OutOfBudget };
+        *budget = left;
+        if member.contains(&d) {
+            return Search::Found(d);
+        }
+        stack.extend(jobs[d as usize].needs.iter().map(|n| index[n]));
+    }
+    Search::None
+}
+
+/// The gangs that could never start, in name order. A gang goes on once all
+/// its members' needs are done, so a gang one of whose jobs needs another
+/// of its jobs never would, nor would two gangs that wait for each other (a
+/// job of one needs, directly or not, a job of the other, and the other way
+/// round, as in `a` (gang x), `b` (gang y), `c` needs `a` (gang y), `d`
+/// needs `b` (gang x)): their builds would wait forever. Plays the build
+/// out, in time linear in its size, jobs going on as their needs are done
+/// and gangs once all their members' are, and names the gangs left waiting.
+fn gangs_stuck<'a>(
     jobs: &[JobDef],
     dependents: &[Vec<u32>],
-    gangs: &BTreeMap<String, GangRec>,
-) -> Result<(), String> {
+    gangs: &'a BTreeMap<String, GangRec>,
+) -> Vec<&'a str> {
     let mut waiting: Vec<usize> = jobs.iter().map(|j| j.needs.len()).collect();
     // Members of each gang whose needs are done.
     let mut ready: BTreeMap<&str, usize> = BTreeMap::new();
@@ -231,19 +277,11 @@ fn gangs_can_start(
             }
         }
     }
-    let stuck: Vec<String> = gangs
+    gangs
         .iter()
         .filter(|(name, rec)| ready.get(name.as_str()).copied().unwrap_or(0) < rec.members.len())
-        .map(|(name, _)| format!("{name:?}"))
-        .collect();
-    if stuck.is_empty() {
-        return Ok(());
-    }
-    Err(format!(
-        "gangs {} wait for each other: a job of one needs, directly or not, a job of another (a gang's jobs \
-         start together, once all their needs are done)",
-        stuck.join(", ")
-    ))
+        .map(|(name, _)| name.as_str())
+        .collect()
 }
 
 fn valid_name(name: &str) -> bool {
@@ -261,6 +299,11 @@ impl Plan {
     /// The spec it was made from.
     pub(crate) fn spec(&self) -> &Arc<BuildSpec> {
         &self.spec
+    }
+
+    /// Has the build a job of this name?
+    pub(crate) fn has_job(&self, name: &str) -> bool {
+        self.index.contains_key(name)
     }
 
     /// Was this plan made from `spec` itself (not merely an equal one)?

@@ -131,8 +131,9 @@ pub enum Input {
     },
     /// Time passes: due timers fire.
     Tick,
-    /// The coordinator restarted: time stood still for the cluster while it
-    /// was down, so leases and waits resume where they were.
+    /// The coordinator restarted, or a turn held it up for a while (a tenth
+    /// of a lease): time stood still for the cluster while it was down or
+    /// busy, so leases and waits resume where they were.
     Restarted,
 }
 
@@ -164,6 +165,17 @@ pub enum SolverError {
     /// The job cannot be suspended or resumed now.
     #[error("{0}")]
     NotRunning(String),
+    /// No live worker with that ID (it left, or was lost).
+    #[error("no worker {0} in the cluster")]
+    UnknownWorker(u64),
+    /// The build has no job of that name.
+    #[error("build {build} has no job {job:?}")]
+    UnknownJob {
+        /// The build.
+        build: u64,
+        /// The name asked for.
+        job: String,
+    },
 }
 
 /// Something for the coordinator's shell to do.
@@ -404,12 +416,19 @@ impl Solver {
         self.core.config()
     }
 
-    /// Handles one input at time `now`.
+    /// Handles one input at time `now`. An input refused with an error
+    /// changed nothing (so the coordinator leaves it out of its log).
     pub fn handle(&mut self, now: Millis, input: Input) -> Result<Reply, SolverError> {
+        let before = self.now;
         self.now = self.now.max(now);
         let reply = match input {
             Input::Register(req) => Ok(self.register(req)),
             Input::Poll { worker } => Ok(self.core_event(Event::Heartbeat { worker: WorkerId(worker) })),
+            Input::Leave { worker } | Input::Drain { worker }
+                if !self.core.worker_alive(WorkerId(worker)) =>
+            {
+                Err(SolverError::UnknownWorker(worker))
+            }
             Input::Leave { worker } => Ok(self.core_event(Event::WorkerLeft { worker: WorkerId(worker) })),
             Input::Drain { worker } => {
                 Ok(self.core_event(Event::WorkerDraining { worker: WorkerId(worker) }))
@@ -457,6 +476,9 @@ impl Solver {
             }
         }
         self.drain();
+        if reply.is_err() {
+            self.now = before;
+        }
         if let (Ok(Reply::Submitted(_)), Some(keep)) = (&reply, self.keep_finished) {
             // A pass over the builds once a quarter more than it keeps
             // (at least 16) came in, not one per submission.
@@ -712,7 +734,16 @@ impl Solver {
         if !self.core.worker_alive(WorkerId(worker)) {
             return Reply::Reregister;
         }
+        // A worker speaks only for its own runs: a run the core assigned to
+        // another worker is left alone, whatever this one says of it (a
+        // confused or hostile worker cannot end, or start, someone else's).
+        let theirs = |core: &Scheduler, run: u64| {
+            core.run_info(RunId(run)).is_some_and(|(owner, _, _)| owner != WorkerId(worker))
+        };
         for run in report.started {
+            if theirs(&self.core, run) {
+                continue;
+            }
             if self.core.handle(self.now, Event::JobStarted { run: RunId(run) }).is_err()
                 && self.core.run_info(RunId(run)).is_none()
             {
@@ -721,6 +752,9 @@ impl Solver {
             }
         }
         for r in report.finished {
+            if theirs(&self.core, r.run) {
+                continue;
+            }
             if !r.stages.is_empty()
                 && let Some((_, job, _)) = self.core.run_info(RunId(r.run))
             {
@@ -802,6 +836,11 @@ impl Solver {
 
     fn suspend(&mut self, id: u64, job: Option<&str>, resume: bool) -> Result<Reply, SolverError> {
         let build = self.builds.get_mut(&id).ok_or(SolverError::UnknownBuild(id))?;
+        if let Some(name) = job
+            && !build.plan().has_job(name)
+        {
+            return Err(SolverError::UnknownJob { build: id, job: name.to_owned() });
+        }
         let runs = build.suspend(job, resume, self.now).map_err(SolverError::NotRunning)?;
         for (worker, run) in runs {
             self.effects.push(Effect::Suspend { worker, run, resume });

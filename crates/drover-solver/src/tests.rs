@@ -458,6 +458,29 @@ fn a_re_registering_worker_loses_runs_it_no_longer_has_and_stops_unknown_ones() 
 }
 
 #[test]
+fn a_worker_cannot_start_or_end_another_workers_run() {
+    let mut h = Harness::new();
+    let w1 = worker_id(h.input(register("w1", 1, vec![])));
+    let w2 = worker_id(h.input(register("w2", 1, vec![])));
+    let b = build_id(h.input(submit(vec![job("a", &[])])));
+    h.later();
+    let runs = h.assigned();
+    assert_eq!(runs.len(), 1);
+    let (owner, run, _) = runs[0].clone();
+    let other = if owner == w1 { w2 } else { w1 };
+    // The other worker claims the run started, then failed, then succeeded:
+    // none of it counts.
+    h.report(other, Report { started: vec![run], finished: vec![failed(run, 137)], ..Report::default() });
+    h.report(other, Report { finished: vec![ok(run, "a")], ..Report::default() });
+    assert_eq!(h.states(b), [("a".to_owned(), JobState::Running)], "still running on its own worker");
+    assert!(h.solver.take_effects().iter().all(|e| !matches!(e, Effect::Stop { .. })), "nothing is stopped");
+    // Its own worker's word ends it.
+    h.report(owner, Report { finished: vec![ok(run, "a")], ..Report::default() });
+    assert_eq!(h.solver.build_status(b).expect("build").state, BuildState::Succeeded);
+    h.assert_replays();
+}
+
+#[test]
 fn invalid_builds_are_refused_and_change_nothing() {
     let mut h = Harness::new();
     for (jobs, why) in [
@@ -1887,6 +1910,44 @@ fn gangs_that_need_each_other_are_refused() {
         in_gang(job("c", &["d"]), "y", 2, false),
     ];
     assert!(matches!(h.input(submit(jobs)), Ok(Reply::Submitted(_))));
+}
+
+/// A gang one of whose jobs needs another is named as such, even behind
+/// many gangs it holds up (each of those waits too, and is searched first
+/// in name order); a bad `min_available` of an earlier gang comes first.
+/// The check is linear in the build: a chain of 20,000 one-job gangs, each
+/// needing the one before (the shape that took 28 s to check when every
+/// gang searched all its ancestors), is accepted.
+#[test]
+fn a_gang_needing_itself_is_named_behind_the_gangs_it_holds_up() {
+    let mut h = Harness::new();
+    worker_id(h.input(register("w1", 4, vec![])));
+    let mut jobs = vec![in_gang(job("z1", &[]), "z", 2, false), in_gang(job("z2", &["z1"]), "z", 2, false)];
+    for i in 0..50 {
+        let need = if i == 0 { "z2".to_owned() } else { format!("a{}", i - 1) };
+        jobs.push(in_gang(job(&format!("a{i}"), &[need.as_str()]), &format!("a{i:02}"), 1, false));
+    }
+    match h.input(submit(jobs.clone())) {
+        Err(SolverError::InvalidBuild(msg)) => {
+            assert!(msg.contains(r#"gang "z": job "z1" is needed by another job of the gang"#), "{msg}")
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    jobs.push(in_gang(job("b", &[]), "b", 3, false));
+    match h.input(submit(jobs)) {
+        Err(SolverError::InvalidBuild(msg)) => {
+            assert!(msg.contains(r#"gang "b": min_available must be from 1 to its 1 job(s), not 3"#), "{msg}")
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    let chain: Vec<JobDef> = (0..20_000)
+        .map(|i| {
+            let need = format!("g{}", i.max(1) - 1);
+            let needs: &[&str] = if i == 0 { &[] } else { &[need.as_str()] };
+            in_gang(job(&format!("g{i}"), needs), &format!("g{i}"), 1, false)
+        })
+        .collect();
+    assert!(matches!(h.input(submit(chain)), Ok(Reply::Submitted(_))));
 }
 
 /// A job's needs are resolved to jobs once, at submission: the core gets

@@ -32,12 +32,23 @@ pub(crate) async fn run(shared: Arc<Shared>) {
 
 /// Tells the coordinator that this worker (session `id`) drains: nothing
 /// new is to come to it. Retried until answered; a registration that comes
-/// in between says it again.
+/// in between says it again (so does the one that follows when the
+/// coordinator no longer knows the session: it answers 404).
 pub(crate) async fn drain(shared: &Shared, id: u64) {
     let url = shared.coordinator(&format!("/v1/workers/{id}/drain"));
     let mut backoff = Duration::from_millis(100);
-    while let Err(e) = shared.http.post(&url).await {
-        tracing::warn!("cannot tell the coordinator this worker drains, retrying: {e}");
+    loop {
+        match shared.http.post(&url).await {
+            Ok(()) => break,
+            Err(drover_http::HttpError::Status { status: 404, .. }) => {
+                tracing::info!(
+                    worker = id,
+                    "the coordinator no longer knows this session: the next one drains"
+                );
+                return;
+            }
+            Err(e) => tracing::warn!("cannot tell the coordinator this worker drains, retrying: {e}"),
+        }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(5));
     }

@@ -82,9 +82,9 @@ pub(crate) async fn run(args: BenchArgs) -> Result<(), Failure> {
         let size = crate::units::size("--size", &args.size).map_err(Failure::Usage)?;
         rows.extend(transfer(dir.path(), size).await?);
     }
-    println!("| benchmark | result | target |\n|---|---|---|");
+    outln!("| benchmark | result | target |\n|---|---|---|");
     for row in rows {
-        println!("| {} | {} | {} |", row.name, row.value, row.target);
+        outln!("| {} | {} | {} |", row.name, row.value, row.target);
     }
     Ok(())
 }

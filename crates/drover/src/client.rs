@@ -224,7 +224,7 @@ async fn finish(
             print_logs(http, base, &status).await;
         }
         if args.json {
-            println!("{}", serde_json::to_string_pretty(&status).map_err(anyhow::Error::from)?);
+            outln!("{}", serde_json::to_string_pretty(&status).map_err(anyhow::Error::from)?);
         }
     }
     eprintln!(
@@ -479,7 +479,7 @@ pub(crate) async fn submit(args: SubmitArgs) -> Result<(), Failure> {
     let started = Instant::now();
     let id = submit_loaded(&http, base, &loaded, &Options::from_args(&args.build)).await?;
     if !(args.wait && args.build.json) {
-        println!("{id}");
+        outln!("{id}");
     }
     if !args.wait {
         return Ok(());
@@ -495,11 +495,11 @@ pub(crate) async fn status(args: StatusArgs) -> Result<(), Failure> {
     let Some(id) = args.build else {
         let builds: Vec<BuildStatus> = http.get_json(&api(base, "/v1/builds")).await.map_err(reach(base))?;
         if args.json {
-            println!("{}", serde_json::to_string_pretty(&builds).map_err(anyhow::Error::from)?);
+            outln!("{}", serde_json::to_string_pretty(&builds).map_err(anyhow::Error::from)?);
         } else {
             for b in &builds {
                 let done = b.jobs.iter().filter(|j| j.state.is_final()).count();
-                println!("{:>6}  {:<10} {:>5}/{:<5} {}", b.id, b.state, done, b.jobs.len(), b.name);
+                outln!("{:>6}  {:<10} {:>5}/{:<5} {}", b.id, b.state, done, b.jobs.len(), b.name);
             }
         }
         return Ok(());
@@ -508,7 +508,7 @@ pub(crate) async fn status(args: StatusArgs) -> Result<(), Failure> {
     if args.events {
         let mut failed = None;
         let ended = follow_events(&http, base, id, 0, |event| match serde_json::to_string(event) {
-            Ok(line) => println!("{line}"),
+            Ok(line) => outln!("{line}"),
             Err(e) => failed = Some(e),
         })
         .await?;
@@ -522,31 +522,35 @@ pub(crate) async fn status(args: StatusArgs) -> Result<(), Failure> {
         status = build_status(&http, base, id).await?;
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&status).map_err(anyhow::Error::from)?);
+        outln!("{}", serde_json::to_string_pretty(&status).map_err(anyhow::Error::from)?);
     } else {
-        println!("build {} ({}): {}", status.id, status.name, status.state);
+        outln!("build {} ({}): {}", status.id, status.name, status.state);
         for j in &status.jobs {
             let worker = j.worker.as_deref().unwrap_or("-");
             let code = j.exit_code.map_or_else(|| "-".into(), |c| c.to_string());
-            println!(
+            outln!(
                 "  {:<24} {:<10} worker {:<12} attempts {} exit {}",
-                j.name, j.state, worker, j.attempts, code
+                j.name,
+                j.state,
+                worker,
+                j.attempts,
+                code
             );
             if !j.detail.is_empty() {
                 for line in j.detail.lines() {
-                    println!("      {line}");
+                    outln!("      {line}");
                 }
             }
             if let Some(stage) = &j.stage {
                 let waiting = if j.stage_waiting { ", waiting for its tokens" } else { "" };
-                println!("      stage {stage}{waiting}");
+                outln!("      stage {stage}{waiting}");
             }
             if !j.stages.is_empty() {
                 let stages: Vec<String> = ["pull", "fetch", "build", "wait"]
                     .iter()
                     .filter_map(|s| j.stages.get(*s).map(|ms| format!("{s} {ms} ms")))
                     .collect();
-                println!("      {}", stages.join(", "));
+                outln!("      {}", stages.join(", "));
             }
         }
     }
@@ -618,7 +622,7 @@ pub(crate) async fn retry(args: RetryArgs) -> Result<(), Failure> {
     let ended = follow(&http, base, args.build, history, before.jobs.len()).await?;
     if args.json {
         let status = build_status(&http, base, args.build).await?;
-        println!("{}", serde_json::to_string_pretty(&status).map_err(anyhow::Error::from)?);
+        outln!("{}", serde_json::to_string_pretty(&status).map_err(anyhow::Error::from)?);
     }
     eprintln!("build {} {}: {}", args.build, ended.state, summary(&ended.counts));
     if ended.state == BuildState::Succeeded { Ok(()) } else { Err(Failure::Build) }
@@ -637,12 +641,12 @@ pub(crate) async fn workers(args: WorkersArgs) -> Result<(), Failure> {
     let base = &args.remote.coordinator;
     let workers: Vec<WorkerStatus> = http.get_json(&api(base, "/v1/workers")).await.map_err(reach(base))?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&workers).map_err(anyhow::Error::from)?);
+        outln!("{}", serde_json::to_string_pretty(&workers).map_err(anyhow::Error::from)?);
         return Ok(());
     }
     for w in &workers {
         let labels: Vec<String> = w.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        println!(
+        outln!(
             "{:<16} {:<8} {:<28} running {}/{}  cpu {}m  memory {}  {}",
             w.name,
             if w.draining {
@@ -669,16 +673,23 @@ pub(crate) async fn queues(args: WorkersArgs) -> Result<(), Failure> {
     let base = &args.remote.coordinator;
     let queues: Vec<QueueView> = http.get_json(&api(base, "/v1/queues")).await.map_err(reach(base))?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&queues).map_err(anyhow::Error::from)?);
+        outln!("{}", serde_json::to_string_pretty(&queues).map_err(anyhow::Error::from)?);
         return Ok(());
     }
     let slots = |a: &QueueAmounts| {
         let s = format!("{:.2}", a.slots_milli as f64 / 1000.0);
         s.trim_end_matches('0').trim_end_matches('.').to_owned()
     };
-    println!(
+    outln!(
         "{:<20} {:>6} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7}",
-        "QUEUE", "WEIGHT", "CAP", "DESERVED", "HELD", "ASKED", "QUEUED", "RUNNING"
+        "QUEUE",
+        "WEIGHT",
+        "CAP",
+        "DESERVED",
+        "HELD",
+        "ASKED",
+        "QUEUED",
+        "RUNNING"
     );
     for q in &queues {
         let depth = std::iter::successors(q.parent.as_deref(), |p| {
@@ -686,7 +697,7 @@ pub(crate) async fn queues(args: WorkersArgs) -> Result<(), Failure> {
         })
         .count();
         let name = format!("{}{}", "  ".repeat(depth), q.name);
-        println!(
+        outln!(
             "{name:<20} {:>6} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7}",
             q.weight,
             q.capability.as_ref().map_or("-".to_owned(), slots),
@@ -697,7 +708,7 @@ pub(crate) async fn queues(args: WorkersArgs) -> Result<(), Failure> {
             q.running
         );
     }
-    println!("(slots; HELD by running jobs, ASKED by queued jobs)");
+    outln!("(slots; HELD by running jobs, ASKED by queued jobs)");
     Ok(())
 }
 

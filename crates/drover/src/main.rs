@@ -4,7 +4,16 @@
 //!
 //! Exit codes: 0 success; 1 the build failed or was cancelled (or the
 //! cluster could not be reached after the build was submitted); 2 bad usage
-//! or bad input, with nothing submitted.
+//! or bad input, with nothing submitted. Output into a pipe that closed
+//! (`drover workers | head -1`) ends the command quietly with 141, as the
+//! SIGPIPE that a C program would get.
+
+/// `println!` to standard output that never panics: see [`print_line`].
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::print_line(format_args!($($arg)*))
+    };
+}
 
 mod bench;
 mod cli;
@@ -28,6 +37,22 @@ use cli::{Cli, Command};
 /// zygote and supervisors run with the huge pages off (`cluster.rs`).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Writes a line to standard output. A reader that went away (a closed
+/// pipe) ends the process quietly with 141, as SIGPIPE would (Rust ignores
+/// SIGPIPE, so `println!` panics there instead); another error ends it
+/// with 1 and says why.
+fn print_line(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_fmt(args).and_then(|()| out.write_all(b"\n")).and_then(|()| out.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(141);
+        }
+        eprintln!("drover: cannot write to standard output: {e}");
+        std::process::exit(1);
+    }
+}
 
 /// How a command failed, and so which exit code it gets.
 #[derive(Debug)]

@@ -174,3 +174,23 @@ fn preemption_suspends_the_victim_and_resumes_it_after_the_preemptor() {
     assert!(events.contains("\"evicted_by\"") && events.contains("\"job_resumed\""), "{events}");
     assert!(!events.contains("\"job_requeued\""), "{events}");
 }
+
+/// Output into a pipe nobody reads any more (`drover workers | head -1`
+/// once `head` is done) ends the command quietly with 141, as SIGPIPE
+/// would, instead of a panic and its backtrace.
+#[test]
+fn output_into_a_closed_pipe_ends_quietly() {
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", 1, &[]);
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    let out = cluster
+        .client(&["workers"])
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .expect("run drover");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(141), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
