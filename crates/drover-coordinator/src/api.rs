@@ -595,6 +595,24 @@ async fn register(
     if req.capacity.slots == 0 {
         return Err(bad("a worker needs at least one slot"));
     }
+    // Two workers under one name would act as one (each reporting for the
+    // other's runs, each taking the other's mail): a live worker's name is
+    // only for that worker again (at its URL, as after a restart of either
+    // side). Another must wait for its lease to run out.
+    let name = req.name.clone();
+    let holder = app.shared.query(move |s| s.live_worker_url(&name).map(str::to_owned)).await?;
+    if let Some(url) = holder
+        && url != req.url
+    {
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            format!(
+                "a live worker named {:?} is at {url}: give each worker its own --name (this one is at {}); \
+                 the name is free again once that worker leaves or its lease runs out",
+                req.name, req.url
+            ),
+        ));
+    }
     match app.shared.input(Input::Register(req)).await?? {
         // The new session's mailbox is open (and mail for the old one void)
         // by now: the state thread carried out the registration's effects

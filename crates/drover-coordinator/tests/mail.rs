@@ -434,3 +434,33 @@ async fn a_long_turn_does_not_cost_a_polling_worker_its_lease() {
     .await
     .expect("done in time");
 }
+
+/// A live worker's name is refused to a worker at another URL (two
+/// processes under one name would act as one worker, each answering for
+/// the other's runs), with the reason; the same worker registering again at
+/// its URL (after either side restarted) is welcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_workers_name_is_not_given_to_another() {
+    tokio::time::timeout(DEADLINE, async {
+        let (_dir, _coordinator, client) = started().await;
+        let first = client.register("w", 1, Vec::new()).await.worker;
+        let mut other = register_request("w", 1, Vec::new());
+        other.url = "http://elsewhere.invalid:7701".into();
+        let refused: Result<RegisterReply, _> =
+            client.http.post_json(&format!("{}/v1/workers/register", client.url), &other, None).await;
+        match refused {
+            Err(drover_http::HttpError::Status { status: 409, message, .. }) => {
+                assert!(message.contains("give each worker its own --name"), "{message}")
+            }
+            other => panic!("expected 409, got {other:?}"),
+        }
+        let again = client.register("w", 1, Vec::new()).await.worker;
+        assert_eq!(again, first, "the same worker, again");
+        // Once it has left, the name is free.
+        client.http.post(&format!("{}/v1/workers/{first}/leave", client.url)).await.expect("leave");
+        let taken: RegisterReply = client.post("/v1/workers/register", &other).await;
+        assert_eq!(taken.worker, first, "the name keeps its ID");
+    })
+    .await
+    .expect("done in time");
+}

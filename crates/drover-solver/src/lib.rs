@@ -624,6 +624,15 @@ impl Solver {
         m
     }
 
+    /// The URL of the live worker of that name, if one is alive.
+    pub fn live_worker_url(&self, name: &str) -> Option<&str> {
+        let id = *self.worker_ids.get(name)?;
+        if !self.core.worker_alive(WorkerId(id)) {
+            return None;
+        }
+        self.workers.get(&id).map(|w| w.url.as_str())
+    }
+
     /// Every registered worker.
     pub fn workers(&self) -> Vec<WorkerStatus> {
         self.workers

@@ -404,7 +404,7 @@ pub async fn start(mut config: WorkerConfig) -> Result<Worker, WorkerError> {
         .map_err(|source| WorkerError::Listen { addr: config.listen, source })?;
     let addr = listener.local_addr().map_err(|source| WorkerError::Listen { addr: config.listen, source })?;
     let url = config.advertise.clone().unwrap_or_else(|| format!("http://{addr}"));
-    let name = config.name.clone().unwrap_or_else(|| format!("worker-{}", addr.port()));
+    let name = config.name.clone().unwrap_or_else(|| default_name(addr.port()));
     let shared = Arc::new(Shared {
         http: match &config.coordinator_router {
             Some(router) => Http::new(config.token.clone(), Duration::from_secs(30))
@@ -435,4 +435,14 @@ pub async fn start(mut config: WorkerConfig) -> Result<Worker, WorkerError> {
     tasks.spawn(report::run(shared.clone()));
     tracing::info!(%url, "worker listening");
     Ok(Worker { url, shared, tasks, _lock: lock })
+}
+
+/// A worker's name when none is given: `worker-HOST-PORT`, so that workers
+/// on different machines listening on the same port do not share one
+/// (`worker-PORT` without a host name to read).
+fn default_name(port: u16) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let host: String =
+        host.trim().chars().filter(|c| c.is_ascii_alphanumeric() || "-._".contains(*c)).collect();
+    if host.is_empty() { format!("worker-{port}") } else { format!("worker-{host}-{port}") }
 }

@@ -175,7 +175,7 @@ pub(crate) struct WorkerArgs {
     /// The URL peers reach this worker at (default: http://LISTEN).
     #[arg(long)]
     pub(crate) advertise: Option<String>,
-    /// The worker's name (default: worker-PORT).
+    /// The worker's name, unique in the cluster (default: worker-HOST-PORT). A live worker's name is refused to another worker at another URL.
     #[arg(long)]
     pub(crate) name: Option<String>,
     /// Jobs at once (default: the number of CPUs).

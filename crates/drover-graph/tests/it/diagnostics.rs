@@ -731,7 +731,10 @@ fn a_gang_needing_itself_is_found_behind_the_gangs_it_holds_up() {
 fn long_names_are_cut_short_in_messages() {
     let dir = Dir::new();
     let long = "c".repeat(5_000);
-    let yaml = format!("jobs:\n  - name: {}\n    run: x\n  - name: b\n    run: x\n    needs: [{long}]\n", &long[1..]);
+    let yaml = format!(
+        "jobs:\n  - name: {}\n    run: x\n  - name: b\n    run: x\n    needs: [{long}]\n",
+        &long[1..]
+    );
     let (line, job, message) = only(dir.errors(&yaml));
     assert_eq!((line, job.as_deref()), (Some(6), Some("b")));
     assert!(message.starts_with("unknown dependency \"cccc") && message.ends_with("…\""), "{message}");
