@@ -694,12 +694,15 @@ async fn report(
     JsonBody(mut report): JsonBody<Report>,
 ) -> ApiResult<Json<PollReply>> {
     let deliver = Delivery { take: std::mem::take(&mut report.deliver), received: report.received.take() };
-    // Stages are display only: kept aside, not recorded.
-    app.shared.note_stages(std::mem::take(&mut report.stages), &report.finished);
+    let stages = std::mem::take(&mut report.stages);
     if !app.shared.mailbox(id, |mb| mb.open()) {
         // Kept by the worker, and sent again once it has registered.
         return Ok(reregister());
     }
+    // Stages are display only: kept aside, not recorded; only those of a
+    // worker with a session, and only short names (a stage is a word).
+    let stages = stages.into_iter().filter(|n| n.stage.len() <= 32 && !n.stage.contains(char::is_control));
+    app.shared.note_stages(stages.collect(), &report.finished);
     if report == Report::default() {
         // Nothing to record: a worker taking its mail, or stage notes.
         let answer = if deliver.take {

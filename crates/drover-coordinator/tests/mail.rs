@@ -464,3 +464,28 @@ async fn a_live_workers_name_is_not_given_to_another() {
     .await
     .expect("done in time");
 }
+
+/// Stage notes (display only) are kept for a worker with a session, and
+/// only short ones: a report from a worker that never registered, or a
+/// stage of megabytes, leaves nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_registered_workers_short_stage_notes_are_kept() {
+    tokio::time::timeout(DEADLINE, async {
+        let (_dir, _coordinator, client) = started().await;
+        let worker = client.register("w", 1, Vec::new()).await.worker;
+        let build = client.submit("staged", 1).await;
+        let mail = client.fetch(worker, 0).await;
+        let run = mail.assign[0].run;
+        let note = |stage: String| drover_proto::RunStage { run, stage, waiting: false };
+        let stranger = Report { stages: vec![note("stranger".into())], ..Report::default() };
+        assert!(client.report(worker + 100, &stranger).await.reregister);
+        let huge = Report { stages: vec![note("x".repeat(1 << 20))], ..Report::default() };
+        client.report(worker, &huge).await;
+        assert_eq!(client.status(build).await.jobs[0].stage, None, "neither note was kept");
+        let fetch = Report { stages: vec![note("fetch".into())], ..Report::default() };
+        client.report(worker, &fetch).await;
+        assert_eq!(client.status(build).await.jobs[0].stage.as_deref(), Some("fetch"));
+    })
+    .await
+    .expect("done in time");
+}
