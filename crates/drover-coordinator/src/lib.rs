@@ -50,6 +50,9 @@ pub struct CoordinatorConfig {
     /// events (default [`KEEP_FINISHED_BUILDS`]; `None`: all, and memory
     /// grows with the history). Older finished builds are forgotten.
     pub keep_finished_builds: Option<u64>,
+    /// How long a client may take to send a request's headers before its
+    /// connection is closed (default [`drover_http::HEADER_TIMEOUT`]).
+    pub header_timeout: std::time::Duration,
 }
 
 /// The default of [`CoordinatorConfig::keep_finished_builds`].
@@ -69,6 +72,7 @@ impl CoordinatorConfig {
             cache_keep_free: drover_cas::DEFAULT_KEEP_FREE,
             durability: Durability::default(),
             keep_finished_builds: Some(KEEP_FINISHED_BUILDS),
+            header_timeout: drover_http::HEADER_TIMEOUT,
         }
     }
 }
@@ -203,9 +207,7 @@ pub async fn start(config: CoordinatorConfig) -> Result<Coordinator, Coordinator
     let router = api::router(app);
     let served = router.clone();
     let server = tokio::spawn(async move {
-        if let Err(e) = axum::serve(drover_http::no_delay(listener), served).await {
-            tracing::error!("coordinator server stopped: {e}");
-        }
+        drover_http::serve(listener, served, config.header_timeout).await;
     });
     tracing::info!(%addr, "coordinator listening");
     Ok(Coordinator { addr, router, server, _lock: lock })

@@ -11,6 +11,7 @@
 //! both sides, or the hand-offs between their tasks.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -240,8 +241,10 @@ impl Http {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(Duration::from_secs(5)));
-        let client =
-            Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(30)).build(connector);
+        // An idle pooled connection is dropped well before a drover server
+        // would close it (see `HEADER_TIMEOUT`), so that a request is not
+        // sent on a connection the server is closing.
+        let client = Client::builder(TokioExecutor::new()).pool_idle_timeout(IDLE_TIMEOUT).build(connector);
         Http { client, token, timeout, local: None }
     }
 
@@ -433,19 +436,66 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
-/// The listener with Nagle's algorithm off on every connection, for
-/// `axum::serve`: a streamed response sends its headers first, and with
-/// Nagle on its first body bytes would wait for the client's delayed
-/// acknowledgement (40 ms on Linux), which made each small pull or fetch
-/// take 40 ms.
-pub fn no_delay(
-    listener: tokio::net::TcpListener,
-) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = std::net::SocketAddr> {
-    use axum::serve::ListenerExt;
-    listener.tap_io(|tcp| {
+/// How long a client may take to send a request's headers, from the moment
+/// the server waits for them (also on an idle kept-alive connection):
+/// longer, and the connection is closed. A client that opens connections
+/// and sends nothing (or one header line at a time) cannot hold them.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long the client keeps an idle connection for another request: a
+/// third of [`HEADER_TIMEOUT`], after which a drover server closes it.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Most connections served at once; past it, new ones wait in the
+/// listener's queue until one closes (rather than the process running out
+/// of file descriptors, which fails every request).
+pub const MAX_CONNECTIONS: usize = 4_096;
+
+/// Serves `router` on `listener` until the task is dropped: HTTP/1.1 (what
+/// drover's clients speak), Nagle's algorithm off on every connection (a streamed response
+/// sends its headers first, and with Nagle on its first body bytes would
+/// wait for the client's delayed acknowledgement, 40 ms on Linux), at most
+/// [`MAX_CONNECTIONS`] at once, each closed if a request's headers take
+/// longer than `header_timeout` (see [`HEADER_TIMEOUT`]).
+pub async fn serve(listener: tokio::net::TcpListener, router: axum::Router, header_timeout: Duration) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else { return };
+        let tcp = match listener.accept().await {
+            Ok((tcp, _)) => tcp,
+            Err(e) => {
+                // Out of descriptors, mostly: wait for some to close.
+                tracing::warn!("cannot accept a connection: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
         // Only a latency cost if it fails: nothing to report to anyone.
         let _ = tcp.set_nodelay(true);
-    })
+        let service = Routed(router.clone());
+        tokio::spawn(async move {
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(header_timeout);
+            // A connection that breaks or times out concerns its client only.
+            let _ = builder.serve_connection(hyper_util::rt::TokioIo::new(tcp), service).await;
+            drop(slot);
+        });
+    }
+}
+
+/// The router as a hyper service.
+#[derive(Clone, Debug)]
+struct Routed(axum::Router);
+
+impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for Routed {
+    type Response = axum::response::Response;
+    type Error = std::convert::Infallible;
+    type Future = axum::routing::future::RouteFuture<std::convert::Infallible>;
+
+    fn call(&self, req: hyper::Request<hyper::body::Incoming>) -> Self::Future {
+        // A router is always ready: no need to poll it first.
+        tower_service::Service::call(&mut self.0.clone(), req.map(axum::body::Body::new))
+    }
 }
 
 #[cfg(test)]

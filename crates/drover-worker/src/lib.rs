@@ -427,9 +427,7 @@ pub async fn start(mut config: WorkerConfig) -> Result<Worker, WorkerError> {
     let mut tasks = tokio::task::JoinSet::new();
     let router = server::router(shared.clone());
     tasks.spawn(async move {
-        if let Err(e) = axum::serve(drover_http::no_delay(listener), router).await {
-            tracing::error!("worker server stopped: {e}");
-        }
+        drover_http::serve(listener, router, drover_http::HEADER_TIMEOUT).await;
     });
     tasks.spawn(session::run(shared.clone()));
     tasks.spawn(report::run(shared.clone()));

@@ -1,0 +1,53 @@
+//! A client cannot hold the coordinator's connections: one that sends a
+//! request's headers too slowly, or nothing at all, is disconnected, and
+//! requests on other connections go on meanwhile.
+//!
+//! A real coordinator on loopback and raw TCP connections.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use drover_coordinator::CoordinatorConfig;
+
+/// Reads until the server closes the connection (or a generous deadline
+/// passes, a failure); what it sent before closing.
+fn until_closed(mut tcp: TcpStream) -> Vec<u8> {
+    tcp.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    loop {
+        match tcp.read(&mut buf) {
+            Ok(0) => return got,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return got,
+            Err(e) => panic!("the connection stayed open: {e}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_or_silent_clients_are_disconnected() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = CoordinatorConfig::new(dir.path().to_owned());
+    config.listen = ([127, 0, 0, 1], 0).into();
+    config.header_timeout = Duration::from_millis(300);
+    let coordinator = drover_coordinator::start(config).await.expect("start");
+    let addr = coordinator.url().trim_start_matches("http://").to_owned();
+    let (silent, slow) = tokio::task::spawn_blocking(move || {
+        let silent = TcpStream::connect(&addr).expect("connect");
+        let mut slow = TcpStream::connect(&addr).expect("connect");
+        slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n").expect("write");
+        // A working client meanwhile.
+        let mut ok = TcpStream::connect(&addr).expect("connect");
+        ok.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").expect("write");
+        let answer = String::from_utf8(until_closed(ok)).expect("utf-8");
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        (until_closed(silent), until_closed(slow))
+    })
+    .await
+    .expect("clients");
+    assert!(silent.is_empty(), "nothing to answer a silent client: {silent:?}");
+    let slow = String::from_utf8_lossy(&slow);
+    assert!(!slow.contains("200"), "the slow request was not served: {slow}");
+}
