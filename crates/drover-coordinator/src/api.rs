@@ -50,6 +50,42 @@ pub(crate) struct App {
     pub(crate) specs: Arc<SpecCache>,
     /// How often a polling worker's lease is renewed (a tenth of the lease).
     pub(crate) renew_every: Duration,
+    /// Uploads (sources, pushed outputs) being written at once, each on a
+    /// blocking thread: see [`MAX_UPLOADS`].
+    pub(crate) uploads: Arc<tokio::sync::Semaphore>,
+    /// How long an upload may go without a byte before it is dropped.
+    pub(crate) upload_idle: Duration,
+}
+
+/// Uploads written at once; more wait, holding no thread. Each reads its
+/// body on a thread of the runtime's blocking pool, which also serves every
+/// other file operation: slow uploads beyond this many cannot take it all.
+pub(crate) const MAX_UPLOADS: usize = 32;
+
+/// An upload's body as a reader for blocking code: at most `max` bytes, and
+/// an error if `idle` passes without data (so that a stalled client does
+/// not hold its thread for ever).
+fn upload(body: Body, max: u64, idle: Duration) -> impl tokio::io::AsyncRead + Send + Unpin + 'static {
+    let chunks =
+        futures::stream::unfold((body.into_data_stream(), 0u64), move |(mut chunks, seen)| async move {
+            let chunk = match tokio::time::timeout(idle, chunks.next()).await {
+                Err(_) => Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no data for {:.1} s", idle.as_secs_f64()),
+                )),
+                Ok(None) => return None,
+                Ok(Some(chunk)) => chunk.map_err(std::io::Error::other),
+            };
+            let seen = seen + chunk.as_ref().map_or(0, |c| c.len() as u64);
+            let chunk = match chunk {
+                Ok(_) if seen > max => {
+                    Err(std::io::Error::other(format!("larger than the limit of {max} bytes")))
+                }
+                other => other,
+            };
+            Some((chunk, (chunks, seen)))
+        });
+    tokio_util::io::StreamReader::new(Box::pin(chunks))
 }
 
 /// A failed request.
@@ -478,19 +514,11 @@ async fn put_blob(State(app): State<App>, Path(digest): Path<String>, body: Body
     if app.blobs.has_blob(&key) {
         return Ok(StatusCode::NO_CONTENT);
     }
-    let max = app.max_blob;
-    let mut seen = 0u64;
-    let stream = body.into_data_stream().map(move |chunk| {
-        let chunk = chunk.map_err(std::io::Error::other)?;
-        seen += chunk.len() as u64;
-        if seen > max {
-            return Err(std::io::Error::other(format!("blob larger than the limit of {max} bytes")));
-        }
-        Ok(chunk)
-    });
-    let reader = tokio_util::io::StreamReader::new(stream);
+    let reader = upload(body, app.max_blob, app.upload_idle);
     let blobs = app.blobs.clone();
+    let slot = app.uploads.clone().acquire_owned().await.map_err(|_| Stopped)?;
     let result = tokio::task::spawn_blocking(move || {
+        let _slot = slot;
         let mut sync = tokio_util::io::SyncIoBridge::new(reader);
         blobs.put_blob(&mut sync, &key)
     })
@@ -521,10 +549,11 @@ async fn get_blob(State(app): State<App>, Path(digest): Path<String>) -> ApiResu
 /// both succeed).
 async fn put_cached(State(app): State<App>, Path(job): Path<String>, body: Body) -> ApiResult<StatusCode> {
     let job = parse_hash(&job)?;
-    let stream = body.into_data_stream().map(|chunk| chunk.map_err(std::io::Error::other));
-    let reader = tokio_util::io::StreamReader::new(stream);
+    let reader = upload(body, u64::MAX, app.upload_idle);
     let cache = app.cache.clone();
+    let slot = app.uploads.clone().acquire_owned().await.map_err(|_| Stopped)?;
     let result = tokio::task::spawn_blocking(move || {
+        let _slot = slot;
         let mut sync = tokio_util::io::SyncIoBridge::new(reader);
         let info = cache.unpack(&Key(job.0), None, &mut sync);
         (info, cache.take_evicted())

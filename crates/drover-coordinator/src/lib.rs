@@ -53,7 +53,13 @@ pub struct CoordinatorConfig {
     /// How long a client may take to send a request's headers before its
     /// connection is closed (default [`drover_http::HEADER_TIMEOUT`]).
     pub header_timeout: std::time::Duration,
+    /// How long an upload (a source, a pushed output) may go without a byte
+    /// before it is refused (default [`UPLOAD_IDLE`]).
+    pub upload_idle: std::time::Duration,
 }
+
+/// The default of [`CoordinatorConfig::upload_idle`].
+pub const UPLOAD_IDLE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The default of [`CoordinatorConfig::keep_finished_builds`].
 pub const KEEP_FINISHED_BUILDS: u64 = 1_000;
@@ -73,6 +79,7 @@ impl CoordinatorConfig {
             durability: Durability::default(),
             keep_finished_builds: Some(KEEP_FINISHED_BUILDS),
             header_timeout: drover_http::HEADER_TIMEOUT,
+            upload_idle: UPLOAD_IDLE,
         }
     }
 }
@@ -198,6 +205,8 @@ pub async fn start(config: CoordinatorConfig) -> Result<Coordinator, Coordinator
         max_blob: config.max_blob,
         specs,
         renew_every: Duration::from_millis((config.core.lease_timeout.0 / 10).max(50)),
+        uploads: Arc::new(tokio::sync::Semaphore::new(api::MAX_UPLOADS)),
+        upload_idle: config.upload_idle,
     };
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await

@@ -51,3 +51,26 @@ async fn slow_or_silent_clients_are_disconnected() {
     let slow = String::from_utf8_lossy(&slow);
     assert!(!slow.contains("200"), "the slow request was not served: {slow}");
 }
+
+/// An upload that stops sending is refused once it has been idle too long
+/// (it held one of the threads every file operation shares).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_upload_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = CoordinatorConfig::new(dir.path().to_owned());
+    config.listen = ([127, 0, 0, 1], 0).into();
+    config.upload_idle = Duration::from_millis(300);
+    let coordinator = drover_coordinator::start(config).await.expect("start");
+    let addr = coordinator.url().trim_start_matches("http://").to_owned();
+    let answer = tokio::task::spawn_blocking(move || {
+        let mut tcp = TcpStream::connect(&addr).expect("connect");
+        let digest = "ab".repeat(32);
+        write!(tcp, "PUT /v1/blobs/{digest} HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nx")
+            .expect("write");
+        String::from_utf8_lossy(&until_closed(tcp)).into_owned()
+    })
+    .await
+    .expect("client");
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("no data for 0.3 s"), "{answer}");
+}

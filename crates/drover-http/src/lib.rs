@@ -103,14 +103,19 @@ pub const TOKEN_REQUIRED: &str = "a valid token is required (--token or DROVER_T
 
 /// Whether a request's headers carry `Bearer <token>` (always true when no
 /// token is configured). Shared by the coordinator's and the workers'
-/// servers, so both check tokens alike.
+/// servers, so both check tokens alike. The scheme's name is matched in any
+/// case (RFC 9110); the token is compared in time that does not depend on
+/// where it first differs, so that answers cannot be timed to guess it.
 pub fn authorized(headers: &hyper::HeaderMap, token: Option<&str>) -> bool {
     let Some(token) = token else { return true };
-    headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .is_some_and(|presented| presented == token)
+    let Some(value) = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) else { return false };
+    let Some((scheme, presented)) = value.split_once(' ') else { return false };
+    scheme.eq_ignore_ascii_case("bearer") && same_secret(presented.trim_start().as_bytes(), token.as_bytes())
+}
+
+/// `a == b`, looking at every byte whatever the first difference.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// A streamed response body.
@@ -636,5 +641,11 @@ mod tests {
         assert!(!authorized(&headers, Some("s3cret")), "the Bearer scheme is required");
         headers.insert(header::AUTHORIZATION, "Bearer s3cret".parse().expect("header"));
         assert!(authorized(&headers, Some("s3cret")));
+        headers.insert(header::AUTHORIZATION, "bearer s3cret".parse().expect("header"));
+        assert!(authorized(&headers, Some("s3cret")), "the scheme's name in any case");
+        for wrong in ["Basic s3cret", "Bearer s3cre", "Bearer s3cret2", "Bearer S3cret", "Bearer"] {
+            headers.insert(header::AUTHORIZATION, wrong.parse().expect("header"));
+            assert!(!authorized(&headers, Some("s3cret")), "{wrong}");
+        }
     }
 }
