@@ -102,15 +102,34 @@ pub(crate) fn parse_yaml(text: &str) -> Result<Node, SyntaxError> {
         Ok(root) => Ok(convert_yaml(root, text)),
         Err(err) => {
             let line = err.location().map(|l| l.line()).filter(|&l| l > 0);
-            let message = if let serde_saphyr::Error::Budget { breach, .. } = &err {
-                format!("YAML document exceeds the parser's limits ({breach:?})")
-            } else {
-                let mut message = err.to_string();
-                // The message ends with " at line L, column C"; we print the line ourselves.
-                if let Some(at) = message.rfind(" at line ") {
-                    message.truncate(at);
+            // An error met while expanding an alias comes wrapped with where
+            // the alias was defined and used; the line above is the use.
+            let mut inner = &err;
+            while let serde_saphyr::Error::AliasError { error, .. }
+            | serde_saphyr::Error::WithSnippet { error, .. } = inner
+            {
+                inner = error;
+            }
+            let message = match inner {
+                serde_saphyr::Error::Budget { breach, .. } => {
+                    format!("YAML document exceeds the parser's limits ({breach:?})")
                 }
-                format!("YAML syntax error: {message}")
+                serde_saphyr::Error::NullIntoString { .. } => {
+                    "a mapping key is empty or null (`~`): keys are text".to_owned()
+                }
+                serde_saphyr::Error::MultipleDocuments { .. } => {
+                    "a build file is one YAML document (a `---` line starts another)".to_owned()
+                }
+                _ => {
+                    let mut message = inner.to_string();
+                    // The message goes on with " at line L, column C" (and,
+                    // for an alias, where it was defined and used): we
+                    // print the line ourselves.
+                    if let Some(at) = message.find(" at line ") {
+                        message.truncate(at);
+                    }
+                    format!("YAML syntax error: {message}")
+                }
             };
             Err(SyntaxError { line: line.map(|l| usize::try_from(l).unwrap_or(usize::MAX)), message })
         }
@@ -338,6 +357,26 @@ mod tests {
         let err = parse_yaml("a: 1\nb: [1,\n").unwrap_err();
         assert_eq!(err.line, Some(2));
         assert!(err.message.starts_with("YAML syntax error: "), "{}", err.message);
+    }
+
+    /// The parser's own wording (which names its Rust API) does not reach
+    /// the user: a null key, a second document and an alias bomb each get a
+    /// plain message, with no internals and nothing cut off.
+    #[test]
+    fn yaml_errors_are_in_plain_words() {
+        let err = parse_yaml("jobs:\n  - name: a\n    env: {~: c}\n").unwrap_err();
+        assert_eq!(err.message, "a mapping key is empty or null (`~`): keys are text");
+        let err = parse_yaml("a: 1\n---\nb: 2\n").unwrap_err();
+        assert_eq!(err.message, "a build file is one YAML document (a `---` line starts another)");
+        let mut bomb = String::from("a: &a [x,x,x,x,x,x,x,x,x,x]\n");
+        for (name, prev) in [("b", "a"), ("c", "b"), ("d", "c"), ("e", "d"), ("f", "e")] {
+            bomb.push_str(&format!("{name}: &{name} [{}]\n", vec![format!("*{prev}"); 10].join(",")));
+        }
+        bomb.push_str("jobs: [{name: j, run: x, env: *f}]\n");
+        let err = parse_yaml(&bomb).unwrap_err();
+        assert!(err.message.starts_with("YAML document exceeds the parser's limits ("), "{}", err.message);
+        assert!(!err.message.contains("(used"), "{}", err.message);
+        assert!(err.line.is_some_and(|l| l <= 7), "a line of the file: {:?}", err.line);
     }
 
     /// Parses on a thread with a 2 MiB stack, the size of tokio's workers and

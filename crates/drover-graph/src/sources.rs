@@ -38,6 +38,11 @@ pub(crate) fn expand(
         }
         if walker.found.is_empty() {
             let hint = match pattern.literal_path() {
+                Some(path) if is_link(&root.join(&path)) && root.join(&path).is_dir() => {
+                    " (it is a symbolic link to a directory, and those are not followed: name the directory \
+                     it leads to)"
+                        .to_owned()
+                }
                 Some(path) if root.join(&path).is_dir() => format!(" (it is a directory: use \"{path}/**\")"),
                 _ => String::new(),
             };
@@ -105,7 +110,13 @@ impl Walker<'_> {
                 self.problems.push(format!("source {rel_path:?} is a dangling symbolic link"));
                 return Ok(());
             }
-            Err(source) => return Err(GraphError::Io { path: path.to_owned(), source }),
+            Err(error) => {
+                // A loop of links (ELOOP), a link through a file, ...: a
+                // problem of this source, reported with the others.
+                self.problems
+                    .push(format!("source {rel_path:?} is a symbolic link that cannot be followed: {error}"));
+                return Ok(());
+            }
         };
         let root = match &self.canonical_root {
             Some(root) => root,
@@ -125,6 +136,11 @@ impl Walker<'_> {
         }
         Ok(())
     }
+}
+
+/// Whether `path` is a symbolic link (of whatever target).
+fn is_link(path: &Path) -> bool {
+    fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
 }
 
 /// The sources matched by each of a job's `inputs` patterns (sorted, without

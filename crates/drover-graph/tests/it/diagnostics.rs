@@ -449,6 +449,34 @@ fn symbolic_links_leading_outside_are_refused() {
     assert!(message.ends_with(", outside the build directory"), "{message}");
 }
 
+/// A loop of links is a diagnostic of its source, reported with the
+/// file's other mistakes (it used to end the load with a bare I/O error);
+/// a pattern naming a link to a directory says that links are not followed.
+#[cfg(unix)]
+#[test]
+fn link_loops_and_links_to_directories_are_explained() {
+    let dir = Dir::with(&[("real/a.c", "a"), ("src/b.c", "b")]);
+    let root = dir.path();
+    std::os::unix::fs::symlink(root.join("src/loop"), root.join("src/loop")).expect("symlink");
+    std::os::unix::fs::symlink(root.join("real"), root.join("linked")).expect("symlink");
+    let yaml = "sources: [src/**, linked]\njobs: [{name: a, run: \"{{nope}}\"}]\n";
+    let errors = errors_of(parse_str(Path::new("drover.yaml"), yaml, root));
+    let messages: Vec<&str> = errors.iter().map(|e| e.2.as_str()).collect();
+    assert!(
+        messages
+            .iter()
+            .any(|m| m.starts_with("source \"src/loop\" is a symbolic link that cannot be followed")),
+        "{messages:#?}"
+    );
+    assert!(
+        messages
+            .iter()
+            .any(|m| m.contains("\"linked\" matches no file (it is a symbolic link to a directory")),
+        "{messages:#?}"
+    );
+    assert!(messages.iter().any(|m| m.contains("nope")), "the other mistakes too: {messages:#?}");
+}
+
 #[test]
 fn yaml_syntax_error_has_the_parser_line() {
     let dir = Dir::new();
