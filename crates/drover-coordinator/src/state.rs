@@ -541,7 +541,7 @@ fn run(mut store: Store, mut solver: Solver, rx: Receiver<Command>, weak: std::s
             }
         }
         // A turn that held the state thread for a tenth of a lease or more
-        // (a huge submission, a slow disk) kept the workers' polls waiting:
+        // (a huge submission, say) kept the workers' polls waiting:
         // as after a restart, time stood still for the cluster meanwhile,
         // so no lease runs out for the coordinator's own delay.
         let took = now_ms().saturating_sub(now);

@@ -193,7 +193,11 @@ fn gangs(
         ));
     }
     if !stuck.is_empty() {
-        let names: Vec<String> = stuck.iter().map(|name| format!("{name:?}")).collect();
+        // The first ten, in name order: enough to find the mistake.
+        let mut names: Vec<String> = stuck.iter().take(10).map(|name| format!("{name:?}")).collect();
+        if stuck.len() > names.len() {
+            names.push(format!("and {} more", stuck.len() - names.len()));
+        }
         return Err(format!(
             "gangs {} wait for each other: a job of one needs, directly or not, a job of another (a gang's \
              jobs start together, once all their needs are done)",
