@@ -303,6 +303,12 @@ struct EventsQuery {
 /// the build's end goes out at once).
 const EVENT_BATCH: Duration = Duration::from_millis(5);
 
+/// Events per page of a long history: a stream that starts far behind
+/// reads the build's history a page at a time, as its client takes them,
+/// so that followers of a huge build's history (tens of megabytes of
+/// events) do not each hold a copy of all of it, encoded, at once.
+const HISTORY_PAGE: usize = 4_096;
+
 /// The build's events as newline-delimited JSON: the history from `from`,
 /// then live events until the build ends. Live events come from the state
 /// thread as they happen (see `state::Followers`), at most one chunk per
@@ -312,10 +318,10 @@ async fn build_events(
     Path(id): Path<u64>,
     Query(q): Query<EventsQuery>,
 ) -> ApiResult<Response> {
-    let Some(follow) = app.shared.follow(id, q.from).await? else {
+    if app.shared.query(move |s| s.event_count(id)).await?.is_none() {
         return Err(no_build(&app, id).await);
-    };
-    let start = EventStream { app, id, next: q.from, follow: Some(follow), live: None, sent: None };
+    }
+    let start = EventStream { app, id, next: q.from, paging: true, follow: None, live: None, sent: None };
     let stream = futures::stream::try_unfold(start, |mut s| async move {
         Ok::<_, std::io::Error>(s.chunk().await?.map(|chunk| (chunk, s)))
     });
@@ -328,6 +334,9 @@ struct EventStream {
     id: u64,
     /// The next event the client needs.
     next: u64,
+    /// A long history is still being sent a page at a time, each page read
+    /// once the client took the one before (see [`HISTORY_PAGE`]).
+    paging: bool,
     /// History not yet sent (at the start, and after following again).
     follow: Option<Follow>,
     live: Option<Live>,
@@ -340,7 +349,23 @@ impl EventStream {
     /// last events) or the coordinator is stopping.
     async fn chunk(&mut self) -> Result<Option<Bytes>, std::io::Error> {
         loop {
-            let (updates, finished) = if let Some(follow) = self.follow.take() {
+            let (updates, finished) = if self.paging {
+                let (id, from) = (self.id, self.next);
+                let page = match self.app.shared.query(move |s| s.events_page(id, from, HISTORY_PAGE)).await {
+                    Ok(Some(page)) => page,
+                    Ok(None) | Err(Stopped) => return Ok(None),
+                };
+                if page.len() < HISTORY_PAGE {
+                    // Near the end: the rest comes with the following.
+                    self.paging = false;
+                    match self.app.shared.follow(self.id, self.next).await {
+                        Ok(Some(follow)) => self.follow = Some(follow),
+                        Ok(None) | Err(Stopped) => return Ok(None),
+                    }
+                    continue;
+                }
+                (vec![Arc::new(Update { events: page, finished: false })], false)
+            } else if let Some(follow) = self.follow.take() {
                 self.live = follow.live;
                 let history = Update { events: follow.history, finished: follow.finished };
                 (vec![Arc::new(history)], follow.finished)

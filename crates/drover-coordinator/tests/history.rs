@@ -100,3 +100,41 @@ async fn the_setting_is_recorded_only_when_it_changes() {
         assert_eq!(settings(dir.path()), expected, "logged {logged:?}, configured {now:?}");
     }
 }
+
+/// A stream that starts at the beginning of a long history (longer than a
+/// page of it) gets every event once, in order, to the build's end: the
+/// history goes out a page at a time before the stream follows live.
+#[tokio::test]
+async fn a_long_history_streams_whole_and_in_order() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = CoordinatorConfig::new(dir.path().to_owned());
+    config.listen = ([127, 0, 0, 1], 0).into();
+    let coordinator = drover_coordinator::start(config).await.expect("start");
+    let http = Http::new(None, Duration::from_secs(30));
+    let url = coordinator.url();
+    let mut req = request(0);
+    let job = req.build.jobs[0].clone();
+    let jobs = (0..6_000)
+        .map(|i| JobDef {
+            commands: vec![format!("echo {i}")],
+            ..JobDef::new(format!("j{i}"), Hash32(*blake3::hash(format!("long {i}").as_bytes()).as_bytes()))
+        })
+        .chain([job])
+        .collect();
+    req.build = BuildSpec { name: "long".into(), sources: Vec::new(), jobs }.into();
+    let reply: SubmitReply = http.post_json(&format!("{url}/v1/builds"), &req, None).await.expect("submit");
+    // No worker could ever run the jobs: each fails at once, so the history
+    // is long and over.
+    let mut reader =
+        http.get_reader(&format!("{url}/v1/builds/{}/events?from=0", reply.id)).await.expect("events");
+    let mut body = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut reader, &mut body).await.expect("read");
+    let seqs: Vec<u64> = body
+        .lines()
+        .map(|line| serde_json::from_str::<drover_proto::BuildEvent>(line).expect("an event").seq)
+        .collect();
+    assert!(seqs.len() > 12_000, "{} events", seqs.len());
+    assert!(seqs.iter().enumerate().all(|(i, &seq)| seq == i as u64), "every event once, in order");
+    let status: BuildStatus = http.get_json(&format!("{url}/v1/builds/{}", reply.id)).await.expect("status");
+    assert_eq!(status.state, drover_proto::BuildState::Failed);
+}

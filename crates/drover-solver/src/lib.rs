@@ -563,6 +563,13 @@ impl Solver {
         Some((events, b.state.is_final()))
     }
 
+    /// At most `limit` of a build's events from `from` on (`None` for an
+    /// unknown build).
+    pub fn events_page(&self, id: u64, from: u64, limit: usize) -> Option<Vec<BuildEvent>> {
+        let b = self.builds.get(&id)?;
+        Some(b.events.iter().skip(from as usize).take(limit).cloned().collect())
+    }
+
     /// How many events a build's stream has.
     pub fn event_count(&self, id: u64) -> Option<u64> {
         Some(self.builds.get(&id)?.events.len() as u64)
