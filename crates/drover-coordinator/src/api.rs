@@ -150,7 +150,11 @@ pub(crate) fn router(app: App) -> Router {
         .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(MAX_JSON))
         .layer(middleware::from_fn_with_state(app.clone(), require_token));
-    Router::new().route("/healthz", get(|| async { "ok\n" })).merge(api).with_state(app)
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .merge(api)
+        .layer(middleware::from_fn(drover_http::json_errors))
+        .with_state(app)
 }
 
 async fn require_token(State(app): State<App>, req: Request, next: Next) -> Response {

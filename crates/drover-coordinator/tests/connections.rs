@@ -74,3 +74,51 @@ async fn a_stalled_upload_is_refused() {
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
     assert!(answer.contains("no data for 0.3 s"), "{answer}");
 }
+
+/// Sends one request on a fresh connection and reads the whole answer.
+fn exchange(addr: &str, request: &str) -> String {
+    let mut tcp = TcpStream::connect(addr).expect("connect");
+    tcp.write_all(request.as_bytes()).expect("write");
+    String::from_utf8_lossy(&until_closed(tcp)).into_owned()
+}
+
+/// Every error answer carries `{"error": ...}`, also those made before a
+/// handler runs: an unknown route or method, a body of the wrong type or
+/// unreadable JSON.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_error_is_a_json_body() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = CoordinatorConfig::new(dir.path().to_owned());
+    config.listen = ([127, 0, 0, 1], 0).into();
+    let coordinator = drover_coordinator::start(config).await.expect("start");
+    let addr = coordinator.url().trim_start_matches("http://").to_owned();
+    tokio::task::spawn_blocking(move || {
+        let post = |path: &str, content_type: &str, body: &str| {
+            format!(
+                "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: {content_type}\r\n\
+                 Content-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+        };
+        let cases = [
+            ("GET /v1/nothing HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".to_owned(), "404"),
+            ("DELETE /v1/builds HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".to_owned(), "405"),
+            (post("/v1/builds", "text/plain", "{}"), "415"),
+            (post("/v1/builds", "application/json", "{\"build\": "), "400"),
+            (post("/v1/workers/register", "application/json", "{\"name\": 1}"), "422"),
+        ];
+        for (request, status) in cases {
+            let answer = exchange(&addr, &request);
+            assert!(answer.starts_with(&format!("HTTP/1.1 {status}")), "{answer}");
+            assert!(answer.to_ascii_lowercase().contains("content-type: application/json"), "{answer}");
+            let body = answer.split("\r\n\r\n").nth(1).expect("a body");
+            let error: drover_proto::ErrorBody = serde_json::from_str(body).expect("an error body");
+            assert!(!error.error.is_empty(), "{answer}");
+            if status == "405" {
+                assert!(answer.to_ascii_lowercase().contains("allow: "), "{answer}");
+            }
+        }
+    })
+    .await
+    .expect("clients");
+}

@@ -488,6 +488,31 @@ pub async fn serve(listener: tokio::net::TcpListener, router: axum::Router, head
     }
 }
 
+/// Middleware: every error a drover server answers carries `{"error": ...}`, as
+/// drover-proto says, also those that axum's extractors and routing make: a
+/// body refused (400, 413, 415, 422), an unknown route (404) or method (405,
+/// its `Allow` header kept). Their text (or the status's reason, for an
+/// empty one) becomes the error.
+pub async fn json_errors(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let response = next.run(req).await;
+    let status = response.status();
+    let json = response.headers().get(header::CONTENT_TYPE).is_some_and(|t| t == "application/json");
+    if json || !(status.is_client_error() || status.is_server_error()) {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, 64 * 1024).await.unwrap_or_default();
+    let text = String::from_utf8_lossy(&text).trim().to_owned();
+    let error =
+        if text.is_empty() { status.canonical_reason().unwrap_or("error").to_lowercase() } else { text };
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.remove(header::CONTENT_TYPE);
+    axum::response::IntoResponse::into_response((parts, axum::Json(drover_proto::ErrorBody { error })))
+}
+
 /// The router as a hyper service.
 #[derive(Clone, Debug)]
 struct Routed(axum::Router);

@@ -28,7 +28,11 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/artifacts/{job}", get(artifact))
         .route("/v1/runs/{run}/log", get(log))
         .layer(middleware::from_fn_with_state(shared.clone(), require_token));
-    Router::new().route("/healthz", get(|| async { "ok\n" })).merge(api).with_state(shared)
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .merge(api)
+        .layer(middleware::from_fn(drover_http::json_errors))
+        .with_state(shared)
 }
 
 async fn require_token(State(shared): State<Arc<Shared>>, req: Request, next: Next) -> Response {
