@@ -24,7 +24,12 @@ pub(crate) fn expand(
 ) -> Result<Vec<String>, GraphError> {
     let mut walker = Walker { root, canonical_root: None, found: Vec::new(), problems: Vec::new() };
     let mut all = Vec::new();
+    let mut walked = std::collections::BTreeSet::new();
     for located in patterns {
+        // A pattern given again matches the same files: one walk is enough.
+        if !walked.insert(located.value.as_str()) {
+            continue;
+        }
         let pattern = match Pattern::parse(&located.value) {
             Ok(pattern) => pattern,
             Err(error) => {
