@@ -192,9 +192,24 @@ impl Cx<'_> {
 
     /// An integer from `min` to `max`, converted to `T`.
     fn int<T: TryFrom<i128>>(&mut self, node: &Node, key: &str, min: i128, max: i128) -> Option<T> {
-        let Kind::Int(value, spelling) = &node.kind else {
-            self.wrong_type(node, key, "an integer");
-            return None;
+        let (value, spelling) = match &node.kind {
+            Kind::Int(value, spelling) => (value, spelling),
+            // Digits the YAML parser could not hold in 64 bits come as a
+            // float: say what range they missed, as for any other integer.
+            Kind::Float(_, spelling)
+                if !spelling.is_empty()
+                    && spelling.trim_start_matches(['-', '+']).chars().all(|c| c.is_ascii_digit()) =>
+            {
+                self.error(
+                    node.line,
+                    format!("{key:?} must be an integer from {min} to {max}, got {spelling}"),
+                );
+                return None;
+            }
+            _ => {
+                self.wrong_type(node, key, "an integer");
+                return None;
+            }
         };
         let converted = if (min..=max).contains(value) { T::try_from(*value).ok() } else { None };
         if converted.is_none() {

@@ -82,6 +82,10 @@ jobs:
     priority: 3000000000
     retries: -1
     resources: {tokens: {net: -2}}
+  - name: b
+    run: x
+    priority: 18446744073709551616
+    retries: -9223372036854775809
 ";
     assert_eq!(
         dir.errors(yaml),
@@ -98,6 +102,17 @@ jobs:
                 8,
                 Some("a"),
                 "\"resources.tokens.net\" must be an integer from 0 to 18446744073709551615, got -2"
+            ),
+            // Beyond 64 bits (which YAML reads as a float), the same message.
+            at(
+                11,
+                Some("b"),
+                "\"priority\" must be an integer from -2147483648 to 2147483647, got 18446744073709551616"
+            ),
+            at(
+                12,
+                Some("b"),
+                "\"retries\" must be an integer from 0 to 4294967295, got -9223372036854775809"
             ),
         ]
     );
