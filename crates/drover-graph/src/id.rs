@@ -1,10 +1,14 @@
 //! Job IDs: the BLAKE3 hash of a canonical encoding of everything that
 //! determines a job's output, which makes the ID the job's cache key.
 //!
-//! Hashed, in this order, after the version tag `drover-job-v1`: the commands
+//! Hashed, in this order, after the version tag `drover-job-v2`: the commands
 //! in order, the environment, the resource class (CPU millicores, memory
-//! bytes, tokens, exclusive tokens, labels), the `(path, digest, executable)`
-//! of every source the job sees, and the `(name, id)` of every dependency.
+//! bytes, tokens, exclusive tokens, labels), the digest of the sources the
+//! job sees (see [`sources_digest`]), and the `(name, id)` of every
+//! dependency. (Version 1 hashed every source into every job: a build of
+//! 100,000 jobs that each see 1,000 sources hashed 100 million entries;
+//! the digest of all the sources is now made once and shared by every job
+//! that sees them all.)
 //! Maps and sets are hashed sorted; dependencies by name. Every string is
 //! prefixed by its byte length and every list by its length, and integers
 //! are fixed-width little-endian, so no two different jobs share an encoding.
@@ -23,7 +27,7 @@ use std::collections::BTreeMap;
 use crate::{Digest, SourceFile};
 
 /// Version tag of the encoding, hashed first.
-const VERSION: &str = "drover-job-v1";
+const VERSION: &str = "drover-job-v2";
 
 /// What a job's ID is computed from.
 #[derive(Debug)]
@@ -35,8 +39,8 @@ pub(crate) struct JobKey<'a> {
     pub(crate) tokens: &'a BTreeMap<String, u64>,
     pub(crate) exclusive: &'a [String],
     pub(crate) labels: &'a BTreeMap<String, String>,
-    /// The sources the job sees, in any order.
-    pub(crate) sources: Vec<&'a SourceFile>,
+    /// The digest of the sources the job sees ([`sources_digest`]).
+    pub(crate) sources: Digest,
     /// `(dependency name, dependency id)`, in any order.
     pub(crate) deps: Vec<(&'a str, Digest)>,
     pub(crate) gang: Option<&'a crate::Gang>,
@@ -82,13 +86,7 @@ impl JobKey<'_> {
         }
 
         out.str("sources");
-        self.sources.sort_unstable_by(|a, b| a.path.cmp(&b.path));
-        out.len(self.sources.len());
-        for source in &self.sources {
-            out.str(&source.path);
-            out.0.update(&source.digest.0);
-            out.0.update(&[u8::from(source.executable)]);
-        }
+        out.0.update(&self.sources.0);
 
         out.str("deps");
         self.deps.sort_unstable();
@@ -106,6 +104,25 @@ impl JobKey<'_> {
         }
         out.0.finalize().into()
     }
+}
+
+/// The digest of a set of sources: BLAKE3 of their count and, sorted by
+/// path, each one's length-prefixed path, content digest and executable
+/// bit, under its own tag.
+pub(crate) fn sources_digest<'a>(sources: impl IntoIterator<Item = &'a SourceFile>) -> Digest {
+    let mut sorted: Vec<&SourceFile> = sources.into_iter().collect();
+    if !sorted.is_sorted_by(|a, b| a.path <= b.path) {
+        sorted.sort_unstable_by(|a, b| a.path.cmp(&b.path));
+    }
+    let mut out = Encoder(blake3::Hasher::new());
+    out.str("drover-sources-v1");
+    out.len(sorted.len());
+    for source in sorted {
+        out.str(&source.path);
+        out.0.update(&source.digest.0);
+        out.0.update(&[u8::from(source.executable)]);
+    }
+    out.0.finalize().into()
 }
 
 struct Encoder(blake3::Hasher);
@@ -156,13 +173,13 @@ mod tests {
             tokens: &tokens,
             exclusive: &exclusive,
             labels: &labels,
-            sources: vec![&source],
+            sources: sources_digest([&source]),
             gang: None,
             deps: vec![("lib", dep_id)],
         };
 
         let mut expected = Vec::new();
-        lp(&mut expected, "drover-job-v1");
+        lp(&mut expected, "drover-job-v2");
         lp(&mut expected, "commands");
         expected.extend_from_slice(&2u64.to_le_bytes());
         lp(&mut expected, "cc -c a.c");
@@ -184,10 +201,13 @@ mod tests {
         lp(&mut expected, "os");
         lp(&mut expected, "linux");
         lp(&mut expected, "sources");
-        expected.extend_from_slice(&1u64.to_le_bytes());
-        lp(&mut expected, "src/a.c");
-        expected.extend_from_slice(&source.digest.0);
-        expected.push(1);
+        let mut set = Vec::new();
+        lp(&mut set, "drover-sources-v1");
+        set.extend_from_slice(&1u64.to_le_bytes());
+        lp(&mut set, "src/a.c");
+        set.extend_from_slice(&source.digest.0);
+        set.push(1);
+        expected.extend_from_slice(&digest_bytes(&set).0);
         lp(&mut expected, "deps");
         expected.extend_from_slice(&1u64.to_le_bytes());
         lp(&mut expected, "lib");
@@ -209,7 +229,7 @@ mod tests {
                 tokens: &no_tokens,
                 exclusive: &[],
                 labels: &empty,
-                sources: Vec::new(),
+                sources: sources_digest([]),
                 gang: None,
                 deps: Vec::new(),
             }

@@ -105,10 +105,10 @@ pub struct Job {
     /// Unique within the build: `[A-Za-z0-9._-]+`.
     pub name: String,
     /// Content ID, the cache key: BLAKE3 of a canonical, length-prefixed
-    /// encoding of the version tag `drover-job-v1`, the commands, the
+    /// encoding of the version tag `drover-job-v2`, the commands, the
     /// environment, the resource class (CPU, memory, tokens, exclusive tokens,
-    /// labels), the `(path, digest, executable)` of every source the job sees,
-    /// and the `(name, id)` of each dependency. Not the job's name, the build
+    /// labels), the digest of the `(path, digest, executable)` of every source
+    /// the job sees, and the `(name, id)` of each dependency. Not the job's name, the build
     /// name, priority, timeout, retries or line: a renamed job, or the same
     /// job in another build file, keeps its ID.
     pub id: Digest,
@@ -321,15 +321,19 @@ fn resolve_jobs(
         specs.into_iter().zip(inputs).map(Some).collect();
     let mut ids: Vec<Option<Digest>> = vec![None; pending.len()];
     let mut jobs = Vec::with_capacity(pending.len());
+    // Most jobs see every source: their digest is made once.
+    let all_sources = id::sources_digest(sources);
     for i in graph::topological_order(edges) {
         let Some((spec, inputs)) = pending[i].take() else { continue };
         let commands: Vec<String> = spec.commands.into_iter().map(|command| command.value).collect();
         let env: BTreeMap<String, String> =
             spec.env.into_iter().map(|(key, value)| (key, value.value)).collect();
         let exclusive: Vec<String> = spec.exclusive.into_iter().map(|token| token.value).collect();
-        let seen: Vec<&SourceFile> = match &inputs {
-            None => sources.iter().collect(),
-            Some(paths) => sources.iter().filter(|s| paths.binary_search(&s.path).is_ok()).collect(),
+        let seen = match &inputs {
+            None => all_sources,
+            Some(paths) => {
+                id::sources_digest(sources.iter().filter(|s| paths.binary_search(&s.path).is_ok()))
+            }
         };
         // Dependencies come first in the order, so their IDs are known.
         let deps: Vec<(&str, Digest)> =
