@@ -250,12 +250,22 @@ async fn metrics(State(app): State<App>) -> ApiResult<Response> {
     Ok(([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], crate::metrics::render(&m)).into_response())
 }
 
-async fn list_builds(State(app): State<App>) -> ApiResult<Json<Vec<BuildStatus>>> {
+/// `?summary=true`: each build without its jobs (see `BuildSummary`).
+#[derive(Debug, Deserialize)]
+struct ListQuery {
+    #[serde(default)]
+    summary: bool,
+}
+
+async fn list_builds(State(app): State<App>, Query(q): Query<ListQuery>) -> ApiResult<Response> {
+    if q.summary {
+        return Ok(Json(app.shared.query(|s| s.build_summaries()).await?).into_response());
+    }
     let builds = app
         .shared
         .query(|s| s.build_ids().into_iter().filter_map(|id| s.build_status(id)).collect::<Vec<_>>())
         .await?;
-    Ok(Json(builds))
+    Ok(Json(builds).into_response())
 }
 
 async fn build_status(State(app): State<App>, Path(id): Path<u64>) -> ApiResult<Json<BuildStatus>> {

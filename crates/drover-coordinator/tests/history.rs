@@ -138,3 +138,30 @@ async fn a_long_history_streams_whole_and_in_order() {
     let status: BuildStatus = http.get_json(&format!("{url}/v1/builds/{}", reply.id)).await.expect("status");
     assert_eq!(status.state, drover_proto::BuildState::Failed);
 }
+
+/// `GET /v1/builds?summary=true` lists each kept build with its counts and
+/// without its jobs; without it, the whole statuses, as before.
+#[tokio::test]
+async fn builds_are_listed_whole_or_in_summary() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = CoordinatorConfig::new(dir.path().to_owned());
+    config.listen = ([127, 0, 0, 1], 0).into();
+    let coordinator = drover_coordinator::start(config).await.expect("start");
+    let http = Http::new(None, Duration::from_secs(30));
+    let url = coordinator.url();
+    let mut ids = Vec::new();
+    for n in 0..2 {
+        let reply: SubmitReply =
+            http.post_json(&format!("{url}/v1/builds"), &request(n), None).await.expect("submit");
+        ids.push(reply.id);
+    }
+    let summaries: Vec<drover_proto::BuildSummary> =
+        http.get_json(&format!("{url}/v1/builds?summary=true")).await.expect("summaries");
+    let whole: Vec<BuildStatus> = http.get_json(&format!("{url}/v1/builds")).await.expect("statuses");
+    assert_eq!(summaries.iter().map(|s| s.id).collect::<Vec<_>>(), ids);
+    for (summary, status) in summaries.iter().zip(&whole) {
+        assert_eq!((summary.id, &summary.name, summary.state), (status.id, &status.name, status.state));
+        assert_eq!(summary.jobs, status.jobs.len() as u64);
+        assert_eq!(summary.done, status.jobs.iter().filter(|j| j.state.is_final()).count() as u64);
+    }
+}

@@ -2,7 +2,7 @@
 //! coordinator and workers over HTTP (all on one port per process).
 //!
 //! Paths (coordinator): `POST /v1/builds` ([`SubmitRequest`] →
-//! [`SubmitReply`]), `GET /v1/builds[/{id}]` ([`BuildStatus`]),
+//! [`SubmitReply`]), `GET /v1/builds[/{id}]` ([`BuildStatus`]; `?summary=true`: [`BuildSummary`]s),
 //! `GET /v1/builds/{id}/events?from=N` (newline-delimited [`BuildEvent`]s:
 //! the whole history, then live events until the build ends),
 //! `POST /v1/builds/{id}/cancel`, `GET /v1/builds/{id}/jobs/{name}/log`,
@@ -456,6 +456,25 @@ pub struct BuildStatus {
     pub state: BuildState,
     /// Its jobs, in build-file order.
     pub jobs: Vec<JobStatus>,
+}
+
+/// `GET /v1/builds?summary=true`: a build without its jobs, for listings
+/// (`drover status` without a build): a few dozen bytes where the whole
+/// status of a large build is megabytes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BuildSummary {
+    /// The build's ID.
+    pub id: u64,
+    /// Its name.
+    #[serde(default)]
+    pub name: String,
+    /// Where it stands.
+    pub state: BuildState,
+    /// How many jobs it has.
+    pub jobs: u64,
+    /// How many of them are over (succeeded, cached, failed, cancelled or
+    /// skipped).
+    pub done: u64,
 }
 
 /// What happened in a build, in order; the stream of `GET

@@ -1212,6 +1212,17 @@ impl Build {
         if waiting.is_empty() { String::new() } else { format!("waits for {}", waiting.join(", ")) }
     }
 
+    /// The build without its jobs' details.
+    pub(crate) fn summary(&self) -> drover_proto::BuildSummary {
+        drover_proto::BuildSummary {
+            id: self.id,
+            name: self.plan.spec.name.clone(),
+            state: self.state,
+            jobs: self.jobs.len() as u64,
+            done: self.jobs.iter().filter(|rec| rec.state.is_final()).count() as u64,
+        }
+    }
+
     pub(crate) fn status(&self, worker_name: impl Fn(u64) -> Option<String>) -> BuildStatus {
         BuildStatus {
             id: self.id,

@@ -523,7 +523,12 @@ impl Solver {
         Some(status)
     }
 
-    /// Every build, oldest first.
+    /// Every build kept, oldest first, without its jobs' details.
+    pub fn build_summaries(&self) -> Vec<drover_proto::BuildSummary> {
+        self.builds.values().map(Build::summary).collect()
+    }
+
+    /// Every build kept, oldest first.
     pub fn build_ids(&self) -> Vec<u64> {
         self.builds.keys().copied().collect()
     }

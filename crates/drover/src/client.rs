@@ -493,13 +493,16 @@ pub(crate) async fn status(args: StatusArgs) -> Result<(), Failure> {
     let http = connect(&args.remote);
     let base = &args.remote.coordinator;
     let Some(id) = args.build else {
-        let builds: Vec<BuildStatus> = http.get_json(&api(base, "/v1/builds")).await.map_err(reach(base))?;
         if args.json {
+            let builds: Vec<BuildStatus> =
+                http.get_json(&api(base, "/v1/builds")).await.map_err(reach(base))?;
             outln!("{}", serde_json::to_string_pretty(&builds).map_err(anyhow::Error::from)?);
         } else {
+            // The table needs counts, not every job of every build.
+            let builds: Vec<drover_proto::BuildSummary> =
+                http.get_json(&api(base, "/v1/builds?summary=true")).await.map_err(reach(base))?;
             for b in &builds {
-                let done = b.jobs.iter().filter(|j| j.state.is_final()).count();
-                outln!("{:>6}  {:<10} {:>5}/{:<5} {}", b.id, b.state, done, b.jobs.len(), b.name);
+                outln!("{:>6}  {:<10} {:>5}/{:<5} {}", b.id, b.state, b.done, b.jobs, b.name);
             }
         }
         return Ok(());

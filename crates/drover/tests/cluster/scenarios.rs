@@ -30,6 +30,30 @@ fn one_command_build_succeeds_and_exports_its_output() {
     assert_eq!(std::fs::read_to_string(out_dir.join("hello/greeting")).expect("exported"), "hello\n");
 }
 
+/// `drover status` without a build lists the builds kept, each with how
+/// many of its jobs are over (read from the coordinator's summaries, not
+/// from every job of every build).
+#[test]
+fn status_lists_the_builds_with_their_counts() {
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", 2, &[]);
+    let file =
+        cluster.project("two", "jobs:\n  - {name: a, run: \"true\"}\n  - {name: b, run: \"true\"}\n", &[]);
+    let (code, status) = wait_json(&cluster, &file, &[]);
+    assert_eq!(code, Some(0), "{status}");
+    let id = status["id"].as_u64().expect("id");
+    let out = cluster.run(&["status"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let table = String::from_utf8_lossy(&out.stdout);
+    let row: Vec<&str> = table
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(&id.to_string()))
+        .expect("the build's row")
+        .split_whitespace()
+        .collect();
+    assert_eq!(row, [id.to_string().as_str(), "succeeded", "2/2", "two"], "{table}");
+}
+
 #[test]
 fn sources_in_subdirectories_are_visible_and_read_only() {
     let mut cluster = Cluster::new();
