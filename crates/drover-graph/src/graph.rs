@@ -294,6 +294,10 @@ fn cycles(edges: &[Vec<usize>]) -> Vec<Vec<usize>> {
     }
     let mut seen = vec![false; edges.len()];
     let mut found = Vec::new();
+    // One array for every search, each clearing what it set (a search per
+    // component allocating its own was quadratic in a file of many cycles).
+    let mut parent: Vec<Option<usize>> = vec![None; edges.len()];
+    let mut touched = Vec::new();
     for start in 0..edges.len() {
         let c = component[start];
         if sizes[c] < 2 || seen[c] {
@@ -301,7 +305,6 @@ fn cycles(edges: &[Vec<usize>]) -> Vec<Vec<usize>> {
         }
         seen[c] = true;
         // Breadth-first search from `start` inside the component, back to it.
-        let mut parent: Vec<Option<usize>> = vec![None; edges.len()];
         let mut queue = std::collections::VecDeque::from([start]);
         let mut last = None;
         'search: while let Some(at) = queue.pop_front() {
@@ -315,6 +318,7 @@ fn cycles(edges: &[Vec<usize>]) -> Vec<Vec<usize>> {
                 }
                 if parent[next].is_none() && next != start {
                     parent[next] = Some(at);
+                    touched.push(next);
                     queue.push_back(next);
                 }
             }
@@ -327,6 +331,9 @@ fn cycles(edges: &[Vec<usize>]) -> Vec<Vec<usize>> {
         }
         path.reverse();
         found.push(path);
+        for node in touched.drain(..) {
+            parent[node] = None;
+        }
     }
     found
 }

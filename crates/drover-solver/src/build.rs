@@ -531,7 +531,11 @@ impl Build {
         gang.instance += 1;
         gang.sent = false;
         gang.ready.clear();
-        let members = gang.members.clone();
+        let (members, restart) = (gang.members.clone(), gang.restart);
+        // Whose success its dependents counted (see `unblocked_by`): each
+        // member's own, or, in a gang that restarts, all of them at once.
+        // They wait for it again: its next success counts once more.
+        let all_succeeded = members.iter().all(|&m| self.jobs[m as usize].state.is_success());
         let mut again = Vec::new();
         for m in members {
             if let Some(w) = self.take_waiter(m) {
@@ -541,6 +545,12 @@ impl Build {
             if rec.state == JobState::Queued && self.pending[m as usize] > 0 {
                 continue; // not started yet: it will join the new gang when ready
             }
+            if if restart { all_succeeded } else { rec.state.is_success() } {
+                for &d in &self.plan.dependents[m as usize] {
+                    self.pending[d as usize] += 1;
+                }
+            }
+            let rec = &mut self.jobs[m as usize];
             rec.state = JobState::Queued;
             rec.run = None;
             rec.worker = None;
@@ -554,6 +564,10 @@ impl Build {
                 again.push(m);
             }
         }
+        // Held back by `max_parallel`, a dependent that waits for a member
+        // again is held anew once the member is done.
+        let pending = &self.pending;
+        self.held.retain(|&h| pending[h as usize] == 0);
         again
     }
 
