@@ -149,12 +149,33 @@ pub(crate) fn router(app: App) -> Router {
         .route("/v1/workers/{id}/drain", post(drain))
         .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(MAX_JSON))
+        .layer(middleware::from_fn(declared_size))
         .layer(middleware::from_fn_with_state(app.clone(), require_token));
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .merge(api)
         .layer(middleware::from_fn(drover_http::json_errors))
         .with_state(app)
+}
+
+/// The `Content-Length` a request declares, if it declares one.
+fn declared_length(headers: &axum::http::HeaderMap) -> Option<u64> {
+    headers.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
+}
+
+/// A JSON request (every `POST`) that declares a body over the limit is
+/// refused at once (413), before its body is read or a `100 Continue` sent.
+async fn declared_size(req: Request, next: Next) -> Response {
+    if req.method() == axum::http::Method::POST
+        && declared_length(req.headers()).is_some_and(|n| n > MAX_JSON as u64)
+    {
+        return ApiError(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("a request body is at most {} MiB", MAX_JSON >> 20),
+        )
+        .into_response();
+    }
+    next.run(req).await
 }
 
 async fn require_token(State(app): State<App>, req: Request, next: Next) -> Response {
@@ -547,8 +568,19 @@ async fn missing(State(app): State<App>, JsonBody(req): JsonBody<MissingRequest>
     Json(MissingReply { missing })
 }
 
-async fn put_blob(State(app): State<App>, Path(digest): Path<String>, body: Body) -> ApiResult<StatusCode> {
+async fn put_blob(
+    State(app): State<App>,
+    Path(digest): Path<String>,
+    headers: axum::http::HeaderMap,
+    body: Body,
+) -> ApiResult<StatusCode> {
     let digest = parse_hash(&digest)?;
+    if declared_length(&headers).is_some_and(|n| n > app.max_blob) {
+        return Err(ApiError(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("blob {digest}: a source file is at most {} bytes", app.max_blob),
+        ));
+    }
     let key = Key(digest.0);
     if app.blobs.has_blob(&key) {
         return Ok(StatusCode::NO_CONTENT);

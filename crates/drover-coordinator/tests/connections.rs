@@ -122,3 +122,43 @@ async fn every_error_is_a_json_body() {
     .await
     .expect("clients");
 }
+
+/// A request that declares a body over the limit is refused at once, before
+/// its body is sent: no `100 Continue`, a 413 with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_body_is_refused_before_it_is_sent() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = CoordinatorConfig::new(dir.path().to_owned());
+    config.listen = ([127, 0, 0, 1], 0).into();
+    config.max_blob = 1_000;
+    let coordinator = drover_coordinator::start(config).await.expect("start");
+    let addr = coordinator.url().trim_start_matches("http://").to_owned();
+    tokio::task::spawn_blocking(move || {
+        let digest = "ab".repeat(32);
+        for (request, why) in [
+            (
+                "POST /v1/builds HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 999999999999"
+                    .to_owned(),
+                "MiB",
+            ),
+            (format!("PUT /v1/blobs/{digest} HTTP/1.1\r\nContent-Length: 1001"), "at most 1000 bytes"),
+        ] {
+            let mut tcp = TcpStream::connect(&addr).expect("connect");
+            write!(tcp, "{request}\r\nHost: x\r\nExpect: 100-continue\r\n\r\n").expect("write");
+            tcp.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
+            let mut answer = String::new();
+            let mut buf = [0u8; 4096];
+            while !answer.contains(why) {
+                let n = tcp.read(&mut buf).expect("an answer without the body");
+                if n == 0 {
+                    break;
+                }
+                answer.push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+            assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+            assert!(answer.contains(why), "{answer}");
+        }
+    })
+    .await
+    .expect("clients");
+}
