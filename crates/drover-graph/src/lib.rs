@@ -194,7 +194,10 @@ pub fn load(path: &Path) -> Result<Build, GraphError> {
         Ok(text) => parse_str(path, &text, &root),
         Err(error) => {
             let valid = &error.as_bytes()[..error.utf8_error().valid_up_to()];
-            let line = valid.iter().filter(|&&b| b == b'\n').count() + 1;
+            // Lines end as the parsers end them: `\n`, `\r\n` or a lone `\r`.
+            let lone_cr = valid.windows(2).filter(|w| w[0] == b'\r' && w[1] != b'\n').count()
+                + usize::from(valid.last() == Some(&b'\r'));
+            let line = valid.iter().filter(|&&b| b == b'\n').count() + lone_cr + 1;
             let mut diags = Diagnostics::new(path.to_owned());
             diags.push(Some(line), None, "build file is not valid UTF-8");
             Err(diags.into_error())

@@ -587,6 +587,11 @@ fn not_utf8() {
     let path = dir.path().join("drover.yaml");
     std::fs::write(&path, b"jobs:\n  - name: \xff\n").expect("write");
     assert_eq!(only(errors_of(load(&path))), at(2, None, "build file is not valid UTF-8"));
+    // Lines ended by a lone CR (old Mac files) count as the parser counts them.
+    std::fs::write(&path, b"jobs:\r  - name: a\r    run: x\r  - name: b\r    run: \xff\r").expect("write");
+    assert_eq!(only(errors_of(load(&path))), at(5, None, "build file is not valid UTF-8"));
+    std::fs::write(&path, b"jobs:\r\n  - name: \xff\r\n").expect("write");
+    assert_eq!(only(errors_of(load(&path))), at(2, None, "build file is not valid UTF-8"));
 }
 
 #[test]
