@@ -4,11 +4,11 @@
 //!
 //! A real coordinator on loopback and raw TCP connections.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
-
-use drover_coordinator::CoordinatorConfig;
 
 /// Reads until the server closes the connection (or a generous deadline
 /// passes, a failure); what it sent before closing.
@@ -29,8 +29,7 @@ fn until_closed(mut tcp: TcpStream) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_or_silent_clients_are_disconnected() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut config = CoordinatorConfig::new(dir.path().to_owned());
-    config.listen = ([127, 0, 0, 1], 0).into();
+    let mut config = common::loopback(dir.path());
     config.header_timeout = Duration::from_millis(300);
     let coordinator = drover_coordinator::start(config).await.expect("start");
     let addr = coordinator.url().trim_start_matches("http://").to_owned();
@@ -57,8 +56,7 @@ async fn slow_or_silent_clients_are_disconnected() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_upload_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut config = CoordinatorConfig::new(dir.path().to_owned());
-    config.listen = ([127, 0, 0, 1], 0).into();
+    let mut config = common::loopback(dir.path());
     config.upload_idle = Duration::from_millis(300);
     let coordinator = drover_coordinator::start(config).await.expect("start");
     let addr = coordinator.url().trim_start_matches("http://").to_owned();
@@ -88,9 +86,7 @@ fn exchange(addr: &str, request: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_error_is_a_json_body() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut config = CoordinatorConfig::new(dir.path().to_owned());
-    config.listen = ([127, 0, 0, 1], 0).into();
-    let coordinator = drover_coordinator::start(config).await.expect("start");
+    let coordinator = drover_coordinator::start(common::loopback(dir.path())).await.expect("start");
     let addr = coordinator.url().trim_start_matches("http://").to_owned();
     tokio::task::spawn_blocking(move || {
         let post = |path: &str, content_type: &str, body: &str| {
@@ -128,8 +124,7 @@ async fn every_error_is_a_json_body() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_body_is_refused_before_it_is_sent() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut config = CoordinatorConfig::new(dir.path().to_owned());
-    config.listen = ([127, 0, 0, 1], 0).into();
+    let mut config = common::loopback(dir.path());
     config.max_blob = 1_000;
     let coordinator = drover_coordinator::start(config).await.expect("start");
     let addr = coordinator.url().trim_start_matches("http://").to_owned();

@@ -5,9 +5,10 @@
 //! A real coordinator on loopback with its SQLite log, and a client speaking
 //! the HTTP API.
 
+mod common;
+
 use std::time::Duration;
 
-use drover_coordinator::CoordinatorConfig;
 use drover_http::Http;
 use drover_proto::{BuildSpec, BuildStatus, Hash32, JobDef, OnError, SubmitReply, SubmitRequest};
 use drover_solver::Input;
@@ -52,8 +53,7 @@ async fn finished_builds_past_the_setting_are_forgotten_and_said_to_be() {
         store.append([(1_000 + n as u64, &record[..])]).expect("append");
     }
     drop(store);
-    let mut config = CoordinatorConfig::new(dir.path().to_owned());
-    config.listen = ([127, 0, 0, 1], 0).into();
+    let mut config = common::loopback(dir.path());
     config.keep_finished_builds = Some(1);
     let coordinator = drover_coordinator::start(config).await.expect("start");
     let http = Http::new(None, Duration::from_secs(30));
@@ -92,8 +92,7 @@ async fn the_setting_is_recorded_only_when_it_changes() {
         let record = serde_json::to_vec(&Input::KeepFinished { builds: logged }).expect("json");
         store.append([(1_000, &record[..])]).expect("append");
         drop(store);
-        let mut config = CoordinatorConfig::new(dir.path().to_owned());
-        config.listen = ([127, 0, 0, 1], 0).into();
+        let mut config = common::loopback(dir.path());
         config.keep_finished_builds = now;
         let coordinator = drover_coordinator::start(config).await.expect("start");
         drop(coordinator);
@@ -107,9 +106,7 @@ async fn the_setting_is_recorded_only_when_it_changes() {
 #[tokio::test]
 async fn a_long_history_streams_whole_and_in_order() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut config = CoordinatorConfig::new(dir.path().to_owned());
-    config.listen = ([127, 0, 0, 1], 0).into();
-    let coordinator = drover_coordinator::start(config).await.expect("start");
+    let coordinator = drover_coordinator::start(common::loopback(dir.path())).await.expect("start");
     let http = Http::new(None, Duration::from_secs(30));
     let url = coordinator.url();
     let mut req = request(0);
@@ -144,9 +141,7 @@ async fn a_long_history_streams_whole_and_in_order() {
 #[tokio::test]
 async fn builds_are_listed_whole_or_in_summary() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut config = CoordinatorConfig::new(dir.path().to_owned());
-    config.listen = ([127, 0, 0, 1], 0).into();
-    let coordinator = drover_coordinator::start(config).await.expect("start");
+    let coordinator = drover_coordinator::start(common::loopback(dir.path())).await.expect("start");
     let http = Http::new(None, Duration::from_secs(30));
     let url = coordinator.url();
     let mut ids = Vec::new();

@@ -7,6 +7,8 @@
 //! Every wait is for an answer, with a generous deadline against hangs; no
 //! test asserts how long anything took.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
@@ -22,8 +24,7 @@ use drover_solver::Input;
 const DEADLINE: Duration = Duration::from_secs(60);
 
 fn config(dir: &std::path::Path) -> CoordinatorConfig {
-    let mut config = CoordinatorConfig::new(dir.to_owned());
-    config.listen = ([127, 0, 0, 1], 0).into();
+    let mut config = common::loopback(dir);
     // Nobody is lost during a test, however slow the machine.
     config.core.lease_timeout = drover_core::Millis(600_000);
     config

@@ -2,9 +2,9 @@
 //! no handler or in-process client holds its state, its state thread ends.
 //! (A test binary of its own: it counts the process's threads.)
 
-use std::time::{Duration, Instant};
+mod common;
 
-use drover_coordinator::CoordinatorConfig;
+use std::time::{Duration, Instant};
 
 /// Threads of this process named like the coordinator's state thread.
 fn state_threads() -> usize {
@@ -18,9 +18,7 @@ fn state_threads() -> usize {
 #[tokio::test]
 async fn a_dropped_coordinator_ends_its_state_thread_and_stops_listening() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut config = CoordinatorConfig::new(dir.path().to_owned());
-    config.listen = ([127, 0, 0, 1], 0).into();
-    let coordinator = drover_coordinator::start(config).await.expect("start");
+    let coordinator = drover_coordinator::start(common::loopback(dir.path())).await.expect("start");
     let (addr, router) = (coordinator.addr(), coordinator.router());
     // A thread names itself once it runs: under load that comes a little
     // after `start` returns.

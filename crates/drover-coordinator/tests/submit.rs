@@ -5,9 +5,10 @@
 //! A real coordinator on loopback with its SQLite log, and a client speaking
 //! the HTTP API.
 
+mod common;
+
 use std::time::Duration;
 
-use drover_coordinator::CoordinatorConfig;
 use drover_http::Http;
 use drover_proto::{BuildSpec, BuildStatus, Hash32, JobDef, OnError, SubmitReply, SubmitRequest};
 use drover_solver::{Input, Solver};
@@ -36,8 +37,7 @@ fn request(name: &str, tenant: &str, max_parallel: Option<u32>) -> SubmitRequest
 #[tokio::test]
 async fn a_spec_submitted_again_is_recorded_once_and_replays() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut config = CoordinatorConfig::new(dir.path().to_owned());
-    config.listen = ([127, 0, 0, 1], 0).into();
+    let config = common::loopback(dir.path());
     let core = config.core.clone();
     let coordinator = drover_coordinator::start(config).await.expect("start");
     let http = Http::new(None, Duration::from_secs(30));
@@ -109,8 +109,6 @@ async fn a_spec_submitted_again_is_recorded_once_and_replays() {
 #[tokio::test]
 async fn after_a_restart_a_spec_seen_before_is_recorded_by_reference() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut config = CoordinatorConfig::new(dir.path().to_owned());
-    config.listen = ([127, 0, 0, 1], 0).into();
     // The log of an earlier coordinator: one build of the spec, recorded
     // whole, as a coordinator records a spec it has not seen.
     let mut store = drover_store::Store::open(&dir.path().join("state.db")).expect("store");
@@ -118,7 +116,7 @@ async fn after_a_restart_a_spec_seen_before_is_recorded_by_reference() {
     store.append([(1_000, &first[..])]).expect("append");
     drop(store);
 
-    let coordinator = drover_coordinator::start(config).await.expect("start");
+    let coordinator = drover_coordinator::start(common::loopback(dir.path())).await.expect("start");
     let http = Http::new(None, Duration::from_secs(30));
     let url = coordinator.url();
     let reply: SubmitReply =
@@ -147,9 +145,7 @@ async fn after_a_restart_a_spec_seen_before_is_recorded_by_reference() {
 #[tokio::test]
 async fn a_spec_submitted_again_long_after_is_recorded_by_reference_and_unknown_fields_are_dropped() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut config = CoordinatorConfig::new(dir.path().to_owned());
-    config.listen = ([127, 0, 0, 1], 0).into();
-    let coordinator = drover_coordinator::start(config).await.expect("start");
+    let coordinator = drover_coordinator::start(common::loopback(dir.path())).await.expect("start");
     let http = Http::new(None, Duration::from_secs(30));
     let url = coordinator.url();
     let post = |body: serde_json::Value| {
@@ -192,9 +188,7 @@ async fn a_spec_submitted_again_long_after_is_recorded_by_reference_and_unknown_
 #[tokio::test]
 async fn refused_requests_are_answered_and_left_out_of_the_log() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut config = CoordinatorConfig::new(dir.path().to_owned());
-    config.listen = ([127, 0, 0, 1], 0).into();
-    let coordinator = drover_coordinator::start(config).await.expect("start");
+    let coordinator = drover_coordinator::start(common::loopback(dir.path())).await.expect("start");
     let http = Http::new(None, Duration::from_secs(30));
     let url = coordinator.url();
     let status = |result: Result<(), drover_http::HttpError>| match result {
