@@ -3,11 +3,13 @@
 //!
 //! Runs `BUILDS` builds of 500 jobs one after the other (each with a spec
 //! of its own, 50 wide, every job after the one 50 before it) on one worker
-//! of 4 slots, every run reported finished, then lets over a minute pass
-//! and prints the builds held and the growth of the process's resident
-//! memory.
+//! of 4 slots, every run reported finished with the timings of its stages,
+//! then lets over a minute pass and prints the builds held and the growth
+//! of the process's resident memory. With `CACHED`, the worker's cache holds
+//! the outputs of the latest `CACHED` builds only: it reports the older
+//! ones evicted, as a cache of bounded size does.
 //!
-//! `cargo run --release -p drover-solver --example history_memory -- BUILDS [KEEP]`
+//! `cargo run --release -p drover-solver --example history_memory -- BUILDS [KEEP [CACHED]]`
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -44,6 +46,9 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let builds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(600);
     let keep: Option<u64> = args.next().and_then(|a| a.parse().ok());
+    let cached: Option<usize> = args.next().and_then(|a| a.parse().ok());
+    // The outputs in the worker's cache, by build, oldest first.
+    let mut cache: std::collections::VecDeque<Vec<Hash32>> = std::collections::VecDeque::new();
     let mut solver = Solver::new(Config::default());
     let mut now = 1_000;
     let register = RegisterRequest {
@@ -72,6 +77,14 @@ fn main() {
         let Ok(Reply::Submitted(id)) = solver.handle(Millis(now), Input::Submit(req)) else {
             panic!("build {b} is accepted");
         };
+        cache.push_back(Vec::new());
+        if let Some(cached) = cached
+            && cache.len() > cached
+        {
+            let evicted = cache.pop_front().unwrap_or_default();
+            let report = Report { evicted, ..Report::default() };
+            let _ = solver.handle(Millis(now), Input::Report { worker, report });
+        }
         while solver.build_status(id).is_some_and(|s| !s.state.is_final()) {
             let runs: Vec<(u64, Hash32)> = solver
                 .take_effects()
@@ -90,6 +103,9 @@ fn main() {
             }
             for (run, job) in runs {
                 now += 1;
+                if let Some(outputs) = cache.back_mut() {
+                    outputs.push(job);
+                }
                 let result = RunResult {
                     run,
                     success: true,
@@ -98,7 +114,7 @@ fn main() {
                     detail: String::new(),
                     output: Some(HeldArtifact { job, tree: Hash32([7; 32]), size: 1 }),
                     duration_ms: 1,
-                    stages: BTreeMap::new(),
+                    stages: BTreeMap::from([("fetch".to_owned(), 1), ("build".to_owned(), 3)]),
                     lost_inputs: Vec::new(),
                 };
                 let report = Report { started: vec![run], finished: vec![result], ..Report::default() };
@@ -114,8 +130,9 @@ fn main() {
     let _ = solver.handle(Millis(now), Input::KeepFinished { builds: keep });
     let grown = resident().saturating_sub(before);
     println!(
-        "{builds} builds of 500 jobs, keeping {}: {} held, resident memory grew {} MB ({} KB per build)",
+        "{builds} builds of 500 jobs, keeping {}, outputs cached of {} builds: {} held, resident memory grew {} MB ({} KB per build)",
         keep.map_or("all".to_owned(), |k| k.to_string()),
+        cached.map_or("all".to_owned(), |k| k.to_string()),
         solver.build_ids().len(),
         grown >> 20,
         grown / 1024 / builds.max(1) as u64

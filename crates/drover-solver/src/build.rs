@@ -72,6 +72,9 @@ struct JobRec {
     evicted: Option<String>,
     /// Times it went back to wait for needs whose outputs were lost.
     rewinds: u32,
+    /// Milliseconds per stage of the latest of its runs that ended, as its
+    /// worker reported them (kept with the build, so they go with it).
+    stages: BTreeMap<String, u64>,
 }
 
 /// What a build's spec says, checked, with its graph by index: the same
@@ -390,7 +393,7 @@ impl Build {
         id: u64,
         req: SubmitRequest,
         now: Millis,
-        durations: &BTreeMap<String, u64>,
+        durations: &BTreeMap<String, crate::Duration>,
         known: Option<&Arc<Plan>>,
     ) -> Result<Build, String> {
         let plan = match known {
@@ -413,13 +416,14 @@ impl Build {
                 suspended: false,
                 evicted: None,
                 rewinds: 0,
+                stages: BTreeMap::new(),
             };
             spec.jobs.len()
         ];
         // Needs come earlier, so a backward pass sees dependents first.
         let mut path = vec![0u64; spec.jobs.len()];
         for i in (0..spec.jobs.len()).rev() {
-            let own = durations.get(&spec.jobs[i].name).copied().unwrap_or(DEFAULT_DURATION_MS);
+            let own = durations.get(&spec.jobs[i].name).map_or(DEFAULT_DURATION_MS, |d| d.ms);
             let after = dependents[i].iter().map(|&d| path[d as usize]).max().unwrap_or(0);
             path[i] = own.saturating_add(after);
         }
@@ -1205,8 +1209,15 @@ impl Build {
         }
     }
 
-    pub(crate) fn latest_run(&self, job: &str) -> Option<u64> {
-        self.jobs[*self.plan.index.get(job)? as usize].run
+    /// The latest run of job `job` and the worker it went to.
+    pub(crate) fn latest_run(&self, job: &str) -> Option<(u64, u64)> {
+        let rec = &self.jobs[*self.plan.index.get(job)? as usize];
+        Some((rec.run?, rec.worker?))
+    }
+
+    /// Job `i`'s run ended, its worker says, with these stage timings.
+    pub(crate) fn ran_stages(&mut self, i: u32, stages: &BTreeMap<String, u64>) {
+        self.jobs[i as usize].stages.clone_from(stages);
     }
 
     /// Why a queued job the core does not hold yet waits: its needs, or
@@ -1264,7 +1275,7 @@ impl Build {
                         }
                         _ => rec.detail.clone(),
                     },
-                    stages: BTreeMap::new(),
+                    stages: if rec.state.is_final() { rec.stages.clone() } else { BTreeMap::new() },
                     stage: None,
                     stage_waiting: false,
                 })

@@ -37,6 +37,18 @@ const PLAN_LOOKBACK: usize = 64;
 /// status and outputs) first.
 const FORGET_AFTER: Millis = Millis(60_000);
 
+/// How long the latest run of a job name took, and the newest build that
+/// ran it (a run shared by builds counts for each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Duration {
+    pub(crate) ms: u64,
+    build: u64,
+}
+
+/// The fewest output trees known at which [`Solver::sweep_outputs`] looks
+/// for those of outputs held nowhere.
+const SWEEP_OUTPUTS_AT: usize = 4096;
+
 /// An input to the solver. The coordinator records each one, with the time it
 /// was handled, before acting on what it caused.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -311,14 +323,14 @@ pub struct Solver {
     next_waiter: u64,
     workers: BTreeMap<u64, WorkerInfo>,
     worker_ids: BTreeMap<String, u64>,
-    /// Output trees of jobs that succeeded, for verifying fetched copies.
+    /// Output trees of jobs that succeeded, for verifying fetched copies:
+    /// those of outputs no longer held anywhere are swept out now and then
+    /// (see [`Solver::sweep_outputs`]).
     outputs: BTreeMap<JobId, Hash32>,
+    /// How many output trees the last sweep kept.
+    outputs_swept: usize,
     /// Outputs the coordinator's shared cache holds.
     remote: std::collections::BTreeSet<JobId>,
-    /// Milliseconds per stage of each job's latest reported run.
-    stages: BTreeMap<JobId, BTreeMap<String, u64>>,
-    /// Which worker ran each run in flight or recently ended, for logs.
-    run_workers: BTreeMap<u64, u64>,
     /// Build jobs whose result is known and held: they finish as cached.
     cache_hits: Vec<(u64, u32)>,
     /// Builds with a gang held back while jobs of another instance of it
@@ -326,8 +338,10 @@ pub struct Solver {
     /// every input.
     stalled: std::collections::BTreeSet<u64>,
     /// How long the last run of each job name took (milliseconds), for
-    /// critical-path order.
-    durations: BTreeMap<String, u64>,
+    /// critical-path order, and the newest build that ran it: names no
+    /// build kept has run are forgotten with the builds (see
+    /// [`Solver::forget_finished`]).
+    durations: BTreeMap<String, Duration>,
     /// Runs that ended (or were given up), by [`RunEnd`], since the log
     /// began (a replay counts them again).
     runs_ended: BTreeMap<RunEnd, u64>,
@@ -353,9 +367,8 @@ impl Solver {
             workers: BTreeMap::new(),
             worker_ids: BTreeMap::new(),
             outputs: BTreeMap::new(),
+            outputs_swept: 0,
             remote: std::collections::BTreeSet::new(),
-            stages: BTreeMap::new(),
-            run_workers: BTreeMap::new(),
             cache_hits: Vec::new(),
             runs_ended: BTreeMap::new(),
             stalled: std::collections::BTreeSet::new(),
@@ -400,6 +413,9 @@ impl Solver {
         let settled = |at: Millis| at.0.saturating_add(FORGET_AFTER.0) <= self.now.0;
         let gone: Vec<u64> =
             finished.into_iter().take(excess).take_while(|&(at, _)| settled(at)).map(|(_, id)| id).collect();
+        if gone.is_empty() {
+            return;
+        }
         for id in gone {
             let Some(build) = self.builds.remove(&id) else { continue };
             *self.forgotten_builds.entry(build.state).or_default() += 1;
@@ -409,6 +425,24 @@ impl Solver {
             self.stalled.remove(&id);
             self.effects.push(Effect::BuildChanged { build: id });
         }
+        // The durations of names that no build kept has run.
+        let oldest = self.builds.keys().next().copied().unwrap_or(self.next_build);
+        self.durations.retain(|_, d| d.build >= oldest);
+    }
+
+    /// Forgets the output trees of jobs whose output no live worker and
+    /// not the shared cache holds (evicted, or lost with their workers):
+    /// nothing can fetch them, and a worker that has one again reports its
+    /// tree with it. One pass once the trees have doubled since the last
+    /// one kept (at least [`SWEEP_OUTPUTS_AT`]), so the trees known stay
+    /// within twice those of outputs held, at a constant cost per tree.
+    fn sweep_outputs(&mut self) {
+        if self.outputs.len() < self.outputs_swept.saturating_mul(2).max(SWEEP_OUTPUTS_AT) {
+            return;
+        }
+        let (core, remote) = (&self.core, &self.remote);
+        self.outputs.retain(|job, _| remote.contains(job) || core.locate_artifact(job).is_some());
+        self.outputs_swept = self.outputs.len();
     }
 
     /// The core's settings.
@@ -479,6 +513,9 @@ impl Solver {
         if reply.is_err() {
             self.now = before;
         }
+        if reply.is_ok() {
+            self.sweep_outputs();
+        }
         if let (Ok(Reply::Submitted(_)), Some(keep)) = (&reply, self.keep_finished) {
             // A pass over the builds once a quarter more than it keeps
             // (at least 16) came in, not one per submission.
@@ -505,14 +542,8 @@ impl Solver {
     pub fn build_status(&self, id: u64) -> Option<BuildStatus> {
         let b = self.builds.get(&id)?;
         let mut status = b.status(|w| self.workers.get(&w).map(|i| i.name.clone()));
-        // Queued jobs the core holds say why they wait; finished ones how
-        // long each stage of their run took.
+        // Queued jobs the core holds say why they wait.
         for job in &mut status.jobs {
-            if job.state.is_final()
-                && let Some(stages) = self.stages.get(&JobId::from(job.id))
-            {
-                job.stages = stages.clone();
-            }
             if job.state == JobState::Queued
                 && job.detail.is_empty()
                 && let Some(why) = self.core.waiting_reason(&JobId::from(job.id))
@@ -663,9 +694,8 @@ impl Solver {
 
     /// Where a build job's latest attempt ran: the worker's URL and the run.
     pub fn run_location(&self, build: u64, job: &str) -> Option<(String, u64)> {
-        let run = self.builds.get(&build)?.latest_run(job)?;
-        let worker = self.run_workers.get(&run)?;
-        Some((self.workers.get(worker)?.url.clone(), run))
+        let (run, worker) = self.builds.get(&build)?.latest_run(job)?;
+        Some((self.workers.get(&worker)?.url.clone(), run))
     }
 
     /// Base URLs of live workers holding a job's output.
@@ -779,7 +809,9 @@ impl Solver {
             if !r.stages.is_empty()
                 && let Some((_, job, _)) = self.core.run_info(RunId(r.run))
             {
-                self.stages.insert(job, r.stages.clone());
+                for (b, i) in self.job_waiters(&job) {
+                    self.builds.get_mut(&b).expect("build exists").ran_stages(i, &r.stages);
+                }
             }
             if r.success
                 && !r.cached
@@ -797,8 +829,8 @@ impl Solver {
                     }
                     last = Some(name);
                     match self.durations.get_mut(name) {
-                        Some(known) => *known = took,
-                        None => _ = self.durations.insert(name.clone(), took),
+                        Some(known) => *known = Duration { ms: took, build: known.build.max(b) },
+                        None => _ = self.durations.insert(name.clone(), Duration { ms: took, build: b }),
                     }
                 }
             }
@@ -1096,7 +1128,6 @@ impl Solver {
     fn apply(&mut self, d: Decision) {
         match d {
             Decision::Assign { worker, job, run, attempt } => {
-                self.run_workers.insert(run.0, worker.0);
                 let waiters = self.job_waiters(&job);
                 let worker_name = self.workers.get(&worker.0).map(|w| w.name.clone()).unwrap_or_default();
                 for &(b, i) in &waiters {

@@ -372,6 +372,64 @@ fn the_builds_finished_longest_ago_are_forgotten_past_what_it_keeps() {
     h.assert_replays();
 }
 
+/// What the solver keeps of a job's runs (the worker of its latest run, the
+/// timings of its stages, how long its name took) lives as long as a build
+/// that holds the job: a coordinator that keeps a bounded history holds a
+/// bounded state, however many jobs it has seen.
+#[test]
+fn what_is_kept_of_runs_goes_with_the_builds_forgotten() {
+    let mut h = Harness::new();
+    let w = worker_id(h.input(register("w1", 1, vec![])));
+    h.input(Input::KeepFinished { builds: Some(2) }).expect("setting");
+    let mut last = 0;
+    for n in 0..60 {
+        let name = format!("j{n}");
+        last = build_id(h.input(submit(vec![job(&name, &[])])));
+        h.later();
+        let runs = h.assigned();
+        let mut result = ok(runs[0].1, &name);
+        result.stages = BTreeMap::from([("build".to_owned(), 40 + n)]);
+        h.report(w, Report { finished: vec![result], ..Report::default() });
+        pass(&mut h, w, 9);
+    }
+    assert!(h.solver.durations.len() <= h.solver.builds.len(), "{} durations", h.solver.durations.len());
+    assert!(h.solver.builds.len() < 30, "{} builds", h.solver.builds.len());
+    assert!(!h.solver.durations.contains_key("j0"), "the first name was forgotten");
+    // The latest build still says where its job ran and how long it took.
+    let status = h.solver.build_status(last).expect("kept");
+    assert_eq!(status.jobs[0].stages, BTreeMap::from([("build".to_owned(), 99)]));
+    let (url, _run) = h.solver.run_location(last, "j59").expect("its run's worker");
+    assert_eq!(url, "http://w1");
+    assert_eq!(h.solver.durations.get("j59").map(|d| d.ms), Some(1));
+    h.assert_replays();
+}
+
+/// The output trees of outputs held nowhere any more (evicted by their
+/// workers, not in the shared cache) are swept out once the trees known
+/// have doubled; held ones and those in the shared cache stay.
+#[test]
+fn output_trees_of_outputs_held_nowhere_are_swept() {
+    let held = |n: u32| HeldArtifact {
+        job: Hash32(blake3::hash(&n.to_le_bytes()).into()),
+        tree: Hash32([n as u8; 32]),
+        size: 1,
+    };
+    let mut h = Harness::new();
+    let w = worker_id(h.input(register("w1", 1, vec![])));
+    let first: Vec<HeldArtifact> = (0..5_000).map(held).collect();
+    h.report(w, Report { added: first.clone(), ..Report::default() });
+    h.input(Input::Cached { job: first[0].job, tree: first[0].tree }).expect("in the shared cache");
+    h.report(w, Report { evicted: first.iter().map(|a| a.job).collect(), ..Report::default() });
+    assert_eq!(h.solver.output_tree(first[1].job), Some(first[1].tree), "not swept before the trees double");
+    let second: Vec<HeldArtifact> = (5_000..10_000).map(held).collect();
+    h.report(w, Report { added: second.clone(), ..Report::default() });
+    assert_eq!(h.solver.outputs.len(), 5_001, "the second lot and the one in the shared cache");
+    assert_eq!(h.solver.output_tree(first[0].job), Some(first[0].tree));
+    assert_eq!(h.solver.output_tree(first[1].job), None);
+    assert_eq!(h.solver.output_tree(second[0].job), Some(second[0].tree));
+    h.assert_replays();
+}
+
 #[test]
 fn cancelling_a_build_stops_its_running_job_unless_another_build_needs_it() {
     let mut h = Harness::new();
@@ -1046,7 +1104,7 @@ fn durations_of_earlier_runs_order_later_builds() {
         done.push(result);
     }
     h.report(w, Report { finished: done, ..Report::default() });
-    assert_eq!(h.solver.durations.get("slow"), Some(&5_000), "{:?}", h.solver.durations);
+    assert_eq!(h.solver.durations.get("slow").map(|d| d.ms), Some(5_000), "{:?}", h.solver.durations);
     // Second build: the same names with new contents (new IDs) on a worker
     // with one slot; `fast` comes first in the file.
     let mut fast = job("fast", &[]);
