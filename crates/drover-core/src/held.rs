@@ -20,7 +20,7 @@ const COMPACT_AFTER: usize = 16;
 
 /// One worker's artifacts, stale and repeated entries included (see the
 /// module doc).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct HeldList {
     ids: Vec<JobId>,
     /// Evictions since the last compaction.

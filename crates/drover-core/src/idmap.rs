@@ -78,7 +78,7 @@ impl Hasher for IdHasher {
 }
 
 /// Builds [`IdHasher`]s.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct IdHash;
 
 impl BuildHasher for IdHash {
@@ -91,7 +91,9 @@ impl BuildHasher for IdHash {
 
 /// A map from job ID (or another ID, `K`) to `V`: lookups, insertion and
 /// removal; no iteration except in ID order ([`IdMap::sorted`]).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(bound(serialize = "K: serde::Serialize + Eq + Hash, V: serde::Serialize"))]
+#[serde(bound(deserialize = "K: serde::Deserialize<'de> + Eq + Hash, V: serde::Deserialize<'de>"))]
 pub(crate) struct IdMap<V, K = JobId> {
     map: HashMap<K, V, IdHash>,
 }
@@ -155,7 +157,7 @@ impl<V, K: Copy + Ord + Hash> IdMap<V, K> {
 }
 
 /// A set of job IDs: membership and insertion; no iteration.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct IdSet {
     set: IdMap<()>,
 }

@@ -43,6 +43,24 @@ impl<K: Ord + Copy> PartialEq for Order<K> {
 
 impl<K: Ord + Copy> Eq for Order<K> {}
 
+/// Written as its keys in order; read back in the form their number calls
+/// for.
+impl<K: Ord + Copy + serde::Serialize> serde::Serialize for Order<K> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.iter())
+    }
+}
+
+impl<'de, K: Ord + Copy + serde::Deserialize<'de>> serde::Deserialize<'de> for Order<K> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let keys = Vec::<K>::deserialize(deserializer)?;
+        if !keys.is_sorted_by(|a, b| a < b) {
+            return Err(serde::de::Error::custom("the keys of an order are not sorted and distinct"));
+        }
+        Ok(if keys.len() <= MANY { Order::Few(keys) } else { Order::Many(keys.into_iter().collect()) })
+    }
+}
+
 impl<K: Ord + Copy> Order<K> {
     pub(crate) fn len(&self) -> usize {
         match self {

@@ -25,7 +25,7 @@ use crate::quota::QueueIdx;
 use crate::types::Config;
 
 /// The plugins drover knows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 enum Plugin {
     Priority,
     Gang,
@@ -107,7 +107,7 @@ pub(crate) fn check_tiers(config: &Config) -> Vec<String> {
 }
 
 /// A rule of the queue order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 enum QueueRule {
     /// `priority`: higher queue priority first.
     Priority,
@@ -116,7 +116,7 @@ enum QueueRule {
 }
 
 /// A rule of the tenant order inside a queue.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 enum TenantRule {
     /// `priority`: the highest queued priority first.
     Priority,
@@ -127,7 +127,7 @@ enum TenantRule {
 }
 
 /// A rule of the job order inside a tenant.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 enum JobRule {
     /// `priority`: higher job priority first.
     Priority,
@@ -136,7 +136,7 @@ enum JobRule {
 }
 
 /// The victim functions of one tier.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct VictimTier {
     /// `priority` (preempt): only jobs of a lower priority.
     pub(crate) priority: bool,
@@ -156,7 +156,7 @@ pub(crate) type TenantKey = ([u64; 3], TenantIdx);
 pub(crate) type QueueKey = ([u64; 2], QueueIdx);
 
 /// The tiers, resolved.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Policy {
     queue_order: Vec<QueueRule>,
     tenant_order: Vec<TenantRule>,

@@ -71,7 +71,7 @@ pub(crate) type Era = u64;
 /// Order of a tenant's jobs: the components of the configured job rules
 /// (by default higher priority first, then the longest remaining path:
 /// critical path first; see `policy.rs`), then first scheduled.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub(crate) struct JobKey {
     pub(crate) order: [u64; 2],
     pub(crate) seq: u64,
@@ -107,7 +107,7 @@ pub(crate) fn class_bit(c: ClassIdx) -> u64 {
 pub(crate) const SHARED_BIT: ClassIdx = 63;
 
 /// One entry of a local queue: a job of the tenant, with its slot's era.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 struct Entry {
     class: ClassIdx,
     job: JobIdx,
@@ -116,7 +116,7 @@ struct Entry {
 }
 
 /// A tenant's entries in one local queue, in class then job order.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 enum Entries {
     /// At most [`FEW`]: a draw reads them in a cache line or two.
     Few(Vec<Entry>),
@@ -273,7 +273,7 @@ impl Entries {
 /// was in, queues nobody is looking at, and these counts are all it reads
 /// of them until a sweep is due, a few kilobytes that stay in cache
 /// instead of a cold line of each worker.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct QueueCounts {
     entries: u32,
     stale: u32,
@@ -300,7 +300,7 @@ impl QueueCounts {
 
 /// One of a worker's two local queues. Its counts are kept apart
 /// ([`QueueCounts`]) and passed to every method that moves them.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Queue {
     /// Per tenant (by index), its class mask and entries here.
     slots: Vec<Slot>,
@@ -313,7 +313,7 @@ pub(crate) struct Queue {
 /// side by side in 32 bytes, so that a draw reaches the tenant's first
 /// entries from its slot in one step (an ordered map of tenants took a
 /// descent through two or three cold nodes).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 struct Slot {
     /// The class mask of the tenant's entries here, dead ones included: a
     /// draw passes over a tenant with nothing it could take here without
@@ -527,7 +527,7 @@ impl Queue {
 
 /// The jobs of one (tenant, class) in the global queue, dead entries
 /// included (never first), each with its slot's era.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 struct Group {
     /// The first entry of `jobs`, always live, at hand for a draw: reading
     /// the group's front leaves `jobs` untouched.
@@ -552,7 +552,7 @@ const GROUP_SWEEP_AFTER: u32 = 8;
 /// The global queue: jobs any worker may take. Its jobs leave it lazily
 /// but for each group's first (see the module doc, which also gives its
 /// layout).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct GlobalQueue {
     groups: BTreeMap<(TenantIdx, ClassIdx), Group>,
     /// Entries in all groups, dead ones included.

@@ -32,7 +32,9 @@ const OFFER_MEMO: usize = 8;
 pub(crate) const SLOT_UNITS: u64 = 1000;
 
 /// Slots (thousandths), CPU (millicores), memory (bytes).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub(crate) struct Amounts(pub(crate) [u64; 3]);
 
 impl Amounts {
@@ -104,7 +106,7 @@ fn scale(x: u64, m: u64, d: u64) -> u64 {
 }
 
 /// One queue's configuration and live totals (its subtree's, for a parent).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct QueueNode {
     pub(crate) name: String,
     pub(crate) parent: Option<QueueIdx>,
@@ -135,7 +137,7 @@ impl QueueNode {
 
 /// The queue tree. Queue 0 is always a leaf named `default` unless the
 /// configuration names one itself.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Queues {
     pub(crate) nodes: Vec<QueueNode>,
     pub(crate) index: BTreeMap<String, QueueIdx>,
@@ -157,7 +159,7 @@ pub(crate) struct Queues {
 /// capability, request and guarantee do not change between rounds), what
 /// it deserves so far, and whether it left the rounds. The rounds read
 /// these, a few cache lines in a row, instead of the queue nodes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 struct Sibling {
     queue: QueueIdx,
     weight: u64,

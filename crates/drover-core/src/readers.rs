@@ -23,7 +23,7 @@ const SWEEP_AFTER: u32 = 8;
 
 /// The readers of one artifact, in the order they entered their dependency
 /// stage.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Readers {
     /// Each reader with its slot's era when it entered its dependency stage.
     entries: Vec<(JobIdx, Era)>,

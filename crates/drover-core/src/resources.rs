@@ -15,7 +15,7 @@ pub(crate) type TokenIdx = u32;
 
 /// A job's resource shape: what it takes, what it takes exclusively, and the
 /// labels it needs. Jobs of one class are interchangeable for placement.
-#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub(crate) struct ClassKey {
     pub(crate) slots: u32,
     pub(crate) cpu: u64,
@@ -51,7 +51,7 @@ impl ClassKey {
 }
 
 /// Capacity and use of one worker.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct WorkerResources {
     pub(crate) slots: u32,
     pub(crate) cpu: u64,

@@ -3,7 +3,7 @@
 
 /// splitmix64 (Steele, Lea and Flood, 2014): tiny, fast and good enough to
 /// choose among a handful of queues.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct SplitMix64 {
     state: u64,
 }

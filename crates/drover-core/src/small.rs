@@ -34,6 +34,29 @@ impl<T: Copy + Default + PartialEq, const N: usize> PartialEq for SmallList<T, N
 
 impl<T: Copy + Default + Eq, const N: usize> Eq for SmallList<T, N> {}
 
+/// Written as the sequence of its items; read back inline if they fit.
+impl<T: Copy + Default + serde::Serialize, const N: usize> serde::Serialize for SmallList<T, N> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.iter())
+    }
+}
+
+impl<'de, T: Copy + Default + serde::Deserialize<'de>, const N: usize> serde::Deserialize<'de>
+    for SmallList<T, N>
+{
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let items = Vec::<T>::deserialize(deserializer)?;
+        if items.len() > N {
+            return Ok(SmallList::Heap(items));
+        }
+        let mut list = SmallList::default();
+        for (at, item) in items.into_iter().enumerate() {
+            list.insert(at, item);
+        }
+        Ok(list)
+    }
+}
+
 impl<T: Copy + Default, const N: usize> Deref for SmallList<T, N> {
     type Target = [T];
 

@@ -4,6 +4,8 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
+use serde::{Deserialize, Serialize};
+
 use drover_core::{JobId, JobSpec, Millis, Request, WaiterId};
 use drover_proto::{
     BuildEvent, BuildSpec, BuildState, BuildStatus, EventKind, JobDef, JobState, JobStatus, OnError,
@@ -30,7 +32,7 @@ type Rewind = (Vec<(JobId, WaiterId)>, Vec<u32>);
 pub(crate) type GangRestart = (Vec<(JobId, WaiterId)>, Vec<u32>);
 
 /// A gang of the build and its restarts so far.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 struct GangRec {
     members: Vec<u32>,
     min_available: u32,
@@ -54,7 +56,7 @@ pub(crate) struct GangRelease {
     pub(crate) members: Vec<u32>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 struct JobRec {
     state: JobState,
     worker: Option<u64>,
@@ -80,7 +82,7 @@ struct JobRec {
 /// What a build's spec says, checked, with its graph by index: the same
 /// for every build submitted with that spec, so builds that share a spec
 /// (the coordinator hands them one `Arc`) share one plan too.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Plan {
     spec: Arc<BuildSpec>,
     index: BTreeMap<String, u32>,
@@ -92,7 +94,7 @@ pub(crate) struct Plan {
     dependents: Vec<Vec<u32>>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Build {
     id: u64,
     tenant: String,
@@ -108,7 +110,9 @@ pub(crate) struct Build {
     /// build's end, itself included (critical-path order).
     path: Vec<u64>,
     /// The spec, checked, and its graph by index: shared with the other
-    /// builds submitted with the same spec.
+    /// builds submitted with the same spec (and so written once in a
+    /// snapshot, apart from the builds: see `Solver`'s `Serialize`).
+    #[serde(skip)]
     plan: Arc<Plan>,
     /// Needs not yet succeeded, per job.
     pending: Vec<u32>,
@@ -302,6 +306,20 @@ fn valid_path(path: &str) -> bool {
         && path.split('/').all(|part| !part.is_empty() && part != "." && part != "..")
 }
 
+/// An empty plan: what a build read from a snapshot holds until its own
+/// plan, written apart, is given back to it.
+impl Default for Plan {
+    fn default() -> Plan {
+        Plan {
+            spec: Arc::new(BuildSpec { name: String::new(), sources: Vec::new(), jobs: Vec::new() }),
+            index: BTreeMap::new(),
+            needs: Vec::new(),
+            needs_at: Vec::new(),
+            dependents: Vec::new(),
+        }
+    }
+}
+
 impl Plan {
     /// The spec it was made from.
     pub(crate) fn spec(&self) -> &Arc<BuildSpec> {
@@ -479,6 +497,11 @@ impl Build {
     /// The build's plan, for a later build with the same spec.
     pub(crate) fn plan(&self) -> &Arc<Plan> {
         &self.plan
+    }
+
+    /// Gives a build read from a snapshot its plan back.
+    pub(crate) fn set_plan(&mut self, plan: Arc<Plan>) {
+        self.plan = plan;
     }
 
     fn name_of(&self, i: u32) -> String {

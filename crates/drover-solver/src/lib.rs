@@ -12,6 +12,7 @@
 //! that needs the job is a separate waiter on the core's single job.
 
 mod build;
+mod snapshot;
 
 use std::collections::BTreeMap;
 
@@ -26,6 +27,7 @@ use drover_proto::{
 use serde::{Deserialize, Serialize};
 
 use build::{Build, Plan};
+pub use snapshot::SNAPSHOT_FORMAT;
 use std::sync::Arc;
 
 /// How many of the latest builds a new build's spec is compared with (by
@@ -39,7 +41,7 @@ const FORGET_AFTER: Millis = Millis(60_000);
 
 /// How long the latest run of a job name took, and the newest build that
 /// ran it (a run shared by builds counts for each).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Duration {
     pub(crate) ms: u64,
     build: u64,
@@ -242,7 +244,7 @@ pub enum Effect {
     },
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 struct WorkerInfo {
     name: String,
     url: String,
@@ -251,7 +253,7 @@ struct WorkerInfo {
 }
 
 /// How a run ended, as [`Metrics::runs_ended`] counts it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum RunEnd {
     /// Its commands succeeded.
     Succeeded,
@@ -313,7 +315,8 @@ pub struct Metrics {
 }
 
 /// The coordinator's state. See the crate documentation.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(remote = "Self")]
 pub struct Solver {
     core: Scheduler,
     builds: BTreeMap<u64, Build>,
@@ -351,6 +354,8 @@ pub struct Solver {
     /// count them still.
     forgotten_builds: BTreeMap<BuildState, u64>,
     forgotten_ends: BTreeMap<JobState, u64>,
+    /// Taken by the coordinator after every input (a snapshot has none).
+    #[serde(skip)]
     effects: Vec<Effect>,
     now: Millis,
 }

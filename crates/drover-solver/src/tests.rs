@@ -148,6 +148,19 @@ impl Harness {
         replayed
     }
 
+    /// Writes the solver's state down and reads it back (in CBOR, as the
+    /// coordinator's snapshots do), checks that the copy is equal, and
+    /// carries on with the copy (the effects not taken yet move over).
+    fn restore_from_snapshot(&mut self) {
+        let effects = std::mem::take(&mut self.solver.effects);
+        let mut bytes = Vec::new();
+        ciborium::into_writer(&self.solver, &mut bytes).expect("encode");
+        let mut restored: Solver = ciborium::from_reader(&bytes[..]).expect("decode");
+        assert_eq!(restored, self.solver);
+        restored.effects = effects;
+        self.solver = restored;
+    }
+
     fn states(&self, build: u64) -> Vec<(String, JobState)> {
         let status = self.solver.build_status(build).expect("build");
         status.jobs.into_iter().map(|j| (j.name, j.state)).collect()
@@ -294,6 +307,12 @@ fn builds_of_one_spec_share_its_plan() {
         std::sync::Arc::ptr_eq(&replayed_plan(b1), &replayed_plan(b4)),
         "replayed, b4 still takes b1's plan"
     );
+    // A snapshot read back shares the plans as the builds did.
+    h.restore_from_snapshot();
+    let plan = |b: u64| h.solver.builds[&b].plan().clone();
+    assert!(std::sync::Arc::ptr_eq(&plan(b1), &plan(b2)) && std::sync::Arc::ptr_eq(&plan(b1), &plan(b4)));
+    assert!(!std::sync::Arc::ptr_eq(&plan(b1), &plan(b3)));
+    assert_eq!(h.solver.build_with_spec(&h.solver.builds[&b1].plan().spec().clone()), Some(b4));
 }
 
 /// A spec's mistakes are named in the order a reader meets them: in a job,
@@ -1697,10 +1716,15 @@ mod random {
     }
 
     /// Runs the program, lets the workers finish everything, and checks
-    /// how every build ended.
+    /// how every build ended. Halfway, the solver is written down and read
+    /// back, and the copy carries on: the final replay of the whole log
+    /// must rebuild what the copy came to.
     fn run(u: &Universe, program: &[Op]) {
         let mut s = Sim::new(u);
-        for op in program {
+        for (i, op) in program.iter().enumerate() {
+            if i == program.len() / 2 {
+                s.h.restore_from_snapshot();
+            }
             s.apply(op);
         }
         s.drain();
