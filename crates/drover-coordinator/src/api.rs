@@ -111,7 +111,9 @@ impl From<SolverError> for ApiError {
                 StatusCode::NOT_FOUND
             }
             SolverError::InvalidBuild(_) => StatusCode::BAD_REQUEST,
-            SolverError::CannotRetry(_) | SolverError::NotRunning(_) => StatusCode::CONFLICT,
+            SolverError::CannotRetry(_) | SolverError::NotRunning(_) | SolverError::Settings(_) => {
+                StatusCode::CONFLICT
+            }
         };
         ApiError(status, e.to_string())
     }

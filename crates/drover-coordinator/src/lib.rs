@@ -8,6 +8,7 @@
 mod api;
 mod checks;
 mod metrics;
+mod snapshots;
 mod specs;
 mod state;
 
@@ -21,6 +22,7 @@ use drover_http::Http;
 use drover_solver::{Input, Solver};
 pub use drover_store::Durability;
 use drover_store::Store;
+pub use snapshots::SNAPSHOT_AFTER;
 
 /// How to run a coordinator.
 #[derive(Clone, Debug)]
@@ -56,6 +58,11 @@ pub struct CoordinatorConfig {
     /// How long an upload (a source, a pushed output) may go without a byte
     /// before it is refused (default [`UPLOAD_IDLE`]).
     pub upload_idle: std::time::Duration,
+    /// Bytes of recorded inputs after which the state is written down and
+    /// the log behind it dropped (default [`SNAPSHOT_AFTER`]; at least the
+    /// size of the last snapshot; `None`: never, and the log grows with
+    /// every input).
+    pub snapshot_after: Option<u64>,
 }
 
 /// The default of [`CoordinatorConfig::upload_idle`].
@@ -80,6 +87,7 @@ impl CoordinatorConfig {
             keep_finished_builds: Some(KEEP_FINISHED_BUILDS),
             header_timeout: drover_http::HEADER_TIMEOUT,
             upload_idle: UPLOAD_IDLE,
+            snapshot_after: Some(SNAPSHOT_AFTER),
         }
     }
 }
@@ -102,6 +110,21 @@ pub enum CoordinatorError {
     /// The state log failed.
     #[error(transparent)]
     Store(#[from] drover_store::StoreError),
+    /// The snapshot the log begins with cannot be read.
+    #[error(
+        "cannot read the snapshot of the state (the log's first {seq} inputs) in the data directory: {why}. Start the drover that wrote it, or start this one on a new data directory"
+    )]
+    Snapshot {
+        /// The last input it holds.
+        seq: u64,
+        /// Why.
+        why: String,
+    },
+    /// The configured settings cannot apply to the recovered state.
+    #[error(
+        "the scheduler's settings changed since the state was written down, and {0}: start with the settings it had (see `drover queues`) until those jobs are over, then with the new ones"
+    )]
+    Settings(String),
     /// The store of sources or the shared cache of outputs failed to open.
     #[error("store: {0}")]
     Cas(#[from] drover_cas::CasError),
@@ -181,7 +204,8 @@ pub async fn start(config: CoordinatorConfig) -> Result<Coordinator, Coordinator
     let cache = Arc::new(Cas::open(&config.data_dir.join("cache"), config.artifact_cache_bytes)?);
     blobs.keep_free(config.cache_keep_free);
     cache.keep_free(config.cache_keep_free);
-    let shared = state::start(store, Solver::new(config.core.clone()))?;
+    let snapshots = snapshots::Snapshots::new(config.data_dir.clone(), config.snapshot_after);
+    let shared = state::start(store, Solver::new(config.core.clone()), snapshots)?;
     // The setting is an input: a replay forgets the same builds at the same
     // points, whatever the setting is now.
     let keep = config.keep_finished_builds;

@@ -26,6 +26,8 @@ use drover_core::Millis;
 use drover_proto::{BuildEvent, PollReply, Report, RunResult, RunStage, SubmitRequest};
 use drover_solver::{Effect, Input, Reply, Solver, SolverError};
 use drover_store::Store;
+
+use crate::snapshots::{self, Snapshots};
 use tokio::sync::{Notify, mpsc, oneshot};
 
 /// Most commands handled in one turn (one transaction).
@@ -55,6 +57,8 @@ pub(crate) enum Command {
     },
     /// Read the state.
     Query(Box<dyn FnOnce(&Solver) + Send>),
+    /// A snapshot's writing ended (see [`Snapshots::start`]).
+    Snapshot(snapshots::Written),
     /// Follow a build's events from `from` (`None` for an unknown build).
     Follow { build: u64, from: u64, reply: oneshot::Sender<Option<Follow>> },
     /// Submit a build: recorded as `Input::SubmitLike` if a build holds its
@@ -407,23 +411,34 @@ pub(crate) fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
-/// Rebuilds the solver from the log, records the restart, and starts the
+/// Rebuilds the solver from the log (its snapshot, if it begins with one,
+/// then the records after it; `fresh`, under the configured settings, if
+/// not), records the restart and any change of settings, and starts the
 /// state thread.
-pub(crate) fn start(mut store: Store, mut solver: Solver) -> Result<Arc<Shared>, drover_store::StoreError> {
+pub(crate) fn start(
+    mut store: Store,
+    fresh: Solver,
+    mut snapshots: Snapshots,
+) -> Result<Arc<Shared>, crate::CoordinatorError> {
+    let configured = fresh.config().clone();
+    let (mut solver, after) = snapshots::restore(&store, fresh, &mut snapshots)?;
     let mut replayed = 0u64;
     let mut undecodable = 0u64;
-    store.replay(|rec| match serde_json::from_slice::<Input>(&rec.body) {
-        Ok(input) => {
-            let _ = solver.handle(Millis(rec.at), input);
-            replayed += 1;
+    store.replay(after, |rec| {
+        snapshots.recorded(rec.body.len() as u64);
+        match serde_json::from_slice::<Input>(&rec.body) {
+            Ok(input) => {
+                let _ = solver.handle(Millis(rec.at), input);
+                replayed += 1;
+            }
+            Err(_) => undecodable += 1,
         }
-        Err(_) => undecodable += 1,
     })?;
     if undecodable > 0 {
         tracing::warn!(undecodable, "skipped log records this version cannot read");
     }
     solver.take_effects();
-    if replayed > 0 {
+    if replayed > 0 || after > 0 {
         // Time stood still for the cluster while the coordinator was down.
         let now = now_ms();
         let input = Input::Restarted;
@@ -431,7 +446,12 @@ pub(crate) fn start(mut store: Store, mut solver: Solver) -> Result<Arc<Shared>,
         let _ = solver.handle(Millis(now), input);
         store.append([(now, &body[..])])?;
         solver.take_effects();
-        tracing::info!(replayed, "recovered state from the log");
+        tracing::info!(snapshot = after, replayed, "recovered state from the log");
+    }
+    let now = now_ms();
+    if let Some(body) = snapshots::configure(&mut solver, &configured, now)? {
+        store.append([(now, &body[..])])?;
+        solver.take_effects();
     }
     let (tx, rx) = std::sync::mpsc::channel();
     let shared = Arc::new(Shared {
@@ -445,7 +465,7 @@ pub(crate) fn start(mut store: Store, mut solver: Solver) -> Result<Arc<Shared>,
     let thread_shared = Arc::downgrade(&shared);
     std::thread::Builder::new()
         .name("drover-state".into())
-        .spawn(move || run(store, solver, rx, thread_shared))
+        .spawn(move || run(store, solver, snapshots, rx, thread_shared))
         .expect("spawn the state thread");
     Ok(shared)
 }
@@ -458,7 +478,13 @@ fn record(input: &Input) -> Vec<u8> {
     serde_json::to_vec(input).expect("encodable input")
 }
 
-fn run(mut store: Store, mut solver: Solver, rx: Receiver<Command>, weak: std::sync::Weak<Shared>) {
+fn run(
+    mut store: Store,
+    mut solver: Solver,
+    mut snapshots: Snapshots,
+    rx: Receiver<Command>,
+    weak: std::sync::Weak<Shared>,
+) {
     let mut followers = Followers::default();
     // Submits beyond the one a turn carries out, oldest first.
     let mut submits: VecDeque<Command> = VecDeque::new();
@@ -488,6 +514,15 @@ fn run(mut store: Store, mut solver: Solver, rx: Receiver<Command>, weak: std::s
         // Held for this turn only (see `start`).
         let Some(shared) = weak.upgrade() else { return };
         let now = now_ms();
+        // The solver is the log's state: the time to write it down, if
+        // enough was recorded since the last time (a copy, written in the
+        // background; its end comes back as a command).
+        if snapshots.due() {
+            let tx = shared.tx.lock().expect("tx").clone();
+            snapshots.start(&store, &solver, move |written| {
+                let _ = tx.send(Command::Snapshot(written));
+            });
+        }
         let mut records: Vec<(u64, Vec<u8>)> = Vec::new();
         let mut answers = Vec::new();
         let mut queries = Vec::new();
@@ -537,6 +572,7 @@ fn run(mut store: Store, mut solver: Solver, rx: Receiver<Command>, weak: std::s
                     answers.push(Answer::Input(reply, apply(&mut solver, input, record)))
                 }
                 Command::Query(f) => queries.push(f),
+                Command::Snapshot(written) => snapshots.finish(&mut store, written),
                 Command::Follow { build, from, reply } => follows.push((build, from, reply)),
             }
         }
@@ -562,6 +598,7 @@ fn run(mut store: Store, mut solver: Solver, rx: Receiver<Command>, weak: std::s
             tracing::error!("cannot record state, stopping the coordinator: {e}");
             return;
         }
+        snapshots.recorded(records.iter().map(|(_, body)| body.len() as u64).sum());
         let changed = {
             let mut boxes = shared.mailboxes.lock().expect("mailboxes");
             let (touched, changed) = perform(&mut boxes, solver.take_effects());

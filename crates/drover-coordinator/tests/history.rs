@@ -33,7 +33,7 @@ fn settings(dir: &std::path::Path) -> Vec<Option<u64>> {
     let store = drover_store::Store::open(&dir.join("state.db")).expect("store");
     let mut settings = Vec::new();
     store
-        .replay(|r| {
+        .replay(0, |r| {
             if let Ok(Input::KeepFinished { builds }) = serde_json::from_slice::<Input>(&r.body) {
                 settings.push(builds);
             }

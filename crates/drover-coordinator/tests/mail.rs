@@ -419,7 +419,7 @@ async fn a_long_turn_does_not_cost_a_polling_worker_its_lease() {
         let mut after_huge = Vec::new();
         let mut seen_huge = false;
         store
-            .replay(|r| {
+            .replay(0, |r| {
                 let input: Input = serde_json::from_slice(&r.body).expect("input");
                 if seen_huge {
                     after_huge.push(input);

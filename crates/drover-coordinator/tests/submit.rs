@@ -63,7 +63,9 @@ async fn a_spec_submitted_again_is_recorded_once_and_replays() {
     let store = drover_store::Store::open(&dir.path().join("state.db")).expect("store");
     let mut inputs = Vec::new();
     store
-        .replay(|r| inputs.push((r.at, serde_json::from_slice::<Input>(&r.body).expect("a recorded input"))))
+        .replay(0, |r| {
+            inputs.push((r.at, serde_json::from_slice::<Input>(&r.body).expect("a recorded input")))
+        })
         .expect("replay");
     let submits: Vec<(u64, String)> = inputs
         .iter()
@@ -128,7 +130,7 @@ async fn after_a_restart_a_spec_seen_before_is_recorded_by_reference() {
     let store = drover_store::Store::open(&dir.path().join("state.db")).expect("store");
     let mut submits = Vec::new();
     store
-        .replay(|r| match serde_json::from_slice::<Input>(&r.body).expect("a recorded input") {
+        .replay(0, |r| match serde_json::from_slice::<Input>(&r.body).expect("a recorded input") {
             Input::Submit(req) => submits.push(format!("{} whole", req.build.name)),
             Input::SubmitLike { like, tenant, .. } => submits.push(format!("like {like} for {tenant}")),
             _ => {}
@@ -170,7 +172,7 @@ async fn a_spec_submitted_again_long_after_is_recorded_by_reference_and_unknown_
 
     let store = drover_store::Store::open(&dir.path().join("state.db")).expect("store");
     let mut records = Vec::new();
-    store.replay(|r| records.push(r.body)).expect("replay");
+    store.replay(0, |r| records.push(r.body)).expect("replay");
     let text: Vec<String> = records.iter().map(|b| String::from_utf8_lossy(b).into_owned()).collect();
     assert!(
         text.iter().all(|t| !t.contains("from_the_future") && !t.contains("colour") && !t.contains("weight"))
@@ -199,7 +201,7 @@ async fn refused_requests_are_answered_and_left_out_of_the_log() {
         let store = drover_store::Store::open(&dir.join("state.db")).expect("store");
         let mut inputs = Vec::new();
         store
-            .replay(|r| inputs.push(serde_json::from_slice::<Input>(&r.body).expect("input")))
+            .replay(0, |r| inputs.push(serde_json::from_slice::<Input>(&r.body).expect("input")))
             .expect("replay");
         inputs
     };

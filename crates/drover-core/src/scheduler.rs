@@ -604,6 +604,37 @@ impl Scheduler {
         &self.config
     }
 
+    /// Takes new settings. Those that shape the queues and the order in
+    /// them (`queues`, `tenant_queues`, `tiers`) change only while the
+    /// core holds no job and no run ([`Rejected::Busy`] otherwise): it then
+    /// starts afresh, keeping its clock, its counters (runs, job order,
+    /// service), its random state and nothing else, so workers register
+    /// again. The others take effect from now on (waits and leases already
+    /// running keep their deadlines). The seed is not read again: the
+    /// random sequence goes on.
+    pub fn reconfigure(&mut self, config: Config) -> Result<(), Rejected> {
+        let shape = |c: &Config| (c.queues.clone(), c.tenant_queues.clone(), c.tiers.clone());
+        if shape(&config) == shape(&self.config) {
+            self.policy = Policy::new(&config);
+            self.config = config;
+            return Ok(());
+        }
+        let jobs = self.job_index.len() as u64;
+        let runs = self.runs.len() as u64;
+        if jobs > 0 || runs > 0 {
+            return Err(Rejected::Busy { jobs, runs });
+        }
+        let mut fresh = Scheduler::new(config);
+        fresh.now = self.now;
+        fresh.rng = self.rng.clone();
+        fresh.serve_clock = self.serve_clock;
+        fresh.next_seq = self.next_seq;
+        fresh.next_run = self.next_run;
+        fresh.next_gang = self.next_gang;
+        *self = fresh;
+        Ok(())
+    }
+
     /// The latest `now` seen.
     pub fn now(&self) -> Millis {
         self.now

@@ -481,6 +481,17 @@ pub enum Rejected {
     /// The run was already reported as started.
     #[error("run {0:?} already started")]
     AlreadyStarted(RunId),
+    /// New queues, tenant mapping or tiers while jobs are queued or runs
+    /// in flight (see [`crate::Scheduler::reconfigure`]).
+    #[error(
+        "the queues, their tenants or the tiers cannot change while {jobs} jobs are queued or running and {runs} runs are in flight"
+    )]
+    Busy {
+        /// Jobs the core holds.
+        jobs: u64,
+        /// Runs in flight.
+        runs: u64,
+    },
 }
 
 /// The core's settings. Changing them changes decisions, so a replay must use

@@ -143,6 +143,15 @@ pub enum Input {
         /// Finished builds to keep.
         builds: Option<u64>,
     },
+    /// New settings for the core (see `drover_core::Scheduler::reconfigure`:
+    /// new queues or tiers only while it holds no job). The coordinator
+    /// records this when it starts from a snapshot taken under other
+    /// settings; a log without a snapshot is replayed under the settings of
+    /// the day instead.
+    Configure {
+        /// The settings.
+        core: Box<Config>,
+    },
     /// Time passes: due timers fire.
     Tick,
     /// The coordinator restarted, or a turn held it up for a while (a tenth
@@ -182,6 +191,9 @@ pub enum SolverError {
     /// No live worker with that ID (it left, or was lost).
     #[error("no worker {0} in the cluster")]
     UnknownWorker(u64),
+    /// The core cannot take these settings now.
+    #[error("{0}")]
+    Settings(drover_core::Rejected),
     /// The build has no job of that name.
     #[error("build {build} has no job {job:?}")]
     UnknownJob {
@@ -319,7 +331,10 @@ pub struct Metrics {
 #[serde(remote = "Self")]
 pub struct Solver {
     core: Scheduler,
-    builds: BTreeMap<u64, Build>,
+    /// Each build behind an `Arc`, so a copy of the state (for a
+    /// snapshot written in the background) shares the builds until one
+    /// changes: finished builds, most of them, never do.
+    builds: BTreeMap<u64, Arc<Build>>,
     next_build: u64,
     /// Which build job each core waiter stands for.
     waiters: BTreeMap<WaiterId, (u64, u32)>,
@@ -500,6 +515,9 @@ impl Solver {
             Input::Retry { build } => self.retry(build),
             Input::Tick => Ok(self.core_event(Event::Tick)),
             Input::Restarted => Ok(self.core_event(Event::Resumed)),
+            Input::Configure { core } => {
+                self.core.reconfigure(*core).map(|()| Reply::Done).map_err(SolverError::Settings)
+            }
             Input::KeepFinished { builds } => {
                 self.keep_finished = builds;
                 self.forget_finished(0);
@@ -561,7 +579,7 @@ impl Solver {
 
     /// Every build kept, oldest first, without its jobs' details.
     pub fn build_summaries(&self) -> Vec<drover_proto::BuildSummary> {
-        self.builds.values().map(Build::summary).collect()
+        self.builds.values().map(|b| b.summary()).collect()
     }
 
     /// Every build kept, oldest first.
@@ -815,7 +833,11 @@ impl Solver {
                 && let Some((_, job, _)) = self.core.run_info(RunId(r.run))
             {
                 for (b, i) in self.job_waiters(&job) {
-                    self.builds.get_mut(&b).expect("build exists").ran_stages(i, &r.stages);
+                    self.builds
+                        .get_mut(&b)
+                        .map(Arc::make_mut)
+                        .expect("build exists")
+                        .ran_stages(i, &r.stages);
                 }
             }
             if r.success
@@ -875,14 +897,14 @@ impl Solver {
                 .values()
                 .rev()
                 .take(PLAN_LOOKBACK)
-                .map(Build::plan)
+                .map(|b| b.plan())
                 .find(|p| p.is_of(&req.build))
                 .cloned()
         });
         let build = Build::new(id, req, self.now, &self.durations, known.as_ref())
             .map_err(SolverError::InvalidBuild)?;
         self.next_build += 1;
-        self.builds.insert(id, build);
+        self.builds.insert(id, Arc::new(build));
         self.effects.push(Effect::BuildChanged { build: id });
         let ready = self.builds[&id].ready_roots();
         for i in ready {
@@ -893,7 +915,7 @@ impl Solver {
     }
 
     fn suspend(&mut self, id: u64, job: Option<&str>, resume: bool) -> Result<Reply, SolverError> {
-        let build = self.builds.get_mut(&id).ok_or(SolverError::UnknownBuild(id))?;
+        let build = self.builds.get_mut(&id).map(Arc::make_mut).ok_or(SolverError::UnknownBuild(id))?;
         if let Some(name) = job
             && !build.plan().has_job(name)
         {
@@ -917,7 +939,7 @@ impl Solver {
         let lost: Vec<JobId> = lost.iter().map(|h| JobId::from(*h)).collect();
         for (b, i) in self.job_waiters(&job) {
             let available = availability(&self.core, &self.outputs, &self.remote);
-            let build = self.builds.get_mut(&b).expect("build exists");
+            let build = self.builds.get_mut(&b).map(Arc::make_mut).expect("build exists");
             let Some((cancel, ready)) = build.rewind(i, &lost, available, self.now) else { continue };
             self.effects.push(Effect::BuildChanged { build: b });
             self.withdraw(cancel);
@@ -937,7 +959,7 @@ impl Solver {
     }
 
     fn retry(&mut self, id: u64) -> Result<Reply, SolverError> {
-        let build = self.builds.get_mut(&id).ok_or(SolverError::UnknownBuild(id))?;
+        let build = self.builds.get_mut(&id).map(Arc::make_mut).ok_or(SolverError::UnknownBuild(id))?;
         // A succeeded job's output is gone once no live worker and not the
         // shared cache holds it: a retried job that needs it runs it again.
         let available = availability(&self.core, &self.outputs, &self.remote);
@@ -951,7 +973,7 @@ impl Solver {
     }
 
     fn cancel(&mut self, id: u64) -> Result<Reply, SolverError> {
-        let build = self.builds.get_mut(&id).ok_or(SolverError::UnknownBuild(id))?;
+        let build = self.builds.get_mut(&id).map(Arc::make_mut).ok_or(SolverError::UnknownBuild(id))?;
         if build.state.is_final() {
             return Ok(Reply::Done);
         }
@@ -970,7 +992,7 @@ impl Solver {
     /// result is already known and held by a live worker: then it is cached
     /// (unless the build asked for no cache).
     fn schedule(&mut self, build: u64, job: u32) {
-        let b = self.builds.get_mut(&build).expect("build exists");
+        let b = self.builds.get_mut(&build).map(Arc::make_mut).expect("build exists");
         if b.in_gang(job) {
             // A gang member waits for the rest of its gang (see
             // `release_gangs`).
@@ -982,7 +1004,7 @@ impl Solver {
             self.cache_hits.push((build, job));
             return;
         }
-        let b = self.builds.get_mut(&build).expect("build exists");
+        let b = self.builds.get_mut(&build).map(Arc::make_mut).expect("build exists");
         if !b.has_room() {
             b.hold(job);
             return;
@@ -1016,13 +1038,14 @@ impl Solver {
     /// gang instance in the core, the gang is held back until those jobs
     /// leave the core.
     fn release_gangs(&mut self, build: u64) {
-        let released = self.builds.get_mut(&build).expect("build exists").take_ready_gangs();
+        let released =
+            self.builds.get_mut(&build).map(Arc::make_mut).expect("build exists").take_ready_gangs();
         for gang in released {
             let b = &self.builds[&build];
             // Members cancelled or skipped while the gang was held back.
             let members = gang.members.iter().copied().filter(|&m| !b.called_off(m));
             let (hits, open): (Vec<u32>, Vec<u32>) = members.partition(|&m| self.cache_hit(build, m));
-            let b = self.builds.get_mut(&build).expect("build exists");
+            let b = self.builds.get_mut(&build).map(Arc::make_mut).expect("build exists");
             let (need, done) = b.gang_needs(&gang.name);
             let done = done + hits.len() as u32;
             self.cache_hits.extend(hits.iter().map(|&m| (build, m)));
@@ -1043,12 +1066,12 @@ impl Solver {
                 continue;
             }
             if self.splits_a_core_gang(build, &open) {
-                let b = self.builds.get_mut(&build).expect("build exists");
+                let b = self.builds.get_mut(&build).map(Arc::make_mut).expect("build exists");
                 b.hold_gang(&gang.name, &open);
                 self.stalled.insert(build);
                 continue;
             }
-            let b = self.builds.get_mut(&build).expect("build exists");
+            let b = self.builds.get_mut(&build).map(Arc::make_mut).expect("build exists");
             let min = need.saturating_sub(done).clamp(1, open.len() as u32);
             b.set_core_min(&gang.name, min);
             for m in open {
@@ -1076,7 +1099,7 @@ impl Solver {
 
     /// Hands job `job` to the core.
     fn hand_to_core(&mut self, build: u64, job: u32) {
-        let b = self.builds.get_mut(&build).expect("build exists");
+        let b = self.builds.get_mut(&build).map(Arc::make_mut).expect("build exists");
         let waiter = WaiterId(self.next_waiter);
         self.next_waiter += 1;
         self.waiters.insert(waiter, (build, job));
@@ -1136,7 +1159,7 @@ impl Solver {
                 let waiters = self.job_waiters(&job);
                 let worker_name = self.workers.get(&worker.0).map(|w| w.name.clone()).unwrap_or_default();
                 for &(b, i) in &waiters {
-                    let build = self.builds.get_mut(&b).expect("build exists");
+                    let build = self.builds.get_mut(&b).map(Arc::make_mut).expect("build exists");
                     build.started(i, worker.0, run.0, attempt, &worker_name, self.now);
                     self.effects.push(Effect::BuildChanged { build: b });
                 }
@@ -1158,7 +1181,11 @@ impl Solver {
                 let by = self.job_label(&by);
                 let Some((_, job, _)) = self.core.run_info(run) else { return };
                 for (b, i) in self.job_waiters(&job) {
-                    self.builds.get_mut(&b).expect("build exists").evicted(i, by.clone(), self.now);
+                    self.builds.get_mut(&b).map(Arc::make_mut).expect("build exists").evicted(
+                        i,
+                        by.clone(),
+                        self.now,
+                    );
                     self.effects.push(Effect::BuildChanged { build: b });
                 }
                 self.effects.push(Effect::Suspend { worker: worker.0, run: run.0, resume: false });
@@ -1167,7 +1194,12 @@ impl Solver {
                 let Some((_, job, _)) = self.core.run_info(run) else { return };
                 let mut go = true;
                 for (b, i) in self.job_waiters(&job) {
-                    go &= self.builds.get_mut(&b).expect("build exists").evict_resumed(i, self.now);
+                    go &= self
+                        .builds
+                        .get_mut(&b)
+                        .map(Arc::make_mut)
+                        .expect("build exists")
+                        .evict_resumed(i, self.now);
                     self.effects.push(Effect::BuildChanged { build: b });
                 }
                 // A run `drover suspend` also holds stays stopped.
@@ -1178,7 +1210,11 @@ impl Solver {
             Decision::WorkerLost { worker } => self.effects.push(Effect::WorkerLost { worker: worker.0 }),
             Decision::Requeued { job, attempts } => {
                 for (b, i) in self.job_waiters(&job) {
-                    self.builds.get_mut(&b).expect("build exists").requeued(i, attempts, self.now);
+                    self.builds
+                        .get_mut(&b)
+                        .map(Arc::make_mut)
+                        .expect("build exists")
+                        .requeued(i, attempts, self.now);
                     self.effects.push(Effect::BuildChanged { build: b });
                 }
             }
@@ -1200,7 +1236,7 @@ impl Solver {
     }
 
     fn finished(&mut self, b: u64, i: u32, completion: &Completion) {
-        let build = self.builds.get_mut(&b).expect("build exists");
+        let build = self.builds.get_mut(&b).map(Arc::make_mut).expect("build exists");
         let (state, exit_code, detail) = match completion {
             Completion::Ran(r) if r.success => {
                 (if r.cached { JobState::Cached } else { JobState::Succeeded }, r.exit_code, String::new())
@@ -1222,12 +1258,12 @@ impl Solver {
             }
         } else {
             // The build's on-error policy decides what else stops.
-            let build = self.builds.get_mut(&b).expect("build exists");
+            let build = self.builds.get_mut(&b).map(Arc::make_mut).expect("build exists");
             let cancel = build.stop_after_failure(i, self.now);
             self.withdraw(cancel);
         }
         // A job left the core: a job held back by max_parallel may go.
-        while let Some(j) = self.builds.get_mut(&b).expect("build exists").next_held() {
+        while let Some(j) = self.builds.get_mut(&b).map(Arc::make_mut).expect("build exists").next_held() {
             self.schedule(b, j);
         }
         // A job that ended (or was skipped) may complete a gang.
@@ -1236,7 +1272,7 @@ impl Solver {
     }
 
     fn finish_if_done(&mut self, b: u64) {
-        let build = self.builds.get_mut(&b).expect("build exists");
+        let build = self.builds.get_mut(&b).map(Arc::make_mut).expect("build exists");
         if build.finish_if_done(self.now) {
             self.effects.push(Effect::BuildChanged { build: b });
         }

@@ -84,7 +84,7 @@ impl<'de> Deserialize<'de> for Solver {
         for (plan, builds) in plans {
             let plan = Arc::new(plan);
             for id in builds {
-                let build = solver.builds.get_mut(&id).ok_or_else(|| {
+                let build = solver.builds.get_mut(&id).map(Arc::make_mut).ok_or_else(|| {
                     D::Error::custom(format!("a plan names build {id}, which the state does not hold"))
                 })?;
                 build.set_plan(plan.clone());

@@ -6,6 +6,12 @@
 //! WAL mode with `synchronous = FULL`, one transaction per batch (group
 //! commit: the coordinator appends everything it handled in one loop turn at
 //! once), and a small key-value table for metadata.
+//!
+//! The log may begin with a **snapshot**: the state after the inputs up to
+//! some record, in a file the caller wrote (and made durable) beside the
+//! database; [`Store::snapshot`] records it and drops those inputs in one
+//! transaction. A replay then starts from the snapshot and reads only the
+//! records after it ([`Store::latest_snapshot`], [`Store::replay`]).
 
 use std::path::Path;
 
@@ -45,7 +51,10 @@ pub enum StoreError {
 /// old finished builds; a drover that skipped them would keep those builds
 /// and write records naming them that a newer one could not replay. An
 /// older log is read as it is and marked 3.
-const SCHEMA_VERSION: i64 = 3;
+/// 4: the log may begin with a snapshot instead of the first inputs; a
+/// drover that does not know snapshots would replay the inputs after it on
+/// an empty state. An older log is read as it is and marked 4.
+const SCHEMA_VERSION: i64 = 4;
 
 /// What an appended batch survives once [`Store::append`] returns.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -68,6 +77,18 @@ pub struct Record {
     pub at: u64,
     /// The encoded input.
     pub body: Vec<u8>,
+}
+
+/// The state after the inputs up to record `seq`, as the coordinator wrote
+/// it down.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Snapshot {
+    /// The last record it includes.
+    pub seq: u64,
+    /// The format of its file, as its writer named it.
+    pub format: String,
+    /// The file that holds it, as its writer named it.
+    pub file: String,
 }
 
 /// The log. Not `Sync`: one thread owns it.
@@ -97,7 +118,8 @@ impl Store {
         conn.pragma_update(None, "synchronous", synchronous).map_err(err)?;
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-             CREATE TABLE IF NOT EXISTS inputs (seq INTEGER PRIMARY KEY, at INTEGER NOT NULL, body BLOB NOT NULL);",
+             CREATE TABLE IF NOT EXISTS inputs (seq INTEGER PRIMARY KEY, at INTEGER NOT NULL, body BLOB NOT NULL);
+             CREATE TABLE IF NOT EXISTS snapshots (seq INTEGER PRIMARY KEY, format TEXT NOT NULL, file TEXT NOT NULL);",
         )
         .map_err(err)?;
         let mut store = Store { conn, path: name.clone(), next_seq: 1 };
@@ -113,8 +135,15 @@ impl Store {
                 }
             }
         }
-        let last: Option<i64> =
-            store.conn.query_row("SELECT MAX(seq) FROM inputs", [], |r| r.get(0)).map_err(err)?;
+        // Records go on after the last one, kept or taken into a snapshot.
+        let last: Option<i64> = store
+            .conn
+            .query_row(
+                "SELECT MAX(seq) FROM (SELECT seq FROM inputs UNION ALL SELECT seq FROM snapshots)",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(err)?;
         store.next_seq = last.map_or(1, |s| s as u64 + 1);
         Ok(store)
     }
@@ -147,11 +176,43 @@ impl Store {
         Ok(seq - 1)
     }
 
-    /// Calls `f` with every record, in order.
-    pub fn replay(&self, mut f: impl FnMut(Record)) -> Result<u64, StoreError> {
-        let mut stmt =
-            self.conn.prepare("SELECT seq, at, body FROM inputs ORDER BY seq").map_err(self.err())?;
-        let mut rows = stmt.query([]).map_err(self.err())?;
+    /// Records that `file` (already durable) holds the state after the
+    /// records up to `seq` (the last one appended, or an earlier one), and
+    /// drops those records and any older snapshot's entry, in one
+    /// transaction: a replay then starts from it.
+    pub fn snapshot(&mut self, seq: u64, format: &str, file: &str) -> Result<(), StoreError> {
+        let path = self.path.clone();
+        let err = |source| StoreError::Sqlite { path: path.clone(), source };
+        let tx = self.conn.transaction().map_err(err)?;
+        tx.execute(
+            "INSERT OR REPLACE INTO snapshots (seq, format, file) VALUES (?1, ?2, ?3)",
+            params![seq as i64, format, file],
+        )
+        .map_err(err)?;
+        tx.execute("DELETE FROM snapshots WHERE seq < ?1", [seq as i64]).map_err(err)?;
+        tx.execute("DELETE FROM inputs WHERE seq <= ?1", [seq as i64]).map_err(err)?;
+        tx.commit().map_err(err)?;
+        Ok(())
+    }
+
+    /// The latest snapshot, if the log begins with one.
+    pub fn latest_snapshot(&self) -> Result<Option<Snapshot>, StoreError> {
+        self.conn
+            .query_row("SELECT seq, format, file FROM snapshots ORDER BY seq DESC LIMIT 1", [], |r| {
+                Ok(Snapshot { seq: r.get::<_, i64>(0)? as u64, format: r.get(1)?, file: r.get(2)? })
+            })
+            .optional()
+            .map_err(self.err())
+    }
+
+    /// Calls `f` with every record after `after` (0: every record), in
+    /// order.
+    pub fn replay(&self, after: u64, mut f: impl FnMut(Record)) -> Result<u64, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT seq, at, body FROM inputs WHERE seq > ?1 ORDER BY seq")
+            .map_err(self.err())?;
+        let mut rows = stmt.query([after as i64]).map_err(self.err())?;
         let mut count = 0;
         while let Some(row) = rows.next().map_err(self.err())? {
             let seq: i64 = row.get(0).map_err(self.err())?;
@@ -163,12 +224,13 @@ impl Store {
         Ok(count)
     }
 
-    /// Records in the log.
+    /// Records appended to the log since it began (those a snapshot took
+    /// included): the sequence number of the last one.
     pub fn len(&self) -> u64 {
         self.next_seq - 1
     }
 
-    /// Is the log empty?
+    /// Has nothing been appended since the log began?
     pub fn is_empty(&self) -> bool {
         self.next_seq == 1
     }

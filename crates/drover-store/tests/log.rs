@@ -1,11 +1,11 @@
-//! The log survives reopening, keeps order and batches, and refuses a newer
-//! schema.
+//! The log survives reopening, keeps order and batches, begins with its
+//! latest snapshot, and refuses a newer schema.
 
 use drover_store::{Record, Store, StoreError};
 
 fn all(store: &Store) -> Vec<Record> {
     let mut out = Vec::new();
-    store.replay(|r| out.push(r)).expect("replay");
+    store.replay(0, |r| out.push(r)).expect("replay");
     out
 }
 
@@ -61,6 +61,38 @@ fn an_older_schema_is_read_and_marked_current() {
     store.set_meta("schema_version", "1").expect("meta");
     drop(store);
     let store = Store::open(&path).expect("a version 1 log opens");
-    assert_eq!(store.meta("schema_version").expect("meta").as_deref(), Some("3"));
+    assert_eq!(store.meta("schema_version").expect("meta").as_deref(), Some("4"));
     assert_eq!(all(&store).len(), 1, "its records are all there");
+}
+
+/// A snapshot takes the records up to its own in one transaction: a replay
+/// reads the records after it, numbering goes on after the last record
+/// (also after reopening, when the snapshot took them all), and a later
+/// snapshot replaces an earlier one.
+#[test]
+fn a_snapshot_takes_the_records_before_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("state.db");
+    let mut store = Store::open(&path).expect("open");
+    assert_eq!(store.latest_snapshot().expect("read"), None);
+    store.append([(5, &b"a"[..]), (6, &b"b"[..]), (7, &b"c"[..])]).expect("append");
+    store.snapshot(2, "f1", "after-b").expect("snapshot");
+    let snapshot = store.latest_snapshot().expect("read").expect("a snapshot");
+    assert_eq!((snapshot.seq, snapshot.format.as_str(), snapshot.file.as_str()), (2, "f1", "after-b"));
+    let after: Vec<u64> = all(&store).iter().map(|r| r.seq).collect();
+    assert_eq!(after, [3], "the records it took are gone");
+    let mut later = Vec::new();
+    store.replay(snapshot.seq, |r| later.push(r.body)).expect("replay");
+    assert_eq!(later, [b"c".to_vec()]);
+    store.snapshot(3, "f1", "after-c").expect("snapshot");
+    drop(store);
+    let mut store = Store::open(&path).expect("reopen");
+    assert!(all(&store).is_empty());
+    assert_eq!(store.len(), 3, "numbering goes on after the records a snapshot took");
+    assert_eq!(store.latest_snapshot().expect("read").map(|s| s.file).as_deref(), Some("after-c"));
+    assert_eq!(store.append([(8, &b"d"[..])]).expect("append"), 4);
+    let count: i64 = rusqlite::Connection::open(&path)
+        .and_then(|c| c.query_row("SELECT COUNT(*) FROM snapshots", [], |r| r.get(0)))
+        .expect("count");
+    assert_eq!(count, 1, "the older snapshot went");
 }

@@ -166,6 +166,9 @@ struct StoreSection {
     /// `"process-crash"` (default) or `"power-loss"`: what a recorded
     /// input survives.
     durability: Option<String>,
+    /// A size (`"64Mi"`, the default) or `"off"`: how much is recorded
+    /// before the state is written down and the log behind it dropped.
+    snapshot_after: Option<String>,
 }
 
 /// The `[scheduler]` table: durations as text (`"2s"`, `"150ms"`).
@@ -265,6 +268,11 @@ fn coordinator_config(args: &ServeArgs) -> anyhow::Result<CoordinatorConfig> {
                 "{}: [store] durability must be \"process-crash\" or \"power-loss\", not {other:?}",
                 path.display()
             ),
+        };
+        config.snapshot_after = match file.store.snapshot_after.as_deref() {
+            None => Some(drover_coordinator::SNAPSHOT_AFTER),
+            Some("off") => None,
+            Some(size) => Some(units::size("[store] snapshot_after", size)?.max(1)),
         };
     }
     Ok(config)

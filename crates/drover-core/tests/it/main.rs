@@ -5,5 +5,6 @@
 
 mod gangs;
 mod properties;
+mod reconfigure;
 mod reservations;
 mod scenario;

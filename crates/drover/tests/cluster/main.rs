@@ -9,4 +9,5 @@ mod control;
 mod harness;
 mod queues;
 mod scenarios;
+mod snapshots;
 mod stages;

@@ -1,0 +1,225 @@
+//! Snapshots of the solver: the coordinator writes its whole state down
+//! now and then and drops the inputs behind it from the log
+//! (`drover_store::Store::snapshot`), so the log, and the replay at every
+//! start, stay bounded however long the coordinator runs.
+//!
+//! **When.** Once the records appended since the last snapshot pass
+//! [`CoordinatorConfig::snapshot_after`](crate::CoordinatorConfig) bytes
+//! and the size of the last snapshot: a snapshot then costs about as much
+//! as the log it replaces, a constant share of what is recorded, and the
+//! log never holds much more than the state's size besides.
+//!
+//! **How.** At the start of a turn, when the solver is exactly the log's
+//! state (the records up to the last one appended), the state thread
+//! copies it (builds are shared between the copy and the live state until
+//! one changes, so a copy costs little more than the core's queues) and a
+//! thread of its own encodes the copy into `snapshot-SEQ.cbor` in the data
+//! directory (written as `.tmp`, synced, renamed, the directory synced).
+//! Its end comes back to the state thread as a command, which records the
+//! snapshot in the log and drops the records it holds in one transaction,
+//! then deletes older snapshot files. A crash at any point leaves either
+//! the old snapshot or the new one in force; files no entry names are
+//! deleted at the next start.
+//!
+//! **Format.** CBOR of the solver (see `drover_solver`'s snapshot module),
+//! named [`drover_solver::SNAPSHOT_FORMAT`]; a snapshot of another format
+//! (written by another version of drover) is not read, and the coordinator
+//! says so instead of starting on a wrong state.
+//!
+//! **Settings.** A snapshot holds the core's settings of its day. If the
+//! coordinator now has others, it records [`Input::Configure`] after the
+//! replay; the core refuses new queues, tenants or tiers while it holds
+//! jobs (`drover_core::Scheduler::reconfigure`), and the coordinator then
+//! does not start, saying why.
+
+use std::fs::File;
+use std::io::{self, BufReader, BufWriter};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use drover_solver::{Input, SNAPSHOT_FORMAT, Solver};
+use drover_store::Store;
+
+use crate::CoordinatorError;
+
+/// The default of [`crate::CoordinatorConfig::snapshot_after`]: 64 MiB of
+/// records, about 100,000 jobs' worth, replayed in about two seconds.
+pub const SNAPSHOT_AFTER: u64 = 64 << 20;
+
+/// How a snapshot's writing ended, for the state thread.
+#[derive(Debug)]
+pub(crate) struct Written {
+    /// The last record it holds.
+    seq: u64,
+    /// Its file's size, or why it could not be written.
+    result: Result<u64, String>,
+    /// How long encoding and writing took.
+    took_ms: u64,
+}
+
+/// When and where the state thread writes the next snapshot.
+#[derive(Debug)]
+pub(crate) struct Snapshots {
+    /// The data directory (snapshot files beside the log).
+    dir: PathBuf,
+    /// Bytes of records that call for a snapshot at least (`None`: never).
+    after: Option<u64>,
+    /// Bytes of records appended since the last snapshot began (or in the
+    /// log, at start).
+    since: u64,
+    /// The size of the last snapshot.
+    last: u64,
+    /// A snapshot is being written.
+    writing: bool,
+}
+
+fn file_name(seq: u64) -> String {
+    format!("snapshot-{seq}.cbor")
+}
+
+impl Snapshots {
+    pub(crate) fn new(dir: PathBuf, after: Option<u64>) -> Snapshots {
+        Snapshots { dir, after, since: 0, last: 0, writing: false }
+    }
+
+    /// Records of `bytes` were appended.
+    pub(crate) fn recorded(&mut self, bytes: u64) {
+        self.since = self.since.saturating_add(bytes);
+    }
+
+    /// Is a snapshot due (and none being written)?
+    pub(crate) fn due(&self) -> bool {
+        !self.writing && self.after.is_some_and(|after| self.since >= after.max(self.last))
+    }
+
+    /// Starts writing `solver`'s state, the state after the last record
+    /// appended to `store`, in the background; `done` is called with the
+    /// outcome, to be handed to [`Snapshots::finish`] on the state thread.
+    pub(crate) fn start(
+        &mut self,
+        store: &Store,
+        solver: &Solver,
+        done: impl FnOnce(Written) + Send + 'static,
+    ) {
+        let seq = store.len();
+        let copy = solver.clone();
+        let dir = self.dir.clone();
+        self.writing = true;
+        self.since = 0;
+        let spawned = std::thread::Builder::new().name("drover-snapshot".into()).spawn(move || {
+            let started = Instant::now();
+            let result = write(&dir, seq, &copy).map_err(|e| e.to_string());
+            drop(copy);
+            done(Written { seq, result, took_ms: started.elapsed().as_millis() as u64 });
+        });
+        if let Err(e) = spawned {
+            tracing::warn!("cannot start writing the state down: {e}");
+            self.writing = false;
+        }
+    }
+
+    /// A snapshot's writing ended: if its file is written, the log begins
+    /// with it from now on (older files are deleted). A failure is logged:
+    /// the log still holds every record, and another snapshot is tried
+    /// once as much more was recorded.
+    pub(crate) fn finish(&mut self, store: &mut Store, written: Written) {
+        self.writing = false;
+        let Written { seq, result, took_ms } = written;
+        let name = file_name(seq);
+        let size = match result {
+            Ok(size) => size,
+            Err(e) => {
+                tracing::warn!("cannot write the state down (the log keeps every input): {e}");
+                let _ = std::fs::remove_file(self.dir.join(format!("{name}.tmp")));
+                let _ = std::fs::remove_file(self.dir.join(&name));
+                return;
+            }
+        };
+        if let Err(e) = store.snapshot(seq, SNAPSHOT_FORMAT, &name) {
+            tracing::warn!("cannot record the state's snapshot (the log keeps every input): {e}");
+            let _ = std::fs::remove_file(self.dir.join(&name));
+            return;
+        }
+        self.last = size;
+        remove_others(&self.dir, Some(&name));
+        tracing::info!(seq, bytes = size, took_ms, "wrote the state down: the log now begins there");
+    }
+}
+
+/// Encodes `solver` into the snapshot file of record `seq`, durably.
+fn write(dir: &Path, seq: u64, solver: &Solver) -> io::Result<u64> {
+    let name = file_name(seq);
+    let tmp = dir.join(format!("{name}.tmp"));
+    let mut out = BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
+    ciborium::into_writer(solver, &mut out).map_err(|e| io::Error::other(e.to_string()))?;
+    let file = out.into_inner().map_err(io::IntoInnerError::into_error)?;
+    file.sync_all()?;
+    let size = file.metadata()?.len();
+    std::fs::rename(&tmp, dir.join(&name))?;
+    File::open(dir)?.sync_all()?;
+    Ok(size)
+}
+
+/// Deletes the snapshot files (finished or not) other than `keep`.
+fn remove_others(dir: &Path, keep: Option<&str>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if name.starts_with("snapshot-") && Some(name) != keep {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// The state the log begins with: its latest snapshot read back, or
+/// `fresh` if it has none; and the last record the snapshot includes (0
+/// without one). Snapshot files the log does not name are deleted.
+pub(crate) fn restore(
+    store: &Store,
+    fresh: Solver,
+    snapshots: &mut Snapshots,
+) -> Result<(Solver, u64), CoordinatorError> {
+    let Some(snapshot) = store.latest_snapshot()? else {
+        remove_others(&snapshots.dir, None);
+        return Ok((fresh, 0));
+    };
+    remove_others(&snapshots.dir, Some(&snapshot.file));
+    let unreadable = |why: String| CoordinatorError::Snapshot { seq: snapshot.seq, why };
+    if snapshot.format != SNAPSHOT_FORMAT {
+        return Err(unreadable(format!(
+            "it is in format {:?}, written by another version of drover; this one reads {SNAPSHOT_FORMAT:?}",
+            snapshot.format
+        )));
+    }
+    let path = snapshots.dir.join(&snapshot.file);
+    let file = File::open(&path).map_err(|e| unreadable(format!("{}: {e}", path.display())))?;
+    snapshots.last = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let solver: Solver = ciborium::from_reader(BufReader::with_capacity(1 << 20, file))
+        .map_err(|e| unreadable(format!("{}: {e}", path.display())))?;
+    Ok((solver, snapshot.seq))
+}
+
+/// After the replay: the core's settings are the configured ones, through a
+/// recorded [`Input::Configure`] if the log's differ (it began with a
+/// snapshot taken under others). The record to append, if any.
+pub(crate) fn configure(
+    solver: &mut Solver,
+    configured: &drover_core::Config,
+    now: u64,
+) -> Result<Option<Vec<u8>>, CoordinatorError> {
+    if solver.config() == configured {
+        return Ok(None);
+    }
+    let input = Input::Configure { core: Box::new(configured.clone()) };
+    let record = serde_json::to_vec(&input).expect("encodable input");
+    match solver.handle(drover_core::Millis(now), input) {
+        Ok(_) => {
+            tracing::info!(
+                "the scheduler's settings changed since the state was written down: the new ones apply from now on"
+            );
+            Ok(Some(record))
+        }
+        Err(e) => Err(CoordinatorError::Settings(e.to_string())),
+    }
+}
