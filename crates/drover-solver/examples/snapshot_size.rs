@@ -1,6 +1,6 @@
 //! What a snapshot of the coordinator's state costs: a solver that has run
 //! `FINISHED` builds of 500 jobs (every run reported, stage timings and
-//! all) and holds `QUEUED` more jobs queued, in 100 builds, on one worker of
+//! all) and holds `QUEUED` more jobs queued, in builds of 500, on one worker of
 //! 4 slots; prints the snapshot's size and the time to write it (CBOR, as
 //! the coordinator does) and to read it back, and checks the copy equal.
 //!
@@ -101,8 +101,8 @@ fn main() {
             }
         }
     }
-    for b in 0..100 {
-        submit(&mut solver, now, spec(&format!("queued{b}"), queued / 100));
+    for b in 0..queued.div_ceil(500) {
+        submit(&mut solver, now, spec(&format!("queued{b}"), 500.min(queued - b * 500)));
     }
     solver.take_effects();
     let started = Instant::now();
