@@ -273,21 +273,26 @@ async fn metrics(State(app): State<App>) -> ApiResult<Response> {
     Ok(([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], crate::metrics::render(&m)).into_response())
 }
 
-/// `?summary=true`: each build without its jobs (see `BuildSummary`).
+/// `?summary=true`: each build without its jobs (see `BuildSummary`);
+/// otherwise `?after=ID`: a page of whole statuses, those of the builds
+/// after build `ID` (0: from the first) holding about [`PAGE_JOBS`] jobs.
 #[derive(Debug, Deserialize)]
 struct ListQuery {
     #[serde(default)]
     summary: bool,
+    #[serde(default)]
+    after: u64,
 }
+
+/// About how many jobs a page of whole build statuses holds: each page is
+/// one short query of the state thread, however many builds are kept.
+pub(crate) const PAGE_JOBS: usize = 20_000;
 
 async fn list_builds(State(app): State<App>, Query(q): Query<ListQuery>) -> ApiResult<Response> {
     if q.summary {
         return Ok(Json(app.shared.query(|s| s.build_summaries()).await?).into_response());
     }
-    let builds = app
-        .shared
-        .query(|s| s.build_ids().into_iter().filter_map(|id| s.build_status(id)).collect::<Vec<_>>())
-        .await?;
+    let builds = app.shared.query(move |s| s.builds_page(q.after, PAGE_JOBS)).await?;
     Ok(Json(builds).into_response())
 }
 

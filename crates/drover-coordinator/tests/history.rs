@@ -137,7 +137,7 @@ async fn a_long_history_streams_whole_and_in_order() {
 }
 
 /// `GET /v1/builds?summary=true` lists each kept build with its counts and
-/// without its jobs; without it, the whole statuses, as before.
+/// without its jobs; without it, the whole statuses, a page at a time.
 #[tokio::test]
 async fn builds_are_listed_whole_or_in_summary() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -159,4 +159,12 @@ async fn builds_are_listed_whole_or_in_summary() {
         assert_eq!(summary.jobs, status.jobs.len() as u64);
         assert_eq!(summary.done, status.jobs.iter().filter(|j| j.state.is_final()).count() as u64);
     }
+    // The whole statuses come a page at a time: after a build, the next
+    // ones; past the last, none.
+    let rest: Vec<BuildStatus> =
+        http.get_json(&format!("{url}/v1/builds?after={}", ids[0])).await.expect("the next page");
+    assert_eq!(rest.iter().map(|b| b.id).collect::<Vec<_>>(), &ids[1..]);
+    let past: Vec<BuildStatus> =
+        http.get_json(&format!("{url}/v1/builds?after={}", ids[1])).await.expect("past the last");
+    assert!(past.is_empty(), "{past:?}");
 }

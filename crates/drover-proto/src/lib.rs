@@ -2,7 +2,10 @@
 //! coordinator and workers over HTTP (all on one port per process).
 //!
 //! Paths (coordinator): `POST /v1/builds` ([`SubmitRequest`] →
-//! [`SubmitReply`]), `GET /v1/builds[/{id}]` ([`BuildStatus`]; `?summary=true`: [`BuildSummary`]s),
+//! [`SubmitReply`]), `GET /v1/builds[/{id}]` ([`BuildStatus`]; the list a
+//! page at a time, `?after=ID`: the builds after build `ID` holding about
+//! 20,000 jobs, empty past the last; `?summary=true`: every
+//! [`BuildSummary`]),
 //! `GET /v1/builds/{id}/events?from=N` (newline-delimited [`BuildEvent`]s:
 //! the whole history, then live events until the build ends),
 //! `POST /v1/builds/{id}/cancel`, `GET /v1/builds/{id}/jobs/{name}/log`,

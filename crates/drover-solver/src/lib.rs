@@ -582,6 +582,24 @@ impl Solver {
         self.builds.values().map(|b| b.summary()).collect()
     }
 
+    /// The statuses of the builds kept after build `after`, oldest first,
+    /// as many as hold `max_jobs` jobs together (at least one build): a page
+    /// of a listing, whose cost stays bounded however much is kept.
+    pub fn builds_page(&self, after: u64, max_jobs: usize) -> Vec<BuildStatus> {
+        let mut page = Vec::new();
+        let mut jobs = 0;
+        for (&id, _) in self.builds.range(after.saturating_add(1)..) {
+            if !page.is_empty() && jobs >= max_jobs {
+                break;
+            }
+            if let Some(status) = self.build_status(id) {
+                jobs += status.jobs.len();
+                page.push(status);
+            }
+        }
+        page
+    }
+
     /// Every build kept, oldest first.
     pub fn build_ids(&self) -> Vec<u64> {
         self.builds.keys().copied().collect()

@@ -391,6 +391,28 @@ fn the_builds_finished_longest_ago_are_forgotten_past_what_it_keeps() {
     h.assert_replays();
 }
 
+/// A page of whole statuses holds builds after the one named until their
+/// jobs reach the budget, and at least one build however large.
+#[test]
+fn build_statuses_come_a_page_at_a_time() {
+    let mut h = Harness::new();
+    let ids: Vec<u64> = (0..5)
+        .map(|n| {
+            let jobs = (0..=n).map(|i| job(&format!("p{n}-{i}"), &[])).collect();
+            build_id(h.input(submit(jobs)))
+        })
+        .collect();
+    let page = |after: u64, max_jobs: usize| -> Vec<u64> {
+        h.solver.builds_page(after, max_jobs).iter().map(|b| b.id).collect()
+    };
+    // Builds of 1, 2, 3, 4 and 5 jobs.
+    assert_eq!(page(0, 3), &ids[..2], "1 + 2 jobs reach 3");
+    assert_eq!(page(ids[1], 3), &ids[2..3], "3 jobs at once");
+    assert_eq!(page(ids[2], 1), &ids[3..4], "one build even past the budget");
+    assert_eq!(page(0, usize::MAX), ids);
+    assert!(page(ids[4], 10).is_empty());
+}
+
 /// What the solver keeps of a job's runs (the worker of its latest run, the
 /// timings of its stages, how long its name took) lives as long as a build
 /// that holds the job: a coordinator that keeps a bounded history holds a

@@ -494,8 +494,19 @@ pub(crate) async fn status(args: StatusArgs) -> Result<(), Failure> {
     let base = &args.remote.coordinator;
     let Some(id) = args.build else {
         if args.json {
-            let builds: Vec<BuildStatus> =
-                http.get_json(&api(base, "/v1/builds")).await.map_err(reach(base))?;
+            // A page at a time (each a short query of the coordinator).
+            let mut builds: Vec<BuildStatus> = Vec::new();
+            loop {
+                let after = builds.last().map_or(0, |b| b.id);
+                let page: Vec<BuildStatus> = http
+                    .get_json(&api(base, &format!("/v1/builds?after={after}")))
+                    .await
+                    .map_err(reach(base))?;
+                if page.is_empty() {
+                    break;
+                }
+                builds.extend(page);
+            }
             outln!("{}", serde_json::to_string_pretty(&builds).map_err(anyhow::Error::from)?);
         } else {
             // The table needs counts, not every job of every build.
