@@ -98,8 +98,13 @@ impl FromStr for Hash32 {
     }
 }
 
+/// 64 hex digits in a human-readable format (JSON); 32 bytes in a binary
+/// one (a snapshot's CBOR), as a [`drover_core::JobId`].
 impl Serialize for Hash32 {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if !s.is_human_readable() {
+            return drover_core::JobId(self.0).serialize(s);
+        }
         s.serialize_str(std::str::from_utf8(&self.hex()).map_err(serde::ser::Error::custom)?)
     }
 }
@@ -116,6 +121,9 @@ impl<'de> Deserialize<'de> for Hash32 {
             fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Hash32, E> {
                 s.parse().map_err(E::custom)
             }
+        }
+        if !d.is_human_readable() {
+            return drover_core::JobId::deserialize(d).map(|id| Hash32(id.0));
         }
         d.deserialize_str(Digits)
     }
