@@ -26,9 +26,9 @@ use drover_core::Millis;
 use drover_proto::{BuildEvent, PollReply, Report, RunResult, RunStage, SubmitRequest};
 use drover_solver::{Effect, Input, Reply, Solver, SolverError};
 use drover_store::Store;
+use tokio::sync::{Notify, mpsc, oneshot};
 
 use crate::snapshots::{self, Snapshots};
-use tokio::sync::{Notify, mpsc, oneshot};
 
 /// Most commands handled in one turn (one transaction).
 const MAX_BATCH: usize = 4096;

@@ -42,7 +42,7 @@ type WorkerIdx = u32;
 type Holders = SmallList<WorkerIdx, 3>;
 
 /// Where a queued job is visible.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 enum Place {
     /// A worker's first local queue: it holds the job's result.
     First(WorkerIdx),
@@ -53,7 +53,7 @@ enum Place {
 }
 
 /// The locality stage of a queued job (distbuild's life of a pending job).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 enum Stage {
     /// Waiting CacheTimeout for the holders of its result.
     Cache,
@@ -65,7 +65,7 @@ enum Stage {
     Gang,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 enum JobState {
     Queued(Stage),
     /// No live worker could ever run it; waiting for one to register.
@@ -74,7 +74,7 @@ enum JobState {
     Running(RunId),
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 enum TimerSlot {
     Cache(JobIdx),
     Deps(JobIdx),
@@ -82,7 +82,7 @@ enum TimerSlot {
     Lease(WorkerIdx),
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 struct Job {
     id: JobId,
     tenant: TenantIdx,
@@ -106,7 +106,7 @@ struct Job {
     reserved_on: Option<WorkerIdx>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 struct Run {
     worker: WorkerIdx,
     tenant: TenantIdx,
@@ -121,7 +121,7 @@ struct Run {
     suspended: Option<JobId>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 struct Worker {
     id: WorkerId,
     name: String,
@@ -152,7 +152,7 @@ struct Worker {
     draining: bool,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 struct Tenant {
     name: String,
     /// Value of the serve clock when this tenant last had a job assigned
@@ -206,7 +206,7 @@ type GangIdx = u32;
 
 /// Jobs that start together: none runs before `min` of them can start at
 /// the same moment.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 struct Gang {
     id: String,
     min: u32,
@@ -227,7 +227,7 @@ impl Gang {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 struct Class {
     key: ClassKey,
     /// What a run of the class holds, for queue quotas and shares.
@@ -277,7 +277,7 @@ pub struct QueueAmounts {
 }
 
 /// A queue as named in views: where a queued job is visible.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum QueueName {
     /// The worker's first local queue (it holds the job's result).
     First(WorkerId),
@@ -288,7 +288,7 @@ pub enum QueueName {
 }
 
 /// Where a job stands, as seen from outside.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum JobStatus {
     /// Queued, visible in these queues.
     Queued {
