@@ -16,10 +16,12 @@
 //! thread of its own encodes the copy into `snapshot-SEQ.cbor` in the data
 //! directory (written as `.tmp`, synced, renamed, the directory synced).
 //! Its end comes back to the state thread as a command, which records the
-//! snapshot in the log and drops the records it holds in one transaction,
-//! then deletes older snapshot files. A crash at any point leaves either
-//! the old snapshot or the new one in force; files no entry names are
-//! deleted at the next start.
+//! snapshot in the log (replays start there from then on) and deletes older
+//! snapshot files; the records it holds are then dropped a few thousand a
+//! turn (about 2 µs each: all at once, a long log would hold the thread up
+//! for seconds). A crash at any point leaves either the old snapshot or the
+//! new one in force; files no entry names are deleted at the next start,
+//! and records left behind a snapshot are dropped then.
 //!
 //! **Format.** CBOR of the solver (see `drover_solver`'s snapshot module),
 //! named [`drover_solver::SNAPSHOT_FORMAT`]; a snapshot of another format
@@ -57,6 +59,13 @@ pub(crate) struct Written {
     took_ms: u64,
 }
 
+/// How many of the records a snapshot holds a turn drops (about 10 ms):
+/// dropping a long log never holds the state thread up for long.
+const DROP_PER_TURN: u64 = 5_000;
+
+/// How soon an idle state thread wakes up to drop more records.
+pub(crate) const DROP_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// When and where the state thread writes the next snapshot.
 #[derive(Debug)]
 pub(crate) struct Snapshots {
@@ -71,6 +80,8 @@ pub(crate) struct Snapshots {
     last: u64,
     /// A snapshot is being written.
     writing: bool,
+    /// The latest snapshot may hold records still in the log.
+    dropping: bool,
 }
 
 fn file_name(seq: u64) -> String {
@@ -79,12 +90,27 @@ fn file_name(seq: u64) -> String {
 
 impl Snapshots {
     pub(crate) fn new(dir: PathBuf, after: Option<u64>) -> Snapshots {
-        Snapshots { dir, after, since: 0, last: 0, writing: false }
+        Snapshots { dir, after, since: 0, last: 0, writing: false, dropping: false }
     }
 
     /// Records of `bytes` were appended.
     pub(crate) fn recorded(&mut self, bytes: u64) {
         self.since = self.since.saturating_add(bytes);
+    }
+
+    /// Are records the latest snapshot holds still to be dropped?
+    pub(crate) fn dropping(&self) -> bool {
+        self.dropping
+    }
+
+    /// Drops some of the records the latest snapshot holds (see
+    /// [`DROP_PER_TURN`]). A failure is logged, and tried again later.
+    pub(crate) fn drop_some(&mut self, store: &mut Store) {
+        match store.drop_taken(DROP_PER_TURN) {
+            Ok(0) => self.dropping = false,
+            Ok(_) => {}
+            Err(e) => tracing::warn!("cannot drop the records a snapshot holds: {e}"),
+        }
     }
 
     /// Is a snapshot due (and none being written)?
@@ -141,6 +167,7 @@ impl Snapshots {
             return;
         }
         self.last = size;
+        self.dropping = true;
         remove_others(&self.dir, Some(&name));
         tracing::info!(seq, bytes = size, took_ms, "wrote the state down: the log now begins there");
     }
@@ -185,6 +212,7 @@ pub(crate) fn restore(
         return Ok((fresh, 0));
     };
     remove_others(&snapshots.dir, Some(&snapshot.file));
+    snapshots.dropping = true;
     let unreadable = |why: String| CoordinatorError::Snapshot { seq: snapshot.seq, why };
     if snapshot.format != SNAPSHOT_FORMAT {
         return Err(unreadable(format!(

@@ -491,7 +491,12 @@ fn run(
     loop {
         let mut batch = Vec::new();
         if submits.is_empty() {
-            let wait = solver.poll_timeout().map(|at| Duration::from_millis(at.0.saturating_sub(now_ms())));
+            let mut wait =
+                solver.poll_timeout().map(|at| Duration::from_millis(at.0.saturating_sub(now_ms())));
+            // Records a snapshot holds are dropped a few a turn, idle or not.
+            if snapshots.dropping() {
+                wait = Some(wait.map_or(snapshots::DROP_PAUSE, |w| w.min(snapshots::DROP_PAUSE)));
+            }
             match wait {
                 Some(wait) => match rx.recv_timeout(wait) {
                     Ok(cmd) => batch.push(cmd),
@@ -522,6 +527,9 @@ fn run(
             snapshots.start(&store, &solver, move |written| {
                 let _ = tx.send(Command::Snapshot(written));
             });
+        }
+        if snapshots.dropping() {
+            snapshots.drop_some(&mut store);
         }
         let mut records: Vec<(u64, Vec<u8>)> = Vec::new();
         let mut answers = Vec::new();

@@ -58,3 +58,34 @@ async fn unrecorded_snapshot_files_are_deleted() {
         assert!(!dir.path().join(name).exists(), "{name} is left");
     }
 }
+
+/// Records a snapshot holds that a crash left in the log (they are dropped a
+/// few thousand a turn) are dropped after the start, and the records after
+/// the snapshot stay.
+#[tokio::test]
+async fn records_left_behind_a_snapshot_are_dropped() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = common::loopback(dir.path());
+    let mut store = drover_store::Store::open(&dir.path().join("state.db")).expect("store");
+    let tick = serde_json::to_vec(&drover_solver::Input::Tick).expect("json");
+    store.append((0..3).map(|at| (1_000 + at, &tick[..]))).expect("append");
+    let mut body = Vec::new();
+    ciborium::into_writer(&drover_solver::Solver::new(config.core.clone()), &mut body).expect("encode");
+    std::fs::write(dir.path().join("snapshot-2.cbor"), body).expect("snapshot file");
+    store.snapshot(2, drover_solver::SNAPSHOT_FORMAT, "snapshot-2.cbor").expect("snapshot");
+    drop(store);
+    let coordinator = drover_coordinator::start(config).await.expect("start");
+    let store = drover_store::Store::open(&dir.path().join("state.db")).expect("store");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let seqs = loop {
+        let mut seqs = Vec::new();
+        store.replay(0, |r| seqs.push(r.seq)).expect("replay");
+        if seqs.first().is_some_and(|&s| s > 2) {
+            break seqs;
+        }
+        assert!(std::time::Instant::now() < deadline, "records 1 and 2 are still there: {seqs:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    };
+    assert_eq!(seqs[0], 3, "the record after the snapshot stays: {seqs:?}");
+    drop(coordinator);
+}

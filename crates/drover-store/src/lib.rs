@@ -9,9 +9,10 @@
 //!
 //! The log may begin with a **snapshot**: the state after the inputs up to
 //! some record, in a file the caller wrote (and made durable) beside the
-//! database; [`Store::snapshot`] records it and drops those inputs in one
-//! transaction. A replay then starts from the snapshot and reads only the
-//! records after it ([`Store::latest_snapshot`], [`Store::replay`]).
+//! database, recorded by [`Store::snapshot`]. A replay then starts from the
+//! snapshot and reads only the records after it ([`Store::latest_snapshot`],
+//! [`Store::replay`]); the records it holds are dropped a few at a time
+//! ([`Store::drop_taken`]).
 
 use std::path::Path;
 
@@ -177,9 +178,9 @@ impl Store {
     }
 
     /// Records that `file` (already durable) holds the state after the
-    /// records up to `seq` (the last one appended, or an earlier one), and
-    /// drops those records and any older snapshot's entry, in one
-    /// transaction: a replay then starts from it.
+    /// records up to `seq` (the last one appended, or an earlier one), in
+    /// place of any older snapshot: a replay then starts from it. The
+    /// records it holds stay until [`Store::drop_taken`] drops them.
     pub fn snapshot(&mut self, seq: u64, format: &str, file: &str) -> Result<(), StoreError> {
         let path = self.path.clone();
         let err = |source| StoreError::Sqlite { path: path.clone(), source };
@@ -190,9 +191,23 @@ impl Store {
         )
         .map_err(err)?;
         tx.execute("DELETE FROM snapshots WHERE seq < ?1", [seq as i64]).map_err(err)?;
-        tx.execute("DELETE FROM inputs WHERE seq <= ?1", [seq as i64]).map_err(err)?;
         tx.commit().map_err(err)?;
         Ok(())
+    }
+
+    /// Drops at most `limit` of the oldest records the latest snapshot
+    /// holds (about 2 µs each here); returns how many it dropped, 0 once
+    /// none is left. A few at a time, so that dropping a long log never
+    /// holds the caller up for long.
+    pub fn drop_taken(&mut self, limit: u64) -> Result<u64, StoreError> {
+        let Some(snapshot) = self.latest_snapshot()? else { return Ok(0) };
+        let first: Option<i64> =
+            self.conn.query_row("SELECT MIN(seq) FROM inputs", [], |r| r.get(0)).map_err(self.err())?;
+        let Some(first) = first.map(|f| f as u64).filter(|&f| f <= snapshot.seq) else { return Ok(0) };
+        let last = snapshot.seq.min(first.saturating_add(limit.max(1) - 1));
+        let dropped =
+            self.conn.execute("DELETE FROM inputs WHERE seq <= ?1", [last as i64]).map_err(self.err())?;
+        Ok(dropped as u64)
     }
 
     /// The latest snapshot, if the log begins with one.

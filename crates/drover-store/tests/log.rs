@@ -65,10 +65,10 @@ fn an_older_schema_is_read_and_marked_current() {
     assert_eq!(all(&store).len(), 1, "its records are all there");
 }
 
-/// A snapshot takes the records up to its own in one transaction: a replay
-/// reads the records after it, numbering goes on after the last record
-/// (also after reopening, when the snapshot took them all), and a later
-/// snapshot replaces an earlier one.
+/// A snapshot holds the records up to its own: a replay reads the records
+/// after it, those it holds are dropped a few at a time, numbering goes on
+/// after the last record (also after reopening, when they are all
+/// dropped), and a later snapshot replaces an earlier one.
 #[test]
 fn a_snapshot_takes_the_records_before_it() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -79,12 +79,17 @@ fn a_snapshot_takes_the_records_before_it() {
     store.snapshot(2, "f1", "after-b").expect("snapshot");
     let snapshot = store.latest_snapshot().expect("read").expect("a snapshot");
     assert_eq!((snapshot.seq, snapshot.format.as_str(), snapshot.file.as_str()), (2, "f1", "after-b"));
+    assert_eq!(all(&store).len(), 3, "the records it holds stay until dropped");
+    assert_eq!(store.drop_taken(1).expect("drop"), 1, "a few at a time");
+    assert_eq!(store.drop_taken(10).expect("drop"), 1);
+    assert_eq!(store.drop_taken(10).expect("drop"), 0, "none left");
     let after: Vec<u64> = all(&store).iter().map(|r| r.seq).collect();
     assert_eq!(after, [3], "the records it took are gone");
     let mut later = Vec::new();
     store.replay(snapshot.seq, |r| later.push(r.body)).expect("replay");
     assert_eq!(later, [b"c".to_vec()]);
     store.snapshot(3, "f1", "after-c").expect("snapshot");
+    assert_eq!(store.drop_taken(10).expect("drop"), 1);
     drop(store);
     let mut store = Store::open(&path).expect("reopen");
     assert!(all(&store).is_empty());

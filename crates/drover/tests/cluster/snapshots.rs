@@ -43,12 +43,12 @@ fn a_coordinator_recovers_from_its_snapshot_after_sigkill() {
         assert_eq!(code, Some(0), "{status}");
         ended.push(status);
     }
-    let (records, after) = log(&cluster);
-    assert!(after > 0, "the state was written down");
-    assert!(
-        records < after,
-        "most of the log went into the snapshot: {records} records behind input {after}"
-    );
+    // Written down in the background, then the records it holds dropped a
+    // few thousand a turn.
+    eventually("most of the log to go into a snapshot", || {
+        let (records, after) = log(&cluster);
+        (after > 0 && records < after).then_some(())
+    });
     cluster.kill_coordinator();
     cluster.start_coordinator();
     for status in &ended {
