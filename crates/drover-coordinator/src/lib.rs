@@ -122,7 +122,7 @@ pub enum CoordinatorError {
     },
     /// The configured settings cannot apply to the recovered state.
     #[error(
-        "the scheduler's settings changed since the state was written down, and {0}: start with the settings it had (see `drover queues`) until those jobs are over, then with the new ones"
+        "the scheduler's settings changed since the state was written down, and {0}: start the coordinator with the settings it had, wait until those jobs are over (`drover status`), then start it with the new ones"
     )]
     Settings(String),
     /// The store of sources or the shared cache of outputs failed to open.

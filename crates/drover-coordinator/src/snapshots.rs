@@ -14,7 +14,8 @@
 //! copies it (builds are shared between the copy and the live state until
 //! one changes, so a copy costs little more than the core's queues) and a
 //! thread of its own encodes the copy into `snapshot-SEQ.cbor` in the data
-//! directory (written as `.tmp`, synced, renamed, the directory synced).
+//! directory (written as `.tmp`, its BLAKE3 digest at the end, synced,
+//! renamed, the directory synced; a start checks the digest).
 //! Its end comes back to the state thread as a command, which records the
 //! snapshot in the log (replays start there from then on) and deletes older
 //! snapshot files; the records it holds are then dropped a few thousand a
@@ -35,7 +36,7 @@
 //! does not start, saying why.
 
 use std::fs::File;
-use std::io::{self, BufReader, BufWriter};
+use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -104,12 +105,17 @@ impl Snapshots {
     }
 
     /// Drops some of the records the latest snapshot holds (see
-    /// [`DROP_PER_TURN`]). A failure is logged, and tried again later.
+    /// [`DROP_PER_TURN`]).
     pub(crate) fn drop_some(&mut self, store: &mut Store) {
         match store.drop_taken(DROP_PER_TURN) {
             Ok(0) => self.dropping = false,
             Ok(_) => {}
-            Err(e) => tracing::warn!("cannot drop the records a snapshot holds: {e}"),
+            Err(e) => {
+                // Tried again after the next snapshot or start, not every
+                // turn: the records only cost room meanwhile.
+                tracing::warn!("cannot drop the records a snapshot holds: {e}");
+                self.dropping = false;
+            }
         }
     }
 
@@ -130,17 +136,22 @@ impl Snapshots {
         let seq = store.len();
         let copy = solver.clone();
         let dir = self.dir.clone();
-        self.writing = true;
-        self.since = 0;
         let spawned = std::thread::Builder::new().name("drover-snapshot".into()).spawn(move || {
             let started = Instant::now();
-            let result = write(&dir, seq, &copy).map_err(|e| e.to_string());
+            // A panic is an error like any other: the state thread must hear
+            // of the end, or it would never write another snapshot.
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| write(&dir, seq, &copy)))
+                .unwrap_or_else(|_| Err(io::Error::other("the writer panicked")))
+                .map_err(|e| e.to_string());
             drop(copy);
             done(Written { seq, result, took_ms: started.elapsed().as_millis() as u64 });
         });
-        if let Err(e) = spawned {
-            tracing::warn!("cannot start writing the state down: {e}");
-            self.writing = false;
+        match spawned {
+            Ok(_) => {
+                self.writing = true;
+                self.since = 0;
+            }
+            Err(e) => tracing::warn!("cannot start writing the state down: {e}"),
         }
     }
 
@@ -173,18 +184,74 @@ impl Snapshots {
     }
 }
 
-/// Encodes `solver` into the snapshot file of record `seq`, durably.
+/// Hashes what passes through it (a snapshot file ends with the BLAKE3
+/// digest of what comes before).
+struct Hashing<T> {
+    inner: T,
+    hasher: blake3::Hasher,
+}
+
+impl<W: Write> Write for Hashing<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+impl<R: Read> Read for Hashing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+/// Encodes `solver` into the snapshot file of record `seq`, its digest
+/// after it, durably.
 fn write(dir: &Path, seq: u64, solver: &Solver) -> io::Result<u64> {
     let name = file_name(seq);
     let tmp = dir.join(format!("{name}.tmp"));
-    let mut out = BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
+    let file = BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
+    let mut out = Hashing { inner: file, hasher: blake3::Hasher::new() };
     ciborium::into_writer(solver, &mut out).map_err(|e| io::Error::other(e.to_string()))?;
-    let file = out.into_inner().map_err(io::IntoInnerError::into_error)?;
+    let Hashing { inner: mut file, hasher } = out;
+    file.write_all(hasher.finalize().as_bytes())?;
+    let file = file.into_inner().map_err(io::IntoInnerError::into_error)?;
     file.sync_all()?;
     let size = file.metadata()?.len();
     std::fs::rename(&tmp, dir.join(&name))?;
     File::open(dir)?.sync_all()?;
     Ok(size)
+}
+
+/// Reads a snapshot file back, checking its digest.
+fn read(path: &Path) -> Result<Solver, String> {
+    let file = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut input = Hashing { inner: BufReader::with_capacity(1 << 20, file), hasher: blake3::Hasher::new() };
+    let solver: Solver = ciborium::from_reader(&mut input).map_err(|e| format!("{}: {e}", path.display()))?;
+    let Hashing { inner: mut rest, hasher } = input;
+    let mut digest = Vec::new();
+    rest.read_to_end(&mut digest).map_err(|e| format!("{}: {e}", path.display()))?;
+    if digest != hasher.finalize().as_bytes() {
+        return Err(format!(
+            "{}: its checksum does not match what it holds: the file is damaged",
+            path.display()
+        ));
+    }
+    Ok(solver)
+}
+
+/// Is this a snapshot file's name, finished (`snapshot-SEQ.cbor`) or not
+/// (`.tmp` after it)?
+fn is_snapshot_file(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix("snapshot-") else { return false };
+    let seq = rest.strip_suffix(".cbor").or_else(|| rest.strip_suffix(".cbor.tmp"));
+    seq.is_some_and(|seq| !seq.is_empty() && seq.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// Deletes the snapshot files (finished or not) other than `keep`.
@@ -193,7 +260,7 @@ fn remove_others(dir: &Path, keep: Option<&str>) {
     for entry in entries.flatten() {
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
-        if name.starts_with("snapshot-") && Some(name) != keep {
+        if is_snapshot_file(name) && Some(name) != keep {
             let _ = std::fs::remove_file(entry.path());
         }
     }
@@ -211,8 +278,6 @@ pub(crate) fn restore(
         remove_others(&snapshots.dir, None);
         return Ok((fresh, 0));
     };
-    remove_others(&snapshots.dir, Some(&snapshot.file));
-    snapshots.dropping = true;
     let unreadable = |why: String| CoordinatorError::Snapshot { seq: snapshot.seq, why };
     if snapshot.format != SNAPSHOT_FORMAT {
         return Err(unreadable(format!(
@@ -221,10 +286,12 @@ pub(crate) fn restore(
         )));
     }
     let path = snapshots.dir.join(&snapshot.file);
-    let file = File::open(&path).map_err(|e| unreadable(format!("{}: {e}", path.display())))?;
-    snapshots.last = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let solver: Solver = ciborium::from_reader(BufReader::with_capacity(1 << 20, file))
-        .map_err(|e| unreadable(format!("{}: {e}", path.display())))?;
+    let solver = read(&path).map_err(unreadable)?;
+    // Only once it is read: a file the log does not name may be all there
+    // is if the log lost its latest entries.
+    remove_others(&snapshots.dir, Some(&snapshot.file));
+    snapshots.last = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    snapshots.dropping = true;
     Ok((solver, snapshot.seq))
 }
 

@@ -438,21 +438,19 @@ pub(crate) fn start(
         tracing::warn!(undecodable, "skipped log records this version cannot read");
     }
     solver.take_effects();
+    // Recorded together once both are known to apply: a start refused for
+    // its settings leaves the log as it was.
+    let now = now_ms();
+    let mut records = Vec::new();
     if replayed > 0 || after > 0 {
         // Time stood still for the cluster while the coordinator was down.
-        let now = now_ms();
-        let input = Input::Restarted;
-        let body = serde_json::to_vec(&input).expect("encodable input");
-        let _ = solver.handle(Millis(now), input);
-        store.append([(now, &body[..])])?;
-        solver.take_effects();
+        let _ = solver.handle(Millis(now), Input::Restarted);
+        records.push(record(&Input::Restarted));
         tracing::info!(snapshot = after, replayed, "recovered state from the log");
     }
-    let now = now_ms();
-    if let Some(body) = snapshots::configure(&mut solver, &configured, now)? {
-        store.append([(now, &body[..])])?;
-        solver.take_effects();
-    }
+    records.extend(snapshots::configure(&mut solver, &configured, now)?);
+    store.append(records.iter().map(|body| (now, &body[..])))?;
+    solver.take_effects();
     let (tx, rx) = std::sync::mpsc::channel();
     let shared = Arc::new(Shared {
         tx: Mutex::new(tx),

@@ -411,7 +411,7 @@ impl Build {
         id: u64,
         req: SubmitRequest,
         now: Millis,
-        durations: &BTreeMap<String, crate::Duration>,
+        durations: &BTreeMap<String, u64>,
         known: Option<&Arc<Plan>>,
     ) -> Result<Build, String> {
         let plan = match known {
@@ -441,7 +441,7 @@ impl Build {
         // Needs come earlier, so a backward pass sees dependents first.
         let mut path = vec![0u64; spec.jobs.len()];
         for i in (0..spec.jobs.len()).rev() {
-            let own = durations.get(&spec.jobs[i].name).map_or(DEFAULT_DURATION_MS, |d| d.ms);
+            let own = durations.get(&spec.jobs[i].name).copied().unwrap_or(DEFAULT_DURATION_MS);
             let after = dependents[i].iter().map(|&d| path[d as usize]).max().unwrap_or(0);
             path[i] = own.saturating_add(after);
         }

@@ -39,14 +39,6 @@ const PLAN_LOOKBACK: usize = 64;
 /// status and outputs) first.
 const FORGET_AFTER: Millis = Millis(60_000);
 
-/// How long the latest run of a job name took, and the newest build that
-/// ran it (a run shared by builds counts for each).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Duration {
-    pub(crate) ms: u64,
-    build: u64,
-}
-
 /// The fewest output trees known at which [`Solver::sweep_outputs`] looks
 /// for those of outputs held nowhere.
 const SWEEP_OUTPUTS_AT: usize = 4096;
@@ -356,10 +348,10 @@ pub struct Solver {
     /// every input.
     stalled: std::collections::BTreeSet<u64>,
     /// How long the last run of each job name took (milliseconds), for
-    /// critical-path order, and the newest build that ran it: names no
-    /// build kept has run are forgotten with the builds (see
-    /// [`Solver::forget_finished`]).
-    durations: BTreeMap<String, Duration>,
+    /// critical-path order. Kept for every name ever run: forgetting some
+    /// would change the order of jobs in a replay of a log recorded
+    /// without forgetting them.
+    durations: BTreeMap<String, u64>,
     /// Runs that ended (or were given up), by [`RunEnd`], since the log
     /// began (a replay counts them again).
     runs_ended: BTreeMap<RunEnd, u64>,
@@ -445,9 +437,6 @@ impl Solver {
             self.stalled.remove(&id);
             self.effects.push(Effect::BuildChanged { build: id });
         }
-        // The durations of names that no build kept has run.
-        let oldest = self.builds.keys().next().copied().unwrap_or(self.next_build);
-        self.durations.retain(|_, d| d.build >= oldest);
     }
 
     /// Forgets the output trees of jobs whose output no live worker and
@@ -874,8 +863,8 @@ impl Solver {
                     }
                     last = Some(name);
                     match self.durations.get_mut(name) {
-                        Some(known) => *known = Duration { ms: took, build: known.build.max(b) },
-                        None => _ = self.durations.insert(name.clone(), Duration { ms: took, build: b }),
+                        Some(known) => *known = took,
+                        None => _ = self.durations.insert(name.clone(), took),
                     }
                 }
             }

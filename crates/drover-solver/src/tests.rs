@@ -413,12 +413,11 @@ fn build_statuses_come_a_page_at_a_time() {
     assert!(page(ids[4], 10).is_empty());
 }
 
-/// What the solver keeps of a job's runs (the worker of its latest run, the
-/// timings of its stages, how long its name took) lives as long as a build
-/// that holds the job: a coordinator that keeps a bounded history holds a
-/// bounded state, however many jobs it has seen.
+/// Where a job's latest run went and the timings of its stages live in
+/// the record of each build that holds the job, and go with it: a build
+/// kept still says both, however many were forgotten before it.
 #[test]
-fn what_is_kept_of_runs_goes_with_the_builds_forgotten() {
+fn a_builds_record_says_where_its_jobs_ran_and_how_long_their_stages_took() {
     let mut h = Harness::new();
     let w = worker_id(h.input(register("w1", 1, vec![])));
     h.input(Input::KeepFinished { builds: Some(2) }).expect("setting");
@@ -433,15 +432,12 @@ fn what_is_kept_of_runs_goes_with_the_builds_forgotten() {
         h.report(w, Report { finished: vec![result], ..Report::default() });
         pass(&mut h, w, 9);
     }
-    assert!(h.solver.durations.len() <= h.solver.builds.len(), "{} durations", h.solver.durations.len());
     assert!(h.solver.builds.len() < 30, "{} builds", h.solver.builds.len());
-    assert!(!h.solver.durations.contains_key("j0"), "the first name was forgotten");
     // The latest build still says where its job ran and how long it took.
     let status = h.solver.build_status(last).expect("kept");
     assert_eq!(status.jobs[0].stages, BTreeMap::from([("build".to_owned(), 99)]));
     let (url, _run) = h.solver.run_location(last, "j59").expect("its run's worker");
     assert_eq!(url, "http://w1");
-    assert_eq!(h.solver.durations.get("j59").map(|d| d.ms), Some(1));
     h.assert_replays();
 }
 
@@ -1145,7 +1141,7 @@ fn durations_of_earlier_runs_order_later_builds() {
         done.push(result);
     }
     h.report(w, Report { finished: done, ..Report::default() });
-    assert_eq!(h.solver.durations.get("slow").map(|d| d.ms), Some(5_000), "{:?}", h.solver.durations);
+    assert_eq!(h.solver.durations.get("slow"), Some(&5_000), "{:?}", h.solver.durations);
     // Second build: the same names with new contents (new IDs) on a worker
     // with one slot; `fast` comes first in the file.
     let mut fast = job("fast", &[]);

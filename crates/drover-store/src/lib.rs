@@ -98,6 +98,7 @@ pub struct Store {
     conn: Connection,
     path: String,
     next_seq: u64,
+    durability: Durability,
 }
 
 impl Store {
@@ -123,7 +124,7 @@ impl Store {
              CREATE TABLE IF NOT EXISTS snapshots (seq INTEGER PRIMARY KEY, format TEXT NOT NULL, file TEXT NOT NULL);",
         )
         .map_err(err)?;
-        let mut store = Store { conn, path: name.clone(), next_seq: 1 };
+        let mut store = Store { conn, path: name.clone(), next_seq: 1, durability };
         match store.meta("schema_version")? {
             None => store.set_meta("schema_version", &SCHEMA_VERSION.to_string())?,
             Some(v) => {
@@ -180,19 +181,29 @@ impl Store {
     /// Records that `file` (already durable) holds the state after the
     /// records up to `seq` (the last one appended, or an earlier one), in
     /// place of any older snapshot: a replay then starts from it. The
-    /// records it holds stay until [`Store::drop_taken`] drops them.
+    /// records it holds stay until [`Store::drop_taken`] drops them. This
+    /// commit survives power loss whatever the store's [`Durability`], so
+    /// the caller may delete the older snapshot's file once it returns.
     pub fn snapshot(&mut self, seq: u64, format: &str, file: &str) -> Result<(), StoreError> {
         let path = self.path.clone();
         let err = |source| StoreError::Sqlite { path: path.clone(), source };
-        let tx = self.conn.transaction().map_err(err)?;
-        tx.execute(
-            "INSERT OR REPLACE INTO snapshots (seq, format, file) VALUES (?1, ?2, ?3)",
-            params![seq as i64, format, file],
-        )
-        .map_err(err)?;
-        tx.execute("DELETE FROM snapshots WHERE seq < ?1", [seq as i64]).map_err(err)?;
-        tx.commit().map_err(err)?;
-        Ok(())
+        let relaxed = self.durability == Durability::ProcessCrash;
+        if relaxed {
+            self.conn.pragma_update(None, "synchronous", "FULL").map_err(err)?;
+        }
+        let committed = (|| {
+            let tx = self.conn.transaction()?;
+            tx.execute(
+                "INSERT OR REPLACE INTO snapshots (seq, format, file) VALUES (?1, ?2, ?3)",
+                params![seq as i64, format, file],
+            )?;
+            tx.execute("DELETE FROM snapshots WHERE seq < ?1", [seq as i64])?;
+            tx.commit()
+        })();
+        if relaxed {
+            self.conn.pragma_update(None, "synchronous", "NORMAL").map_err(err)?;
+        }
+        committed.map_err(err)
     }
 
     /// Drops at most `limit` of the oldest records the latest snapshot
