@@ -146,11 +146,11 @@ impl Snapshots {
             drop(copy);
             done(Written { seq, result, took_ms: started.elapsed().as_millis() as u64 });
         });
+        // Tried again once as much more was recorded, either way (not at
+        // every turn, copying the state each time).
+        self.since = 0;
         match spawned {
-            Ok(_) => {
-                self.writing = true;
-                self.since = 0;
-            }
+            Ok(_) => self.writing = true,
             Err(e) => tracing::warn!("cannot start writing the state down: {e}"),
         }
     }
