@@ -923,6 +923,9 @@ pub struct RunStage {
 /// `GET /v1/workers`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WorkerStatus {
+    /// Its ID (as in `POST /v1/workers/{id}/leave`).
+    #[serde(default)]
+    pub id: u64,
     /// Its name.
     pub name: String,
     /// Its base URL.

@@ -711,6 +711,7 @@ impl Solver {
         self.workers
             .iter()
             .map(|(&id, w)| WorkerStatus {
+                id,
                 name: w.name.clone(),
                 url: w.url.clone(),
                 alive: self.core.worker_alive(WorkerId(id)),

@@ -103,6 +103,20 @@ pub(crate) async fn wait_for_workers(http: &Http, base: &str, n: usize) -> Resul
     }
 }
 
+/// Tells the coordinator that every worker it holds alive has left (see
+/// `Embedded::start_with`).
+pub(crate) async fn forget_workers(http: &Http, base: &str) -> Result<(), Failure> {
+    let workers: Vec<WorkerStatus> = http.get_json(&api(base, "/v1/workers")).await.map_err(reach(base))?;
+    for w in workers.iter().filter(|w| w.alive) {
+        match http.post(&api(base, &format!("/v1/workers/{}/leave", w.id))).await {
+            // Lost meanwhile (its lease ran out): gone either way.
+            Err(e) if e.status() == Some(404) => {}
+            result => result.map_err(reach(base))?,
+        }
+    }
+    Ok(())
+}
+
 /// Uploads the sources the coordinator does not have.
 async fn upload(http: &Http, base: &str, loaded: &Loaded) -> Result<(), Failure> {
     let digests: BTreeSet<Hash32> = loaded.spec.sources.iter().map(|s| s.digest).collect();

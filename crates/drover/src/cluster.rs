@@ -437,6 +437,14 @@ impl Embedded {
             }
         })?;
         let url = coordinator.url();
+        // The workers of an earlier run on this state died with its
+        // process, but the state recovered says they hold their leases
+        // (time stood still while nothing ran): they leave now, so that
+        // their names are free for this run's workers and no job goes to
+        // them.
+        let http = client::connect(&crate::cli::Remote { coordinator: url.clone(), token: None })
+            .with_local(&url, coordinator.router());
+        client::forget_workers(&http, &url).await?;
         let mut started = Vec::new();
         for i in 1..=workers {
             let config = embedded_worker(state, i, slots, &coordinator).map_err(Failure::Runtime)?;

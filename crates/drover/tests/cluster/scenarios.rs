@@ -551,6 +551,42 @@ fn run_builds_the_c_example_on_an_embedded_cluster() {
     assert!(status["jobs"].as_array().expect("jobs").iter().all(|j| j["state"] == "cached"), "{status}");
 }
 
+/// `drover run` again on the same state, after a source changed: the
+/// workers of the earlier run died with it, so this run's workers take
+/// their names at once (no refused registration) and the changed job runs
+/// on them (none waits for a dead worker's lease).
+#[test]
+fn run_again_after_a_change_uses_its_own_workers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/hello-c");
+    let copy = dir.path().join("hello-c");
+    for sub in ["src", "include"] {
+        std::fs::create_dir_all(copy.join(sub)).expect("mkdir");
+        for entry in std::fs::read_dir(example.join(sub)).expect("read example") {
+            let entry = entry.expect("entry");
+            std::fs::copy(entry.path(), copy.join(sub).join(entry.file_name())).expect("copy");
+        }
+    }
+    std::fs::copy(example.join("drover.yaml"), copy.join("drover.yaml")).expect("copy");
+    let run = || {
+        let out =
+            drover().arg("run").arg(copy.join("drover.yaml")).arg("--json").current_dir(dir.path()).output();
+        let out = out.expect("drover run");
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        assert!(!stderr(&out).contains("cannot register"), "{}", stderr(&out));
+        serde_json::from_slice::<Value>(&out.stdout).expect("status JSON")
+    };
+    run();
+    let greet = copy.join("src/greet.c");
+    let mut text = std::fs::read_to_string(&greet).expect("read");
+    text.push_str("/* changed */\n");
+    std::fs::write(&greet, text).expect("write");
+    let again = run();
+    assert_eq!(again["state"], "succeeded");
+    assert_eq!(job(&again, "compile-greet")["state"], "succeeded", "{again}");
+    assert_eq!(job(&again, "compile-main")["state"], "cached", "{again}");
+}
+
 #[test]
 fn a_second_coordinator_or_worker_on_the_same_directory_is_refused() {
     let mut cluster = Cluster::new();
