@@ -270,7 +270,8 @@ async fn accept(app: App, req: SubmitRequest, cached: Option<Cached>) -> ApiResu
 /// behind the token like every other route when one is configured.
 async fn metrics(State(app): State<App>) -> ApiResult<Response> {
     let m = app.shared.query(|s| s.metrics()).await?;
-    Ok(([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], crate::metrics::render(&m)).into_response())
+    let page = crate::metrics::render(&m, &app.shared.log);
+    Ok(([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], page).into_response())
 }
 
 /// `?summary=true`: each build without its jobs (see `BuildSummary`);

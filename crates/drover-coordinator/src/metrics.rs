@@ -1,6 +1,7 @@
 //! `GET /metrics`: the coordinator's counts in Prometheus' text format
 //! (version 0.0.4), for a scraper. The counts come from the solver in one
-//! query ([`Solver::metrics`]); this module only writes them out.
+//! query ([`Solver::metrics`]), and the input log's (its snapshots) from
+//! gauges the state thread keeps; this module only writes them out.
 //!
 //! Counters count since the input log began: a restarted coordinator
 //! replays its log and carries on from the same totals.
@@ -8,6 +9,8 @@
 use std::fmt::Write;
 
 use drover_solver::Metrics;
+
+use crate::snapshots::LogGauges;
 #[cfg(doc)]
 use drover_solver::Solver;
 
@@ -58,10 +61,31 @@ fn by<'a, T: 'a>(
     items.into_iter().map(|(item, n)| (vec![(key, label(item))], *n)).collect()
 }
 
-/// The whole `/metrics` page.
-pub(crate) fn render(m: &Metrics) -> String {
+/// The whole `/metrics` page: the solver's counts, and the input log's.
+pub(crate) fn render(m: &Metrics, log: &LogGauges) -> String {
     let mut out = String::new();
     let one = |value: u64| [(Vec::new(), value)];
+    let load = |gauge: &std::sync::atomic::AtomicU64| gauge.load(std::sync::atomic::Ordering::Relaxed);
+    Family {
+        name: "drover_log_bytes_since_snapshot",
+        kind: "gauge",
+        help: "Bytes of inputs recorded since the last snapshot of the state began.",
+    }
+    .write(&mut out, one(load(&log.since)));
+    Family { name: "drover_snapshot_bytes", kind: "gauge", help: "Size of the last snapshot of the state." }
+        .write(&mut out, one(load(&log.snapshot_bytes)));
+    Family {
+        name: "drover_snapshots_total",
+        kind: "counter",
+        help: "Snapshots of the state since the coordinator started, by result.",
+    }
+    .write(
+        &mut out,
+        [
+            (vec![("result", "written".to_owned())], load(&log.written)),
+            (vec![("result", "failed".to_owned())], load(&log.failed)),
+        ],
+    );
     Family {
         name: "drover_builds",
         kind: "gauge",
@@ -147,8 +171,17 @@ mod tests {
             jobs_scheduled: 9,
             queues: vec![("default".into(), 9, 4), ("a\"b\\c\nd".into(), 0, 0)],
         };
-        let page = render(&m);
+        let log = LogGauges::default();
+        log.since.store(1_234, std::sync::atomic::Ordering::Relaxed);
+        log.snapshot_bytes.store(5_678, std::sync::atomic::Ordering::Relaxed);
+        log.written.store(2, std::sync::atomic::Ordering::Relaxed);
+        let page = render(&m, &log);
         for line in [
+            "drover_log_bytes_since_snapshot 1234",
+            "drover_snapshot_bytes 5678",
+            "# TYPE drover_snapshots_total counter",
+            "drover_snapshots_total{result=\"written\"} 2",
+            "drover_snapshots_total{result=\"failed\"} 0",
             "# TYPE drover_builds gauge",
             "drover_builds{state=\"running\"} 2",
             "drover_builds{state=\"succeeded\"} 5",
@@ -182,6 +215,6 @@ mod tests {
                 assert_eq!(declared.last().map(String::as_str), Some(name), "{line}");
             }
         }
-        assert_eq!(declared.len(), 11);
+        assert_eq!(declared.len(), 14);
     }
 }

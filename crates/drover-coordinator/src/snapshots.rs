@@ -38,6 +38,8 @@
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use drover_solver::{Input, SNAPSHOT_FORMAT, Solver};
@@ -67,6 +69,18 @@ const DROP_PER_TURN: u64 = 5_000;
 /// How soon an idle state thread wakes up to drop more records.
 pub(crate) const DROP_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
 
+/// The log's figures for `/metrics`, kept up to date by the state thread.
+#[derive(Debug, Default)]
+pub(crate) struct LogGauges {
+    /// Bytes of records appended since the last snapshot began.
+    pub(crate) since: AtomicU64,
+    /// The size of the last snapshot's file.
+    pub(crate) snapshot_bytes: AtomicU64,
+    /// Snapshots written, and those that failed, since the start.
+    pub(crate) written: AtomicU64,
+    pub(crate) failed: AtomicU64,
+}
+
 /// When and where the state thread writes the next snapshot.
 #[derive(Debug)]
 pub(crate) struct Snapshots {
@@ -83,6 +97,8 @@ pub(crate) struct Snapshots {
     writing: bool,
     /// The latest snapshot may hold records still in the log.
     dropping: bool,
+    /// What `/metrics` shows of all this.
+    gauges: Arc<LogGauges>,
 }
 
 fn file_name(seq: u64) -> String {
@@ -91,12 +107,24 @@ fn file_name(seq: u64) -> String {
 
 impl Snapshots {
     pub(crate) fn new(dir: PathBuf, after: Option<u64>) -> Snapshots {
-        Snapshots { dir, after, since: 0, last: 0, writing: false, dropping: false }
+        Snapshots { dir, after, since: 0, last: 0, writing: false, dropping: false, gauges: Arc::default() }
+    }
+
+    /// The figures `/metrics` shows, shared with the handlers.
+    pub(crate) fn gauges(&self) -> Arc<LogGauges> {
+        self.gauges.clone()
+    }
+
+    /// Brings the gauges up to date.
+    fn show(&self) {
+        self.gauges.since.store(self.since, Ordering::Relaxed);
+        self.gauges.snapshot_bytes.store(self.last, Ordering::Relaxed);
     }
 
     /// Records of `bytes` were appended.
     pub(crate) fn recorded(&mut self, bytes: u64) {
         self.since = self.since.saturating_add(bytes);
+        self.show();
     }
 
     /// Are records the latest snapshot holds still to be dropped?
@@ -149,6 +177,7 @@ impl Snapshots {
         // Tried again once as much more was recorded, either way (not at
         // every turn, copying the state each time).
         self.since = 0;
+        self.show();
         match spawned {
             Ok(_) => self.writing = true,
             Err(e) => tracing::warn!("cannot start writing the state down: {e}"),
@@ -166,6 +195,7 @@ impl Snapshots {
         let size = match result {
             Ok(size) => size,
             Err(e) => {
+                self.gauges.failed.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!("cannot write the state down (the log keeps every input): {e}");
                 let _ = std::fs::remove_file(self.dir.join(format!("{name}.tmp")));
                 let _ = std::fs::remove_file(self.dir.join(&name));
@@ -173,12 +203,15 @@ impl Snapshots {
             }
         };
         if let Err(e) = store.snapshot(seq, SNAPSHOT_FORMAT, &name) {
+            self.gauges.failed.fetch_add(1, Ordering::Relaxed);
             tracing::warn!("cannot record the state's snapshot (the log keeps every input): {e}");
             let _ = std::fs::remove_file(self.dir.join(&name));
             return;
         }
         self.last = size;
         self.dropping = true;
+        self.gauges.written.fetch_add(1, Ordering::Relaxed);
+        self.show();
         remove_others(&self.dir, Some(&name));
         tracing::info!(seq, bytes = size, took_ms, "wrote the state down: the log now begins there");
     }
@@ -291,6 +324,7 @@ pub(crate) fn restore(
     // is if the log lost its latest entries.
     remove_others(&snapshots.dir, Some(&snapshot.file));
     snapshots.last = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    snapshots.show();
     snapshots.dropping = true;
     Ok((solver, snapshot.seq))
 }

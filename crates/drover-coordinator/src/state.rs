@@ -296,6 +296,8 @@ pub(crate) struct Shared {
     /// The stage each run in flight is in, as its worker last said (display
     /// only, not recorded).
     stages: Mutex<BTreeMap<u64, RunStage>>,
+    /// The log's figures (see `snapshots::LogGauges`).
+    pub(crate) log: Arc<snapshots::LogGauges>,
 }
 
 /// The state thread is gone (the log failed, or the coordinator is stopping).
@@ -457,6 +459,7 @@ pub(crate) fn start(
         mailboxes: Mutex::new(BTreeMap::new()),
         renewed: Mutex::new(BTreeMap::new()),
         stages: Mutex::new(BTreeMap::new()),
+        log: snapshots.gauges(),
     });
     // The thread holds the shared state weakly: once every handler and
     // client has let go of it, the channel closes and the thread ends.

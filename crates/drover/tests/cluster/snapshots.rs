@@ -8,7 +8,7 @@ use std::process::Stdio;
 
 use serde_json::Value;
 
-use crate::harness::{Cluster, drover, eventually, wait_json};
+use crate::harness::{Cluster, drover, eventually, http, wait_json};
 
 /// Test settings, a state written down after every turn, and `extra`.
 fn config(extra: &str) -> String {
@@ -49,6 +49,18 @@ fn a_coordinator_recovers_from_its_snapshot_after_sigkill() {
         let (records, after) = log(&cluster);
         (after > 0 && records < after).then_some(())
     });
+    // `/metrics` shows the snapshots written and the last one's size.
+    let (code, body) = http(&cluster.url, "GET", "/metrics", b"");
+    assert_eq!(code, 200);
+    let page = String::from_utf8(body).expect("utf-8");
+    let value = |name: &str| -> u64 {
+        let line =
+            page.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no {name} in:\n{page}"));
+        line.rsplit(' ').next().and_then(|v| v.parse().ok()).expect("a number")
+    };
+    assert!(value("drover_snapshots_total{result=\"written\"}") >= 1, "{page}");
+    assert_eq!(value("drover_snapshots_total{result=\"failed\"}"), 0, "{page}");
+    assert!(value("drover_snapshot_bytes") > 0, "{page}");
     cluster.kill_coordinator();
     cluster.start_coordinator();
     for status in &ended {
