@@ -116,15 +116,7 @@ async fn settings_the_state_cannot_take_record_nothing() {
     solver.handle(drover_core::Millis(1_000), Input::Submit(submit)).expect("submit");
     log_with_snapshot(dir.path(), SNAPSHOT_FORMAT, Some(&solver));
     let mut changed = config;
-    changed.core.queues = vec![drover_core::QueueConfig {
-        name: "ci".into(),
-        parent: None,
-        weight: 1,
-        capability: Default::default(),
-        guarantee: Default::default(),
-        reclaimable: true,
-        priority: 0,
-    }];
+    changed.core.queues = vec![drover_core::QueueConfig { name: "ci".into(), ..Default::default() }];
     let refused = drover_coordinator::start(changed).await.expect_err("a job is in the core");
     let message = refused.to_string();
     assert!(

@@ -73,18 +73,8 @@ fn new_queues_wait_for_an_empty_core() {
     let first = assigned(&mut s);
     assert_eq!(first.len(), 1);
     s.handle(Millis(1), job("b", &[])).expect("b waits for the slot");
-    let queues = Config {
-        queues: vec![QueueConfig {
-            name: "ci".into(),
-            parent: None,
-            weight: 1,
-            capability: Default::default(),
-            guarantee: Default::default(),
-            reclaimable: true,
-            priority: 0,
-        }],
-        ..Config::default()
-    };
+    let queues =
+        Config { queues: vec![QueueConfig { name: "ci".into(), ..Default::default() }], ..Config::default() };
     let before = s.clone();
     assert_eq!(s.reconfigure(queues.clone()), Err(Rejected::Busy { jobs: 2, runs: 1 }));
     assert!(s == before, "a refused change changes nothing");
