@@ -436,22 +436,21 @@ impl Embedded {
                 Failure::Runtime(e)
             }
         })?;
-        let url = coordinator.url();
+        let mut embedded = Embedded { url: coordinator.url(), coordinator, _workers: Vec::new() };
+        let http = embedded.http();
         // The workers of an earlier run on this state died with its
         // process, but the state recovered says they hold their leases
         // (time stood still while nothing ran): they leave now, so that
         // their names are free for this run's workers and no job goes to
         // them.
-        let http = client::connect(&crate::cli::Remote { coordinator: url.clone(), token: None })
-            .with_local(&url, coordinator.router());
-        client::forget_workers(&http, &url).await?;
-        let mut started = Vec::new();
+        client::forget_workers(&http, &embedded.url).await?;
         for i in 1..=workers {
-            let config = embedded_worker(state, i, slots, &coordinator).map_err(Failure::Runtime)?;
-            started.push(drover_worker::start(config).await.map_err(|e| Failure::Runtime(e.into()))?);
+            let config = embedded_worker(state, i, slots, &embedded.coordinator).map_err(Failure::Runtime)?;
+            embedded
+                ._workers
+                .push(drover_worker::start(config).await.map_err(|e| Failure::Runtime(e.into()))?);
         }
-        let embedded = Embedded { url, coordinator, _workers: started };
-        client::wait_for_workers(&embedded.http(), &embedded.url, workers as usize).await?;
+        client::wait_for_workers(&http, &embedded.url, workers as usize).await?;
         Ok(embedded)
     }
 
