@@ -69,10 +69,12 @@ const DROP_PER_TURN: u64 = 5_000;
 /// How soon an idle state thread wakes up to drop more records.
 pub(crate) const DROP_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
 
-/// The log's figures for `/metrics`, kept up to date by the state thread.
+/// The log's figures: the state thread's own (it alone writes them), which
+/// `/metrics` reads.
 #[derive(Debug, Default)]
 pub(crate) struct LogGauges {
-    /// Bytes of records appended since the last snapshot began.
+    /// Bytes of records appended since the last snapshot began (or in the
+    /// log, at start).
     pub(crate) since: AtomicU64,
     /// The size of the last snapshot's file.
     pub(crate) snapshot_bytes: AtomicU64,
@@ -88,16 +90,12 @@ pub(crate) struct Snapshots {
     dir: PathBuf,
     /// Bytes of records that call for a snapshot at least (`None`: never).
     after: Option<u64>,
-    /// Bytes of records appended since the last snapshot began (or in the
-    /// log, at start).
-    since: u64,
-    /// The size of the last snapshot.
-    last: u64,
     /// A snapshot is being written.
     writing: bool,
     /// The latest snapshot may hold records still in the log.
     dropping: bool,
-    /// What `/metrics` shows of all this.
+    /// How much was recorded since the last snapshot, and its size (also
+    /// read by `/metrics`).
     gauges: Arc<LogGauges>,
 }
 
@@ -107,7 +105,7 @@ fn file_name(seq: u64) -> String {
 
 impl Snapshots {
     pub(crate) fn new(dir: PathBuf, after: Option<u64>) -> Snapshots {
-        Snapshots { dir, after, since: 0, last: 0, writing: false, dropping: false, gauges: Arc::default() }
+        Snapshots { dir, after, writing: false, dropping: false, gauges: Arc::default() }
     }
 
     /// The figures `/metrics` shows, shared with the handlers.
@@ -115,16 +113,9 @@ impl Snapshots {
         self.gauges.clone()
     }
 
-    /// Brings the gauges up to date.
-    fn show(&self) {
-        self.gauges.since.store(self.since, Ordering::Relaxed);
-        self.gauges.snapshot_bytes.store(self.last, Ordering::Relaxed);
-    }
-
     /// Records of `bytes` were appended.
     pub(crate) fn recorded(&mut self, bytes: u64) {
-        self.since = self.since.saturating_add(bytes);
-        self.show();
+        self.gauges.since.fetch_add(bytes, Ordering::Relaxed);
     }
 
     /// Are records the latest snapshot holds still to be dropped?
@@ -149,7 +140,9 @@ impl Snapshots {
 
     /// Is a snapshot due (and none being written)?
     pub(crate) fn due(&self) -> bool {
-        !self.writing && self.after.is_some_and(|after| self.since >= after.max(self.last))
+        let since = self.gauges.since.load(Ordering::Relaxed);
+        let last = self.gauges.snapshot_bytes.load(Ordering::Relaxed);
+        !self.writing && self.after.is_some_and(|after| since >= after.max(last))
     }
 
     /// Starts writing `solver`'s state, the state after the last record
@@ -176,8 +169,7 @@ impl Snapshots {
         });
         // Tried again once as much more was recorded, either way (not at
         // every turn, copying the state each time).
-        self.since = 0;
-        self.show();
+        self.gauges.since.store(0, Ordering::Relaxed);
         match spawned {
             Ok(_) => self.writing = true,
             Err(e) => tracing::warn!("cannot start writing the state down: {e}"),
@@ -208,10 +200,9 @@ impl Snapshots {
             let _ = std::fs::remove_file(self.dir.join(&name));
             return;
         }
-        self.last = size;
+        self.gauges.snapshot_bytes.store(size, Ordering::Relaxed);
         self.dropping = true;
         self.gauges.written.fetch_add(1, Ordering::Relaxed);
-        self.show();
         remove_others(&self.dir, Some(&name));
         tracing::info!(seq, bytes = size, took_ms, "wrote the state down: the log now begins there");
     }
@@ -323,8 +314,8 @@ pub(crate) fn restore(
     // Only once it is read: a file the log does not name may be all there
     // is if the log lost its latest entries.
     remove_others(&snapshots.dir, Some(&snapshot.file));
-    snapshots.last = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-    snapshots.show();
+    let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    snapshots.gauges.snapshot_bytes.store(size, Ordering::Relaxed);
     snapshots.dropping = true;
     Ok((solver, snapshot.seq))
 }
