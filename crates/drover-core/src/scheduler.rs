@@ -613,8 +613,11 @@ impl Scheduler {
     /// running keep their deadlines). The seed is not read again: the
     /// random sequence goes on.
     pub fn reconfigure(&mut self, config: Config) -> Result<(), Rejected> {
-        let shape = |c: &Config| (c.queues.clone(), c.tenant_queues.clone(), c.tiers.clone());
-        if shape(&config) == shape(&self.config) {
+        let old = &self.config;
+        if config.queues == old.queues
+            && config.tenant_queues == old.tenant_queues
+            && config.tiers == old.tiers
+        {
             self.policy = Policy::new(&config);
             self.config = config;
             return Ok(());
