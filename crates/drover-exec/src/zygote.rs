@@ -288,6 +288,9 @@ impl Zygote {
                 let received = match sys::recv_with_fds(self.socket.as_fd(), &mut buf) {
                     Ok(received) => received,
                     Err(Errno::EINTR | Errno::EAGAIN) => continue,
+                    // The worker exited without reading our last reply
+                    // (interrupted, killed): gone, as on end of file below.
+                    Err(Errno::ECONNRESET) => return Ok(()),
                     Err(e) => return Err(format!("cannot read from the worker: {e}")),
                 };
                 if received.len == 0 && received.fds.is_empty() {
@@ -361,6 +364,9 @@ impl Zygote {
             match send(self.socket.as_fd().as_raw_fd(), &message, MsgFlags::MSG_NOSIGNAL) {
                 Ok(_) => return Ok(()),
                 Err(Errno::EINTR) => {}
+                // The worker is gone: the next read of its socket ends the
+                // zygote.
+                Err(Errno::EPIPE | Errno::ECONNRESET) => return Ok(()),
                 Err(e) => return Err(format!("cannot write to the worker: {e}")),
             }
         }

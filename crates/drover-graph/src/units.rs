@@ -99,7 +99,8 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 const DURATION_HELP: &str = "expected a duration like 500ms, 30s, 10m, 1h or 1h30m";
 
 /// A duration in milliseconds: one or more `<number><unit>` parts with units
-/// `ms`, `s`, `m`, `h`, `d` (`1h30m`, `1.5s`). Must be above zero.
+/// `ms`, `s`, `m`, `h`, `d` (`1h30m`, `1.5s`), or their words (`10 minutes`,
+/// `1 hour 30 min`, `5sec`), with or without spaces. Must be above zero.
 pub fn parse_duration(text: &str) -> Result<u64, String> {
     let bad = || format!("invalid timeout {text:?}: {DURATION_HELP}");
     let mut rest = text.trim();
@@ -110,16 +111,17 @@ pub fn parse_duration(text: &str) -> Result<u64, String> {
     while !rest.is_empty() {
         let split = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
         let (number, after) = rest.split_at(split);
+        let after = after.trim_start();
         let unit_len = after.find(|c: char| !c.is_ascii_alphabetic()).unwrap_or(after.len());
         let (unit, after) = after.split_at(unit_len);
-        let millis: u128 = match unit {
-            "ms" => 1,
-            "s" => 1000,
-            "m" => 60_000,
-            "h" => 3_600_000,
-            "d" => 86_400_000,
+        let millis: u128 = match unit.to_ascii_lowercase().as_str() {
+            "ms" | "msec" | "msecs" | "millisecond" | "milliseconds" => 1,
+            "s" | "sec" | "secs" | "second" | "seconds" => 1000,
+            "m" | "min" | "mins" | "minute" | "minutes" => 60_000,
+            "h" | "hr" | "hrs" | "hour" | "hours" => 3_600_000,
+            "d" | "day" | "days" => 86_400_000,
             "" => return Err(format!("invalid timeout {text:?}: missing unit ({DURATION_HELP})")),
-            _ => return Err(bad()),
+            _ => return Err(format!("invalid timeout {text:?}: unknown unit {unit:?} ({DURATION_HELP})")),
         };
         let (mantissa, scale) = parse_decimal(number).ok_or_else(bad)?;
         let part = scale_exact(mantissa, scale, millis)
@@ -188,7 +190,13 @@ mod tests {
         assert_eq!(parse_duration("1d"), Ok(86_400_000));
         assert!(parse_duration("30").unwrap_err().contains("missing unit"));
         assert!(parse_duration("0s").unwrap_err().contains("greater than zero"));
-        assert!(parse_duration("10x").is_err());
+        assert!(parse_duration("10x").unwrap_err().contains("unknown unit \"x\""));
+        assert_eq!(parse_duration("10 minutes"), Ok(600_000));
+        assert_eq!(parse_duration("1 hour 30 min"), Ok(5_400_000));
+        assert_eq!(parse_duration("5sec"), Ok(5000));
+        assert_eq!(parse_duration("2 Days"), Ok(172_800_000));
+        assert_eq!(parse_duration("250 ms"), Ok(250));
+        assert!(parse_duration("10 fortnights").unwrap_err().contains("unknown unit \"fortnights\""));
         assert!(parse_duration("").is_err());
         assert!(parse_duration("h").is_err());
         assert!(parse_duration("0.0001s").is_err());
