@@ -105,7 +105,20 @@ impl Cx<'_> {
     }
 
     fn wrong_type(&mut self, node: &Node, key: &str, expected: &str) {
-        self.error(node.line, format!("{key:?} must be {expected}, found {}", node.kind.describe()));
+        // YAML reads an unquoted `true`, `42` or `1.5` as a boolean or a
+        // number: where text was meant, say how to write it.
+        let written = match &node.kind {
+            Kind::Bool(b) => Some(b.to_string()),
+            Kind::Int(_, spelling) | Kind::Float(_, spelling) if !spelling.is_empty() => {
+                Some(spelling.clone())
+            }
+            _ => None,
+        };
+        let hint = match written {
+            Some(text) if expected.starts_with("a string") => format!(" (quote it to mean text: \"{text}\")"),
+            _ => String::new(),
+        };
+        self.error(node.line, format!("{key:?} must be {expected}, found {}{hint}", node.kind.describe()));
     }
 
     /// The entries of a mapping, reporting duplicate keys; `None` (after a

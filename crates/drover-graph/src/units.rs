@@ -111,6 +111,9 @@ pub fn parse_duration(text: &str) -> Result<u64, String> {
     while !rest.is_empty() {
         let split = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
         let (number, after) = rest.split_at(split);
+        if number.is_empty() {
+            return Err(bad());
+        }
         let after = after.trim_start();
         let unit_len = after.find(|c: char| !c.is_ascii_alphabetic()).unwrap_or(after.len());
         let (unit, after) = after.split_at(unit_len);

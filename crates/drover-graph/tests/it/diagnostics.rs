@@ -50,7 +50,7 @@ jobs:
     retries: 1.5
     labels: {os: [linux]}
   - name: b
-    run: [x, 7]
+    run: [x, 7, true]
   - 42
 ";
     assert_eq!(
@@ -58,13 +58,26 @@ jobs:
         [
             at(1, None, "\"sources\" must be a list of strings, found a string"),
             at(2, None, "\"max_parallel\" must be an integer, found a string"),
-            at(5, Some("a"), "\"run\" must be a string or a list of strings, found an integer"),
+            at(
+                5,
+                Some("a"),
+                "\"run\" must be a string or a list of strings, found an integer (quote it to mean text: \"5\")"
+            ),
             at(6, Some("a"), "\"env\" must be a mapping, found a list"),
             at(7, Some("a"), "\"needs\" must be a list of strings, found a string"),
             at(8, Some("a"), "\"priority\" must be an integer, found a string"),
             at(9, Some("a"), "\"retries\" must be an integer, found a number"),
             at(10, Some("a"), "\"labels.os\" must be a string, number or boolean, found a list"),
-            at(12, Some("b"), "\"run entry\" must be a string, found an integer"),
+            at(
+                12,
+                Some("b"),
+                "\"run entry\" must be a string, found an integer (quote it to mean text: \"7\")"
+            ),
+            at(
+                12,
+                Some("b"),
+                "\"run entry\" must be a string, found a boolean (quote it to mean text: \"true\")"
+            ),
             at(13, None, "a job must be a mapping, found an integer"),
         ]
     );
@@ -292,7 +305,7 @@ jobs:
             at(
                 11,
                 Some("b"),
-                "invalid timeout \"1h30x\": expected a duration like 500ms, 30s, 10m, 1h or 1h30m"
+                "invalid timeout \"1h30x\": unknown unit \"x\" (expected a duration like 500ms, 30s, 10m, 1h or 1h30m)"
             ),
         ]
     );
