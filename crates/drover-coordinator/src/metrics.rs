@@ -119,6 +119,12 @@ pub(crate) fn render(m: &Metrics, log: &LogGauges) -> String {
         ],
     );
     Family {
+        name: "drover_core_workers",
+        kind: "gauge",
+        help: "Workers the scheduling core holds: live ones, and lost ones whose place no new worker took yet.",
+    }
+    .write(&mut out, one(m.core_workers));
+    Family {
         name: "drover_workers_draining",
         kind: "gauge",
         help: "Live workers draining: nothing new goes to them.",
@@ -166,6 +172,7 @@ mod tests {
             workers_up: 3,
             workers_draining: 1,
             workers_lost: 1,
+            core_workers: 4,
             slots: 12,
             runs_in_flight: 4,
             jobs_scheduled: 9,
@@ -193,6 +200,7 @@ mod tests {
             "drover_runs_ended_total{result=\"gave_up\"} 0",
             "drover_workers{state=\"up\"} 3",
             "drover_workers{state=\"lost\"} 1",
+            "drover_core_workers 4",
             "drover_workers_draining 1",
             "drover_slots 12",
             "drover_runs_in_flight 4",
@@ -215,6 +223,6 @@ mod tests {
                 assert_eq!(declared.last().map(String::as_str), Some(name), "{line}");
             }
         }
-        assert_eq!(declared.len(), 14);
+        assert_eq!(declared.len(), 15);
     }
 }

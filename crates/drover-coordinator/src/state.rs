@@ -610,7 +610,15 @@ fn run(
         snapshots.recorded(records.iter().map(|(_, body)| body.len() as u64).sum());
         let changed = {
             let mut boxes = shared.mailboxes.lock().expect("mailboxes");
-            let (touched, changed) = perform(&mut boxes, solver.take_effects());
+            let effects = solver.take_effects();
+            let mut renewed = shared.renewed.lock().expect("renewals");
+            for effect in &effects {
+                if let Effect::WorkerForgotten { worker } = effect {
+                    renewed.remove(worker);
+                }
+            }
+            drop(renewed);
+            let (touched, changed) = perform(&mut boxes, effects);
             // Reports that asked for it take their worker's mail now, before
             // any poll is woken for it.
             for answer in &mut answers {
@@ -694,6 +702,11 @@ fn perform(mailboxes: &mut BTreeMap<u64, Mailbox>, effects: Vec<Effect>) -> (BTr
                 changed.insert(*build);
                 continue;
             }
+            Effect::WorkerForgotten { worker } => {
+                // Lost long ago: its poll was answered when it was lost.
+                mailboxes.remove(worker);
+                continue;
+            }
         };
         touched.insert(worker);
         let mb = mailboxes.entry(worker).or_default();
@@ -738,7 +751,7 @@ fn perform(mailboxes: &mut BTreeMap<u64, Mailbox>, effects: Vec<Effect>) -> (BTr
                 (mb.unacked, mb.unacked_version) = (PollReply::default(), 0);
                 mb.open = false;
             }
-            Effect::BuildChanged { .. } => {}
+            Effect::BuildChanged { .. } | Effect::WorkerForgotten { .. } => {}
         }
     }
     (touched, changed)

@@ -869,6 +869,12 @@ impl Scheduler {
         self.runs.len()
     }
 
+    /// Workers the core holds: the live ones, and lost ones that no new
+    /// worker has taken the place of yet.
+    pub fn worker_count(&self) -> usize {
+        self.workers.len()
+    }
+
     /// Is the worker registered and not lost?
     pub fn worker_alive(&self, worker: WorkerId) -> bool {
         self.worker_index.get(&worker).is_some_and(|&w| self.workers[w as usize].alive)
@@ -1144,8 +1150,7 @@ impl Scheduler {
                 w
             }
             None => {
-                let w = self.workers.len() as WorkerIdx;
-                self.workers.push(Worker {
+                let fresh = Worker {
                     id,
                     name,
                     alive: true,
@@ -1159,8 +1164,27 @@ impl Scheduler {
                     runs: Vec::new(),
                     reserved: None,
                     draining: false,
-                });
-                self.queue_counts.push(Default::default());
+                };
+                // A new worker takes the place of one that was lost, if any:
+                // the core then holds no more workers than were ever alive
+                // at once, however many come and go under new names (a
+                // fleet of short-lived machines). A lost worker holds
+                // nothing any more (no runs, queue entries, artifacts,
+                // reservation or lease), so nothing of it passes on; its ID
+                // becomes unknown, and it registers again as a new worker.
+                let w = match self.workers.iter().position(|w| !w.alive) {
+                    Some(w) => {
+                        let lost = std::mem::replace(&mut self.workers[w], fresh);
+                        self.worker_index.remove(&lost.id);
+                        self.queue_counts[w] = Default::default();
+                        w as WorkerIdx
+                    }
+                    None => {
+                        self.workers.push(fresh);
+                        self.queue_counts.push(Default::default());
+                        (self.workers.len() - 1) as WorkerIdx
+                    }
+                };
                 self.worker_index.insert(id, w);
                 w
             }

@@ -241,6 +241,12 @@ pub enum Effect {
         /// The worker.
         worker: u64,
     },
+    /// A worker lost long ago was forgotten (see [`KEEP_LOST_WORKERS`]):
+    /// nothing more will be said of it, and its ID is unknown from now on.
+    WorkerForgotten {
+        /// The worker.
+        worker: u64,
+    },
     /// A build's event stream grew.
     BuildChanged {
         /// The build.
@@ -248,12 +254,20 @@ pub enum Effect {
     },
 }
 
+/// Lost workers kept listed (`drover workers`, `/metrics`) at most: past
+/// that, the one lost longest ago is forgotten, so that a fleet whose
+/// machines come and go under new names does not grow the coordinator's
+/// state. A forgotten worker that comes back registers as a new one.
+pub const KEEP_LOST_WORKERS: usize = 1000;
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 struct WorkerInfo {
     name: String,
     url: String,
     capacity: WorkerCapacity,
     labels: BTreeMap<String, String>,
+    /// When it was lost, in the order of losses (`None` while alive).
+    lost: Option<u64>,
 }
 
 /// How a run ended, as [`Metrics::runs_ended`] counts it.
@@ -305,8 +319,12 @@ pub struct Metrics {
     pub workers_up: u64,
     /// Of those, the ones draining (nothing new goes to them).
     pub workers_draining: u64,
-    /// Registered workers that lost their lease (or left).
+    /// Registered workers that lost their lease (or left), as listed: at
+    /// most [`KEEP_LOST_WORKERS`].
     pub workers_lost: u64,
+    /// Workers the scheduling core holds: the live ones, and lost ones
+    /// whose place no new worker has taken yet.
+    pub core_workers: u64,
     /// Slots of the live workers.
     pub slots: u64,
     /// Runs in flight on live workers (a stopping run included).
@@ -333,6 +351,10 @@ pub struct Solver {
     next_waiter: u64,
     workers: BTreeMap<u64, WorkerInfo>,
     worker_ids: BTreeMap<String, u64>,
+    /// The last worker ID given (IDs of forgotten workers are not reused).
+    last_worker: u64,
+    /// Workers lost so far: the order of losses.
+    losses: u64,
     /// Output trees of jobs that succeeded, for verifying fetched copies:
     /// those of outputs no longer held anywhere are swept out now and then
     /// (see [`Solver::sweep_outputs`]).
@@ -378,6 +400,8 @@ impl Solver {
             next_waiter: 1,
             workers: BTreeMap::new(),
             worker_ids: BTreeMap::new(),
+            last_worker: 0,
+            losses: 0,
             outputs: BTreeMap::new(),
             outputs_swept: 0,
             remote: std::collections::BTreeSet::new(),
@@ -541,6 +565,25 @@ impl Solver {
         self.core.poll_timeout()
     }
 
+    /// Marks a worker lost, and forgets the one lost longest ago if more
+    /// than [`KEEP_LOST_WORKERS`] are.
+    fn worker_lost(&mut self, id: u64) {
+        let Some(info) = self.workers.get_mut(&id) else { return };
+        self.losses += 1;
+        info.lost = Some(self.losses);
+        let lost = self.workers.values().filter(|w| w.lost.is_some()).count();
+        if lost <= KEEP_LOST_WORKERS {
+            return;
+        }
+        let oldest = self.workers.iter().filter_map(|(&id, w)| Some((w.lost?, id))).min();
+        if let Some((_, old)) = oldest
+            && let Some(info) = self.workers.remove(&old)
+        {
+            self.worker_ids.remove(&info.name);
+            self.effects.push(Effect::WorkerForgotten { worker: old });
+        }
+    }
+
     /// Takes the effects caused since the last call.
     pub fn take_effects(&mut self) -> Vec<Effect> {
         std::mem::take(&mut self.effects)
@@ -693,6 +736,7 @@ impl Solver {
                 m.workers_lost += 1;
             }
         }
+        m.core_workers = self.core.worker_count() as u64;
         m.queues = self.core.queue_views().into_iter().map(|q| (q.name, q.queued_jobs, q.running)).collect();
         m
     }
@@ -765,9 +809,9 @@ impl Solver {
         let id = match self.worker_ids.get(&req.name) {
             Some(&id) => id,
             None => {
-                let id = self.workers.len() as u64 + 1;
-                self.worker_ids.insert(req.name.clone(), id);
-                id
+                self.last_worker += 1;
+                self.worker_ids.insert(req.name.clone(), self.last_worker);
+                self.last_worker
             }
         };
         for a in &req.artifacts {
@@ -788,7 +832,13 @@ impl Solver {
         };
         self.workers.insert(
             id,
-            WorkerInfo { name: req.name, url: req.url, capacity: req.capacity, labels: req.labels },
+            WorkerInfo {
+                name: req.name,
+                url: req.url,
+                capacity: req.capacity,
+                labels: req.labels,
+                lost: None,
+            },
         );
         self.effects.push(Effect::Registered { worker: id });
         // What the core had given this worker before it registered: the
@@ -1215,7 +1265,10 @@ impl Solver {
                     self.effects.push(Effect::Suspend { worker: worker.0, run: run.0, resume: true });
                 }
             }
-            Decision::WorkerLost { worker } => self.effects.push(Effect::WorkerLost { worker: worker.0 }),
+            Decision::WorkerLost { worker } => {
+                self.effects.push(Effect::WorkerLost { worker: worker.0 });
+                self.worker_lost(worker.0);
+            }
             Decision::Requeued { job, attempts } => {
                 for (b, i) in self.job_waiters(&job) {
                     self.builds

@@ -9,7 +9,7 @@ use drover_proto::{
     Report, RunResult, SubmitRequest, WorkerCapacity,
 };
 
-use super::{Effect, Input, Reply, Solver, SolverError};
+use super::{Effect, Input, KEEP_LOST_WORKERS, Reply, Solver, SolverError};
 
 fn job(name: &str, needs: &[&str]) -> JobDef {
     let mut id = [0u8; 32];
@@ -2171,6 +2171,50 @@ fn a_worker_that_leaves_hands_its_runs_back_at_once() {
     assert_eq!(h.solver.build_status(b).expect("build").state, BuildState::Succeeded);
     // A worker that left must register again to report.
     assert_eq!(h.input(Input::Poll { worker: w1 }), Ok(Reply::Reregister));
+    h.assert_replays();
+}
+
+#[test]
+fn workers_lost_long_ago_are_forgotten_and_new_ones_take_their_places() {
+    let mut h = Harness::new();
+    let stays = worker_id(h.input(register("stays", 1, vec![])));
+    // A fleet of short-lived workers, each under a new name: two more come
+    // and go than the solver keeps listed once lost.
+    let mut churned = Vec::new();
+    let mut forgotten = Vec::new();
+    for i in 0..KEEP_LOST_WORKERS + 2 {
+        let w = worker_id(h.input(register(&format!("short-{i}"), 1, vec![])));
+        assert_eq!(h.input(Input::Leave { worker: w }), Ok(Reply::Done));
+        churned.push(w);
+        forgotten.extend(h.solver.take_effects().into_iter().filter_map(|e| match e {
+            Effect::WorkerForgotten { worker } => Some(worker),
+            _ => None,
+        }));
+        if i == KEEP_LOST_WORKERS / 2 {
+            h.restore_from_snapshot();
+        }
+    }
+    assert_eq!(forgotten, churned[..2], "the two lost longest ago are forgotten, in order");
+    let listed: Vec<String> = h.solver.workers().into_iter().map(|w| w.name).collect();
+    assert_eq!(listed.len(), KEEP_LOST_WORKERS + 1);
+    assert!(!listed.iter().any(|n| n == "short-0" || n == "short-1"), "forgotten ones are not listed");
+    assert!(listed.iter().any(|n| n == "short-2") && listed.iter().any(|n| n == "stays"));
+    let m = h.solver.metrics();
+    assert_eq!((m.workers_up, m.workers_lost), (1, KEEP_LOST_WORKERS as u64));
+    assert_eq!(m.core_workers, 2, "each newcomer took the place of the one lost before it");
+    // A forgotten worker coming back is a new worker, with a new ID, and
+    // builds on.
+    assert_eq!(h.input(Input::Poll { worker: churned[0] }), Ok(Reply::Reregister));
+    let back = worker_id(h.input(register("short-0", 1, vec![])));
+    assert!(back > *churned.last().unwrap(), "IDs are not reused: {back}");
+    assert_eq!(h.input(Input::Leave { worker: stays }), Ok(Reply::Done));
+    let b = build_id(h.input(submit(vec![job("a", &[])])));
+    h.later();
+    let runs = h.assigned();
+    assert_eq!((runs.len(), runs[0].0), (1, back));
+    h.report(back, Report { finished: vec![ok(runs[0].1, "a")], ..Report::default() });
+    assert_eq!(h.solver.build_status(b).expect("build").state, BuildState::Succeeded);
+    assert_eq!(h.solver.metrics().core_workers, 2);
     h.assert_replays();
 }
 

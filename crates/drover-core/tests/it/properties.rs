@@ -428,6 +428,10 @@ struct Harness {
     violations: Vec<(Prop, usize, String)>,
     /// How often states worth testing came up (for the coverage test).
     seen: BTreeMap<&'static str, u32>,
+    /// The most workers alive at once so far.
+    most_alive: usize,
+    /// The workers the core held after the last step.
+    held_workers: usize,
 }
 
 impl Harness {
@@ -445,6 +449,8 @@ impl Harness {
             log: Vec::new(),
             violations: Vec::new(),
             seen: BTreeMap::new(),
+            most_alive: 0,
+            held_workers: 0,
         };
         for op in &case.ops {
             h.op(op);
@@ -552,6 +558,10 @@ impl Harness {
             Event::WorkerJoined { worker, name, capacity, labels, artifacts } => {
                 // The list is the worker's whole cache: what it held before
                 // and does not list is gone.
+                let known = self.workers.contains_key(worker);
+                if !known && self.sched.worker_count() == self.held_workers {
+                    self.saw("a new worker takes a lost one's place");
+                }
                 let before = self.workers.remove(worker).map(|w| w.held).unwrap_or_default();
                 let held: BTreeSet<JobId> = artifacts.iter().copied().collect();
                 if before.iter().any(|a| !held.contains(a)) {
@@ -829,7 +839,18 @@ impl Harness {
             }
         }
         // (h) Lost workers keep nothing; live ones have the lease and hold
-        // the artifacts the events imply.
+        // the artifacts the events imply. The core holds no more workers
+        // than were ever alive at once: new ones take lost ones' places.
+        self.most_alive = self.most_alive.max(self.workers.len());
+        let held = self.sched.worker_count();
+        self.held_workers = held;
+        check!(
+            self,
+            held <= self.most_alive,
+            WorkerLoss,
+            "{held} workers held, at most {} alive",
+            self.most_alive
+        );
         for id in (0..WORKERS).map(WorkerId) {
             let lease = self.workers.get(&id).map(|w| w.lease);
             let core_lease = timers.iter().find(|t| t.kind == TimerKind::Lease(id)).map(|t| t.at);
@@ -1044,7 +1065,7 @@ fn the_generator_reaches_what_the_properties_are_about() {
     let by_harness = "schedule joins a pending job, join a pending job, cancel by one of several waiters, exit of a cancelled run, \
         assign next to another run, assign with an exclusive token, reservation, waiting for a worker, \
         in a first queue, in a second queue, in the global queue, re-registration drops an artifact it no longer lists, \
-        a worker drains";
+        a worker drains, a new worker takes a lost one's place";
     let mut seen: BTreeMap<&str, u32> = by_harness.split(", ").map(|k| (k, 0)).collect();
     for _ in 0..200 {
         let mut h = Harness::run(&case().new_tree(&mut runner).expect("case").current());
