@@ -33,6 +33,7 @@ use drover_cas::{ArtifactGuard, Key};
 use drover_exec::{JobSpec, Outcome};
 use drover_http::HttpError;
 use drover_proto::{Assignment, DepInput, Hash32, HeldArtifact, RunResult, SourceFile};
+use futures::StreamExt;
 
 use crate::tokens::{Grant, Request, Stage};
 use crate::{RunControl, Shared};
@@ -383,9 +384,7 @@ async fn fetch(
                 .await
                 .map_err(|e| format!("cannot create {}: {e}", src.display()))?;
         }
-        for file in &a.sources {
-            ensure_blob(shared, file, &log).await?;
-        }
+        fetch_sources(shared, &a.sources, &log).await?;
         let files = a.sources.clone();
         let cas = shared.cas.clone();
         let root = src.to_owned();
@@ -415,11 +414,52 @@ async fn fetch(
     result
 }
 
-/// Gets a source file from the coordinator unless the cache has it.
-async fn ensure_blob(shared: &Shared, file: &SourceFile, log: &StageLog<'_>) -> Result<(), String> {
+/// Source files fetched from the coordinator at once: a tree of many small
+/// files costs round trips and syncs per file, which overlap.
+const FETCHES_AT_ONCE: usize = 8;
+
+/// A source file at least this large gets a line of its own in the fetch
+/// stage's log; the others are summed up in one.
+const LOGGED_ALONE: u64 = 1 << 20;
+
+/// Gets the source files the cache lacks from the coordinator, several at
+/// once.
+async fn fetch_sources(
+    shared: &Arc<Shared>,
+    sources: &[SourceFile],
+    log: &StageLog<'_>,
+) -> Result<(), String> {
+    let mut seen = std::collections::BTreeSet::new();
+    let missing: Vec<SourceFile> = sources
+        .iter()
+        .filter(|f| !shared.cas.has_blob(&Key(f.digest.0)) && seen.insert(f.digest))
+        .cloned()
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let (count, bytes) = (missing.len(), missing.iter().map(|f| f.size).sum());
+    let started = Instant::now();
+    // Each fetch owns what it uses (the futures of a stream that borrow
+    // are not `Send` for every lifetime, as a spawned task must be).
+    let mut fetches = futures::stream::iter(missing)
+        .map(|file| ensure_blob(shared.clone(), file))
+        .buffer_unordered(FETCHES_AT_ONCE);
+    while let Some(fetched) = fetches.next().await {
+        if let Some(line) = fetched? {
+            log.line(format_args!("{line}"));
+        }
+    }
+    log.line(format_args!("{count} source files from the coordinator: {}", rate(bytes, started)));
+    Ok(())
+}
+
+/// Gets a source file from the coordinator unless the cache has it; for a
+/// large one, returns a line for the stage's log.
+async fn ensure_blob(shared: Arc<Shared>, file: SourceFile) -> Result<Option<String>, String> {
     let key = Key(file.digest.0);
     if shared.cas.has_blob(&key) {
-        return Ok(());
+        return Ok(None);
     }
     let started = Instant::now();
     let url = shared.coordinator(&format!("/v1/blobs/{}", file.digest));
@@ -430,8 +470,8 @@ async fn ensure_blob(shared: &Shared, file: &SourceFile, log: &StageLog<'_>) -> 
         .await
         .map_err(|e| e.to_string())?
         .map_err(|e| format!("source {}: {e}", file.path))?;
-    log.line(format_args!("source {} from the coordinator: {}", file.path, rate(file.size, started)));
-    Ok(())
+    Ok((file.size >= LOGGED_ALONE)
+        .then(|| format!("source {} from the coordinator: {}", file.path, rate(file.size, started))))
 }
 
 /// Copies the job's sources into `root`, read-only (executable where the
