@@ -42,7 +42,7 @@ impl Progress {
             Bars { multi, total, running: BTreeMap::new(), done: BTreeSet::new() }
         });
         if bars.is_none() {
-            eprintln!("build {build}: {jobs} jobs");
+            eprintln!("build {build}: {jobs} job{}", if jobs == 1 { "" } else { "s" });
         }
         Progress { started: Instant::now(), bars }
     }
