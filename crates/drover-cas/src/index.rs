@@ -62,6 +62,10 @@ impl Index {
         self.blobs.contains_key(key)
     }
 
+    pub(crate) fn blob_size(&self, key: &Key) -> Option<u64> {
+        self.blobs.get(key).map(|e| e.size)
+    }
+
     /// A live (not doomed) artifact.
     pub(crate) fn artifact(&self, key: &Key) -> Option<&ArtEntry> {
         self.artifacts.get(key).filter(|e| !e.doomed)

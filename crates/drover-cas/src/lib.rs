@@ -352,6 +352,11 @@ impl Cas {
         self.inner.lock().index.has_blob(digest)
     }
 
+    /// The size of the blob, if the store has it.
+    pub fn blob_size(&self, digest: &Key) -> Option<u64> {
+        self.inner.lock().index.blob_size(digest)
+    }
+
     /// The path of the blob's file, marking it used; `None` if absent.
     pub fn blob_path(&self, digest: &Key) -> Option<PathBuf> {
         if !self.inner.lock().index.touch_blob(digest) {

@@ -246,7 +246,21 @@ async fn read_submission(
 
 async fn accept(app: App, req: SubmitRequest, cached: Option<Cached>) -> ApiResult<Json<SubmitReply>> {
     crate::checks::submission(&req).map_err(bad)?;
-    let missing = req.build.sources.iter().filter(|s| !app.blobs.has_blob(&Key(s.digest.0))).count();
+    let mut missing = 0;
+    for source in &req.build.sources {
+        match app.blobs.blob_size(&Key(source.digest.0)) {
+            None => missing += 1,
+            // The size is shown to users and sums what workers fetch: it
+            // must be the content's.
+            Some(size) if size != source.size => {
+                return Err(bad(format!(
+                    "source {}: declared {} bytes, but its content (digest {}) has {size}",
+                    source.path, source.size, source.digest
+                )));
+            }
+            Some(_) => {}
+        }
+    }
     if missing > 0 {
         return Err(bad(format!("{missing} source file(s) were not uploaded; upload them first")));
     }

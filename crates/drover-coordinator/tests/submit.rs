@@ -245,3 +245,42 @@ async fn refused_requests_are_answered_and_left_out_of_the_log() {
     assert!(matches!(inputs.last(), Some(Input::Cancel { build }) if *build == id), "{inputs:?}");
     drop(coordinator);
 }
+
+/// A source's declared size must be its uploaded content's: a build that
+/// says otherwise is refused (400, naming the file) and nothing is
+/// submitted.
+#[tokio::test]
+async fn a_source_whose_size_is_not_its_contents_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let coordinator = drover_coordinator::start(common::loopback(dir.path())).await.expect("start");
+    let http = Http::new(None, Duration::from_secs(30));
+    let url = coordinator.url();
+    let file = dir.path().join("a.c");
+    std::fs::write(&file, "int main(void) { return 0; }\n").expect("write");
+    let digest = Hash32(*blake3::hash(&std::fs::read(&file).expect("read")).as_bytes());
+    http.put_file(&format!("{url}/v1/blobs/{digest}"), &file).await.expect("upload");
+    let with_size = |size: u64| {
+        let mut req = request("sized", "t", None);
+        let mut build = (*req.build).clone();
+        build.sources =
+            vec![drover_proto::SourceFile { path: "a.c".into(), digest, size, executable: false }];
+        req.build = build.into();
+        req
+    };
+    let refused = http
+        .post_json::<_, SubmitReply>(&format!("{url}/v1/builds"), &with_size(1 << 40), None)
+        .await
+        .expect_err("a wrong size is refused");
+    let message = refused.to_string();
+    assert!(
+        message.contains("400") && message.contains("source a.c: declared 1099511627776 bytes"),
+        "{message}"
+    );
+    assert!(message.contains("has 29"), "{message}");
+    let summaries: Vec<serde_json::Value> =
+        http.get_json(&format!("{url}/v1/builds?summary=true")).await.expect("builds");
+    assert!(summaries.is_empty(), "nothing was submitted: {summaries:?}");
+    let accepted: SubmitReply =
+        http.post_json(&format!("{url}/v1/builds"), &with_size(29), None).await.expect("the right size");
+    assert_eq!(accepted.id, 1);
+}

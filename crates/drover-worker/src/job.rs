@@ -438,7 +438,7 @@ async fn fetch_sources(
     if missing.is_empty() {
         return Ok(());
     }
-    let (count, bytes) = (missing.len(), missing.iter().map(|f| f.size).sum());
+    let (count, bytes) = (missing.len(), missing.iter().fold(0u64, |n, f| n.saturating_add(f.size)));
     let started = Instant::now();
     // Each fetch owns what it uses (the futures of a stream that borrow
     // are not `Send` for every lifetime, as a spawned task must be).
