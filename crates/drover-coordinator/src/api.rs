@@ -560,20 +560,31 @@ async fn job_log(
         .shared
         .query(move |s| {
             let location = s.run_location(id, &job);
-            let has_job = match location {
-                Some(_) => Some(true),
-                None => s.build_status(id).map(|status| status.jobs.iter().any(|j| j.name == job)),
+            // The job, if the build has it, and the worker it ran on.
+            let found = match location {
+                Some(_) => Some(Some(None)),
+                None => s
+                    .build_status(id)
+                    .map(|status| status.jobs.into_iter().find(|j| j.name == job).map(|j| j.worker)),
             };
-            (has_job, location)
+            (found, location)
         })
         .await?;
     let (url, run) = match location {
         (_, Some(loc)) => loc,
         (None, None) => return Err(ApiError(StatusCode::NOT_FOUND, format!("no build {id}"))),
-        (Some(false), None) => {
+        (Some(None), None) => {
             return Err(ApiError(StatusCode::NOT_FOUND, format!("build {id} has no job {name:?}")));
         }
-        (Some(true), None) => {
+        (Some(Some(Some(worker))), None) => {
+            return Err(ApiError(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "job {name} of build {id} ran on worker {worker}, which was lost long ago and is forgotten"
+                ),
+            ));
+        }
+        (Some(Some(None)), None) => {
             return Err(ApiError(StatusCode::NOT_FOUND, format!("job {name} of build {id} has not run")));
         }
     };
@@ -775,10 +786,9 @@ async fn poll(
     JsonBody(req): JsonBody<PollRequest>,
 ) -> ApiResult<Json<PollReply>> {
     let deadline = tokio::time::Instant::now() + Duration::from_millis(req.wait_ms).min(MAX_WAIT);
-    let (notify, open) = app.shared.mailbox(id, |mb| (mb.notify.clone(), mb.open()));
-    if !open {
+    let Some((notify, true)) = app.shared.mailbox(id, |mb| (mb.notify.clone(), mb.open())) else {
         return Ok(reregister());
-    }
+    };
     if app.shared.renewal_due(id, app.renew_every)
         && app.shared.input(Input::Poll { worker: id }).await?? == Reply::Reregister
     {
@@ -798,8 +808,10 @@ async fn poll(
                 mb.has_mail().then(|| mb.take(None))
             }
         });
-        if let Some(answer) = answer {
-            return Ok(Json(answer));
+        match answer {
+            Some(Some(answer)) => return Ok(Json(answer)),
+            None => return Ok(reregister()),
+            Some(None) => {}
         }
         // Woken for mail a report took meanwhile: wait on.
         if tokio::time::timeout_at(deadline, notified).await.is_err() {
@@ -817,7 +829,7 @@ async fn report(
 ) -> ApiResult<Json<PollReply>> {
     let deliver = Delivery { take: std::mem::take(&mut report.deliver), received: report.received.take() };
     let stages = std::mem::take(&mut report.stages);
-    if !app.shared.mailbox(id, |mb| mb.open()) {
+    if app.shared.mailbox(id, |mb| mb.open()) != Some(true) {
         // Kept by the worker, and sent again once it has registered.
         return Ok(reregister());
     }
@@ -828,7 +840,7 @@ async fn report(
     if report == Report::default() {
         // Nothing to record: a worker taking its mail, or stage notes.
         let answer = if deliver.take {
-            app.shared.mailbox(id, |mb| mb.take(deliver.received))
+            app.shared.mailbox(id, |mb| mb.take(deliver.received)).unwrap_or_default()
         } else {
             PollReply::default()
         };

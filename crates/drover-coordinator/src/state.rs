@@ -402,9 +402,12 @@ impl Shared {
         self.stages.lock().expect("stages").clone()
     }
 
-    /// Runs `f` on the worker's mailbox, creating it if needed.
-    pub(crate) fn mailbox<T>(&self, worker: u64, f: impl FnOnce(&mut Mailbox) -> T) -> T {
-        f(self.mailboxes.lock().expect("mailboxes").entry(worker).or_default())
+    /// Runs `f` on the worker's mailbox; `None` if it has none (it never
+    /// registered with this process, or it was forgotten). Requests never
+    /// create mailboxes: only the solver's effects do, so workers that are
+    /// not (or no longer) known cost nothing here.
+    pub(crate) fn mailbox<T>(&self, worker: u64, f: impl FnOnce(&mut Mailbox) -> T) -> Option<T> {
+        self.mailboxes.lock().expect("mailboxes").get_mut(&worker).map(f)
     }
 }
 
@@ -703,8 +706,12 @@ fn perform(mailboxes: &mut BTreeMap<u64, Mailbox>, effects: Vec<Effect>) -> (BTr
                 continue;
             }
             Effect::WorkerForgotten { worker } => {
-                // Lost long ago: its poll was answered when it was lost.
-                mailboxes.remove(worker);
+                // Lost (in this turn, if more than the kept number were
+                // lost at once): a poll waiting on it wakes, finds no
+                // mailbox, and is told to register again.
+                if let Some(mb) = mailboxes.remove(worker) {
+                    mb.notify.notify_one();
+                }
                 continue;
             }
         };

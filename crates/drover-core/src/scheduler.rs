@@ -34,8 +34,9 @@ use crate::types::{
     Millis, Rejected, RunId, Timer, TimerKind, WaiterId, WorkerId,
 };
 
-/// Index of a worker in `Scheduler::workers` (stable: a worker that comes back
-/// after being lost gets its old index).
+/// Index of a worker in `Scheduler::workers`: stable while the worker lives.
+/// A lost worker's index may go to a new worker (see `worker_joined`); one
+/// that comes back gets its old index if it is still free.
 type WorkerIdx = u32;
 
 /// The workers holding one artifact, in index order.

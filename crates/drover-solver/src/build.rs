@@ -59,7 +59,9 @@ pub(crate) struct GangRelease {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 struct JobRec {
     state: JobState,
-    worker: Option<u64>,
+    /// The worker of its latest run, and its name: a worker lost long ago
+    /// is forgotten (see `KEEP_LOST_WORKERS`), its jobs still name it.
+    worker: Option<(u64, Arc<str>)>,
     run: Option<u64>,
     attempts: u32,
     exit_code: Option<i32>,
@@ -791,8 +793,8 @@ impl Build {
             rec.suspended = !resume;
             // A run an eviction also holds stays stopped until the core
             // resumes it.
-            if let (Some(worker), Some(run), None) = (rec.worker, rec.run, &rec.evicted) {
-                runs.push((worker, run));
+            if let (Some((worker, _)), Some(run), None) = (&rec.worker, rec.run, &rec.evicted) {
+                runs.push((*worker, run));
             }
             let job = self.name_of(i);
             self.event(
@@ -847,21 +849,22 @@ impl Build {
         worker: u64,
         run: u64,
         attempt: u32,
-        worker_name: &str,
+        worker_name: Arc<str>,
         now: Millis,
     ) {
         let rec = &mut self.jobs[i as usize];
         rec.state = JobState::Running;
         rec.suspended = false;
         rec.evicted = None;
-        rec.worker = Some(worker);
+        let name = worker_name.to_string();
+        rec.worker = Some((worker, worker_name));
         rec.run = Some(run);
         rec.attempts = attempt;
         if self.state == BuildState::Queued {
             self.state = BuildState::Running;
         }
         let job = self.name_of(i);
-        self.event(now, EventKind::JobStarted { job, worker: worker_name.to_owned(), attempt });
+        self.event(now, EventKind::JobStarted { job, worker: name, attempt });
     }
 
     pub(crate) fn requeued(&mut self, i: u32, attempts: u32, now: Millis) {
@@ -1232,10 +1235,12 @@ impl Build {
         }
     }
 
-    /// The latest run of job `job` and the worker it went to.
-    pub(crate) fn latest_run(&self, job: &str) -> Option<(u64, u64)> {
+    /// The latest run of job `job` and the worker it went to (its ID and
+    /// name).
+    pub(crate) fn latest_run(&self, job: &str) -> Option<(u64, u64, &str)> {
         let rec = &self.jobs[*self.plan.index.get(job)? as usize];
-        Some((rec.run?, rec.worker?))
+        let (worker, name) = rec.worker.as_ref()?;
+        Some((rec.run?, *worker, name))
     }
 
     /// Job `i`'s run ended, its worker says, with these stage timings.
@@ -1271,7 +1276,7 @@ impl Build {
         }
     }
 
-    pub(crate) fn status(&self, worker_name: impl Fn(u64) -> Option<String>) -> BuildStatus {
+    pub(crate) fn status(&self) -> BuildStatus {
         BuildStatus {
             id: self.id,
             name: self.plan.spec.name.clone(),
@@ -1287,7 +1292,7 @@ impl Build {
                     name: def.name.clone(),
                     id: def.id,
                     state: rec.state,
-                    worker: rec.worker.and_then(&worker_name),
+                    worker: rec.worker.as_ref().map(|(_, name)| name.to_string()),
                     attempts: rec.attempts,
                     exit_code: rec.exit_code,
                     detail: match (rec.state, rec.waiter) {

@@ -262,7 +262,8 @@ pub const KEEP_LOST_WORKERS: usize = 1000;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 struct WorkerInfo {
-    name: String,
+    /// Shared with the records of the jobs that ran on it.
+    name: Arc<str>,
     url: String,
     capacity: WorkerCapacity,
     labels: BTreeMap<String, String>,
@@ -579,7 +580,7 @@ impl Solver {
         if let Some((_, old)) = oldest
             && let Some(info) = self.workers.remove(&old)
         {
-            self.worker_ids.remove(&info.name);
+            self.worker_ids.remove(&*info.name);
             self.effects.push(Effect::WorkerForgotten { worker: old });
         }
     }
@@ -596,7 +597,7 @@ impl Solver {
     /// A build's status.
     pub fn build_status(&self, id: u64) -> Option<BuildStatus> {
         let b = self.builds.get(&id)?;
-        let mut status = b.status(|w| self.workers.get(&w).map(|i| i.name.clone()));
+        let mut status = b.status();
         // Queued jobs the core holds say why they wait.
         for job in &mut status.jobs {
             if job.state == JobState::Queued
@@ -756,7 +757,7 @@ impl Solver {
             .iter()
             .map(|(&id, w)| WorkerStatus {
                 id,
-                name: w.name.clone(),
+                name: w.name.to_string(),
                 url: w.url.clone(),
                 alive: self.core.worker_alive(WorkerId(id)),
                 draining: self.core.worker_draining(WorkerId(id)),
@@ -768,9 +769,12 @@ impl Solver {
     }
 
     /// Where a build job's latest attempt ran: the worker's URL and the run.
+    /// A worker forgotten since (see [`KEEP_LOST_WORKERS`]) is looked for
+    /// under its name: it may have come back, with a new ID.
     pub fn run_location(&self, build: u64, job: &str) -> Option<(String, u64)> {
-        let (run, worker) = self.builds.get(&build)?.latest_run(job)?;
-        Some((self.workers.get(&worker)?.url.clone(), run))
+        let (run, worker, name) = self.builds.get(&build)?.latest_run(job)?;
+        let info = self.workers.get(&worker).or_else(|| self.workers.get(self.worker_ids.get(name)?))?;
+        Some((info.url.clone(), run))
     }
 
     /// Base URLs of live workers holding a job's output.
@@ -833,7 +837,7 @@ impl Solver {
         self.workers.insert(
             id,
             WorkerInfo {
-                name: req.name,
+                name: req.name.into(),
                 url: req.url,
                 capacity: req.capacity,
                 labels: req.labels,
@@ -1218,7 +1222,7 @@ impl Solver {
                 let worker_name = self.workers.get(&worker.0).map(|w| w.name.clone()).unwrap_or_default();
                 for &(b, i) in &waiters {
                     let build = self.builds.get_mut(&b).map(Arc::make_mut).expect("build exists");
-                    build.started(i, worker.0, run.0, attempt, &worker_name, self.now);
+                    build.started(i, worker.0, run.0, attempt, worker_name.clone(), self.now);
                     self.effects.push(Effect::BuildChanged { build: b });
                 }
                 if let Some(&(b, i)) = waiters.first() {

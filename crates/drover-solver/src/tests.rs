@@ -2177,13 +2177,20 @@ fn a_worker_that_leaves_hands_its_runs_back_at_once() {
 #[test]
 fn workers_lost_long_ago_are_forgotten_and_new_ones_take_their_places() {
     let mut h = Harness::new();
+    // A job runs on the first of a fleet of short-lived workers.
+    let first = worker_id(h.input(register("short-0", 1, vec![])));
+    let early = build_id(h.input(submit(vec![job("x", &[])])));
+    h.later();
+    let ran = h.assigned();
+    assert_eq!(ran[0].0, first);
+    h.report(first, Report { finished: vec![ok(ran[0].1, "x")], ..Report::default() });
     let stays = worker_id(h.input(register("stays", 1, vec![])));
-    // A fleet of short-lived workers, each under a new name: two more come
-    // and go than the solver keeps listed once lost.
+    // The fleet, each worker under a new name: two more come and go than
+    // the solver keeps listed once lost.
     let mut churned = Vec::new();
     let mut forgotten = Vec::new();
     for i in 0..KEEP_LOST_WORKERS + 2 {
-        let w = worker_id(h.input(register(&format!("short-{i}"), 1, vec![])));
+        let w = if i == 0 { first } else { worker_id(h.input(register(&format!("short-{i}"), 1, vec![]))) };
         assert_eq!(h.input(Input::Leave { worker: w }), Ok(Reply::Done));
         churned.push(w);
         forgotten.extend(h.solver.take_effects().into_iter().filter_map(|e| match e {
@@ -2202,11 +2209,17 @@ fn workers_lost_long_ago_are_forgotten_and_new_ones_take_their_places() {
     let m = h.solver.metrics();
     assert_eq!((m.workers_up, m.workers_lost), (1, KEEP_LOST_WORKERS as u64));
     assert_eq!(m.core_workers, 2, "each newcomer took the place of the one lost before it");
+    // The early job still names its worker; its log is nowhere to be had.
+    let status = h.solver.build_status(early).expect("early build");
+    assert_eq!(status.jobs[0].worker.as_deref(), Some("short-0"));
+    assert_eq!(h.solver.run_location(early, "x"), None);
     // A forgotten worker coming back is a new worker, with a new ID, and
     // builds on.
     assert_eq!(h.input(Input::Poll { worker: churned[0] }), Ok(Reply::Reregister));
     let back = worker_id(h.input(register("short-0", 1, vec![])));
     assert!(back > *churned.last().unwrap(), "IDs are not reused: {back}");
+    // Back under its name, it is where the early job's log is.
+    assert_eq!(h.solver.run_location(early, "x"), Some(("http://short-0".to_owned(), ran[0].1)));
     assert_eq!(h.input(Input::Leave { worker: stays }), Ok(Reply::Done));
     let b = build_id(h.input(submit(vec![job("a", &[])])));
     h.later();

@@ -18,6 +18,16 @@ impl Scheduler {
     /// Checks every internal invariant; the error names the first one broken.
     /// Cost is linear in the state: for tests and debugging, not the hot path.
     pub fn check_invariants(&self) -> Result<(), String> {
+        // Each worker's ID leads to its own index, and no index has two IDs
+        // (lost workers' indexes go to new workers).
+        if self.worker_index.len() != self.workers.len() {
+            return Err(format!("{} worker IDs for {} workers", self.worker_index.len(), self.workers.len()));
+        }
+        for (id, &w) in &self.worker_index {
+            if self.workers.get(w as usize).is_none_or(|worker| worker.id != *id) {
+                return Err(format!("{id:?} leads to index {w}, which holds another worker"));
+            }
+        }
         let mut used: BTreeMap<u32, WorkerResources> = BTreeMap::new();
         let runs = self.runs.sorted();
         let mut per_worker: BTreeMap<u32, usize> = BTreeMap::new();
