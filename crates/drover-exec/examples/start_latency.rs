@@ -36,6 +36,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         stderr: tmp.path().join("stderr.log"),
         timeout: None,
         kill_grace: Duration::from_secs(1),
+        log_limit: None,
     };
     let (mut starting, mut total) = (Duration::ZERO, Duration::ZERO);
     for _ in 0..jobs {

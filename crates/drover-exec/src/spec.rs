@@ -64,6 +64,13 @@ pub struct JobSpec {
     /// How long the job's processes get between SIGTERM and SIGKILL, when the
     /// job is cancelled or timed out and when processes outlive the job.
     pub kill_grace: Duration,
+    /// Bytes each log file keeps at most (`None`: everything). A job that
+    /// writes more keeps its first bytes and its last ones (a quarter of
+    /// the limit, at most 1 MiB), with a line between them saying how much
+    /// was dropped: a job that writes without end cannot fill the disk, and
+    /// the end of its output, where errors usually are, stays.
+    #[serde(default)]
+    pub log_limit: Option<u64>,
 }
 
 impl JobSpec {

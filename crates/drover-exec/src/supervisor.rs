@@ -133,6 +133,9 @@ const LOG_READS_PER_WAKE: usize = 16;
 /// Most reads from one log pipe once the job is over (only a process that
 /// refused to die could still be writing).
 const LOG_READS_AT_END: usize = 4096;
+/// The most a log over its limit keeps of its end (see
+/// [`JobSpec::log_limit`]).
+const LOG_TAIL: u64 = 1 << 20;
 
 /// Runs a supervisor forked by the zygote, until the zygote closes `socket`
 /// (it has no more use for this supervisor, or is gone) or a job leaves the
@@ -431,10 +434,21 @@ fn send_report(out: &mut File, report: &JobReport) -> Result<(), String> {
 
 /// One log of the job: the pipe its commands write to, and the file the
 /// supervisor copies the pipe to, opened (created, with its directory, if
-/// missing; appended to) on the first byte.
+/// missing; appended to) on the first byte. Past its limit, the file gets
+/// no more bytes; the latest ones are kept aside and written after a line
+/// saying what was dropped, once the job is over ([`Log::finish`]).
 #[derive(Debug)]
 struct Log {
     path: PathBuf,
+    /// Bytes that go to the file as they come.
+    head: u64,
+    /// Bytes of the end kept aside past the head.
+    tail_size: usize,
+    written: u64,
+    /// What came past the head: at most `tail_size` of the latest bytes.
+    tail: std::collections::VecDeque<u8>,
+    /// Bytes that came past the head and were pushed out of the tail.
+    dropped: u64,
     /// Read end, non-blocking; polled by the supervisor.
     reader: File,
     /// Write end, handed to every command. Kept open until the end, so the
@@ -447,13 +461,46 @@ struct Log {
 }
 
 impl Log {
-    fn new(path: &Path) -> Result<Log, String> {
+    fn new(path: &Path, limit: Option<u64>) -> Result<Log, String> {
         let (reader, writer) = std::io::pipe().map_err(|e| format!("cannot create a log pipe: {e}"))?;
         let reader = File::from(std::os::fd::OwnedFd::from(reader));
         fcntl(&reader, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))
             .map_err(|e| format!("cannot make a log pipe non-blocking: {e}"))?;
         let writer = File::from(std::os::fd::OwnedFd::from(writer));
-        Ok(Log { path: path.to_owned(), reader, writer, file: None, error: None })
+        let limit = limit.unwrap_or(u64::MAX);
+        let tail_size = (limit / 4).min(LOG_TAIL);
+        Ok(Log {
+            path: path.to_owned(),
+            head: limit - tail_size,
+            tail_size: tail_size as usize,
+            written: 0,
+            tail: std::collections::VecDeque::new(),
+            dropped: 0,
+            reader,
+            writer,
+            file: None,
+            error: None,
+        })
+    }
+
+    /// Writes what was kept of the end of a log over its limit, after a
+    /// line saying how much was dropped before it. Called once the job is
+    /// over.
+    fn finish(&mut self) {
+        if self.tail.is_empty() {
+            return;
+        }
+        let tail: Vec<u8> = std::mem::take(&mut self.tail).into();
+        if self.dropped > 0 {
+            let line = format!(
+                "\n[drover: this log passed its limit of {} bytes: {} bytes were dropped here; its last {} bytes follow]\n",
+                self.head + self.tail_size as u64,
+                self.dropped,
+                tail.len()
+            );
+            self.append(line.as_bytes());
+        }
+        self.append(&tail);
     }
 
     /// Copies up to `reads` chunks of what the pipe holds to the file.
@@ -480,8 +527,26 @@ impl Log {
         }
     }
 
-    /// Appends to the file, opening it first if needed.
+    /// Appends to the file up to the head's size; past it, keeps the latest
+    /// bytes aside for [`Log::finish`].
     fn write(&mut self, bytes: &[u8]) {
+        let room = self.head.saturating_sub(self.written).min(bytes.len() as u64) as usize;
+        let (now, later) = bytes.split_at(room);
+        if !now.is_empty() {
+            self.written += now.len() as u64;
+            self.append(now);
+        }
+        if later.is_empty() {
+            return;
+        }
+        self.tail.extend(later);
+        let over = self.tail.len().saturating_sub(self.tail_size);
+        self.tail.drain(..over);
+        self.dropped += over as u64;
+    }
+
+    /// Appends to the file, opening it first if needed.
+    fn append(&mut self, bytes: &[u8]) {
         if self.error.is_some() {
             return;
         }
@@ -512,8 +577,9 @@ struct Logs {
 
 impl Logs {
     fn new(spec: &JobSpec) -> Result<Logs, String> {
-        let stdout = Log::new(&spec.stdout)?;
-        let stderr = if spec.stderr == spec.stdout { None } else { Some(Log::new(&spec.stderr)?) };
+        let stdout = Log::new(&spec.stdout, spec.log_limit)?;
+        let stderr =
+            if spec.stderr == spec.stdout { None } else { Some(Log::new(&spec.stderr, spec.log_limit)?) };
         Ok(Logs { stdout, stderr })
     }
 
@@ -571,6 +637,7 @@ impl Supervisor<'_> {
         // what the log pipes still hold.
         for log in self.logs.each() {
             log.drain(LOG_READS_AT_END);
+            log.finish();
         }
         if let Some(message) = self.logs.error()
             && report.spawn_error.is_none()

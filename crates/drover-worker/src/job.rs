@@ -692,6 +692,7 @@ async fn run_commands(
         stderr: dir.join("stderr.log"),
         timeout: a.timeout_ms.map(Duration::from_millis),
         kill_grace: shared.config.kill_grace,
+        log_limit: shared.config.log_limit,
     };
     let mut running = shared.config.supervisor.start(&spec).await.map_err(|e| e.to_string())?;
     let handle = running.handle();

@@ -33,6 +33,10 @@ use drover_http::Http;
 use drover_proto::WorkerCapacity;
 use tokio_util::sync::CancellationToken;
 
+/// Bytes each of a run's logs keeps at most by default: a job that writes
+/// without end cannot fill the worker's disk (GitLab's runners keep 4 MiB).
+pub const DEFAULT_LOG_LIMIT: u64 = 16 << 20;
+
 /// How to run a worker.
 #[derive(Clone, Debug)]
 pub struct WorkerConfig {
@@ -71,6 +75,9 @@ pub struct WorkerConfig {
     pub kill_grace: Duration,
     /// Logs of this many most recent runs are kept.
     pub keep_runs: usize,
+    /// Bytes each of a run's logs keeps at most (`None`: all); see
+    /// [`drover_exec::JobSpec::log_limit`].
+    pub log_limit: Option<u64>,
     /// Push each new output to the coordinator's shared cache.
     pub push: bool,
     /// Jobs fetching their inputs at once (BuildStream's default: 10).

@@ -8,6 +8,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// `--cache-keep-free`'s default (`drover_cas::DEFAULT_KEEP_FREE`).
 pub(crate) const DEFAULT_KEEP_FREE: &str = "1Gi";
+/// `--log-limit`'s default (`drover_worker::DEFAULT_LOG_LIMIT`).
+pub(crate) const DEFAULT_LOG_LIMIT: &str = "16Mi";
 
 /// drover: a distributed scheduler for build and CI work.
 ///
@@ -218,6 +220,12 @@ pub(crate) struct WorkerArgs {
     /// SIGTERM before its processes are killed with SIGKILL.
     #[arg(long, default_value = "10s", value_name = "DURATION")]
     pub(crate) kill_grace: String,
+    /// Bytes each of a job's logs (standard output, standard error) keeps
+    /// at most, or "off". Past it the log keeps its first bytes and its
+    /// last ones (up to 1 MiB), with a line saying how much was dropped
+    /// between them.
+    #[arg(long, default_value = DEFAULT_LOG_LIMIT, value_name = "SIZE")]
+    pub(crate) log_limit: String,
     /// On SIGTERM or Ctrl-C the worker drains: its running jobs finish,
     /// nothing new comes, then it leaves the cluster. After this long it
     /// stops what still runs and leaves anyway, as on a second signal

@@ -368,6 +368,7 @@ fn worker_config(args: &WorkerArgs) -> anyhow::Result<WorkerConfig> {
         supervisor: supervisor()?,
         kill_grace: units::duration("--kill-grace", &args.kill_grace)?,
         keep_runs: 1000,
+        log_limit: units::limit("--log-limit", &args.log_limit)?,
         push: !args.no_push,
         fetchers: args.fetchers as usize,
         builders: builders as usize,
@@ -533,6 +534,7 @@ fn embedded_worker(
         supervisor: supervisor()?,
         kill_grace: Duration::from_secs(2),
         keep_runs: 1000,
+        log_limit: Some(drover_worker::DEFAULT_LOG_LIMIT),
         // The embedded workers' caches persist in the state directory and
         // die with the process: a shared copy would only cost time.
         push: false,

@@ -13,6 +13,17 @@ pub(crate) fn size(what: &str, text: &str) -> anyhow::Result<u64> {
         .with_context(|| format!("bad {what} {text:?}"))
 }
 
+/// `16Mi` or `off`: an optional limit in bytes (at least 1 KiB).
+pub(crate) fn limit(what: &str, text: &str) -> anyhow::Result<Option<u64>> {
+    if text.trim().eq_ignore_ascii_case("off") {
+        return Ok(None);
+    }
+    match size(what, text)? {
+        bytes if bytes < 1024 => bail!("bad {what} {text:?}: at least 1Ki, or \"off\""),
+        bytes => Ok(Some(bytes)),
+    }
+}
+
 /// `2%` (of the filesystem), `5Gi`, or `0` (none): room a cache keeps free.
 pub(crate) fn reserve(what: &str, text: &str) -> anyhow::Result<drover_cas::Reserve> {
     let reserve = match text.trim().strip_suffix('%') {
@@ -129,6 +140,20 @@ mod tests {
         assert_eq!(reserve("r", "0%").expect("valid"), Reserve::Nothing);
         for bad in ["101%", "1.5%", "-1%", "lots"] {
             assert!(reserve("--cache-keep-free", bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn limits_are_sizes_or_off() {
+        assert_eq!(
+            limit("l", crate::cli::DEFAULT_LOG_LIMIT).expect("valid"),
+            Some(drover_worker::DEFAULT_LOG_LIMIT),
+            "the flag's default is the library's"
+        );
+        assert_eq!(limit("l", "1Ki").expect("valid"), Some(1024));
+        assert_eq!(limit("l", "OFF").expect("valid"), None);
+        for bad in ["0", "1000", "lots", "-1Mi"] {
+            assert!(limit("--log-limit", bad).is_err(), "{bad}");
         }
     }
 

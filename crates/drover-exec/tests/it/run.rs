@@ -239,3 +239,26 @@ async fn the_zygotes_extra_environment_stays_out_of_the_jobs() {
     );
     assert_ne!(supervisor, crate::support::supervisor(), "the environment is part of what a supervisor is");
 }
+
+/// A log past its limit keeps its first bytes and its last quarter of the
+/// limit, with a line between them saying how much was dropped; the job
+/// is not held back, and a log within its limit is whole.
+#[tokio::test]
+async fn a_log_past_its_limit_keeps_its_head_and_its_tail() {
+    let fx = Fixture::new();
+    // 588,895 bytes on stdout; a little on stderr, after it.
+    let mut spec = fx.spec(&["seq 1 100000", "echo 'the error at the end' >&2"]);
+    spec.log_limit = Some(64 * 1024);
+    let mut job = supervisor().start(&spec).await.expect("start");
+    assert_eq!(finish(&mut job).await, Outcome::Succeeded);
+
+    let whole: String = (1..=100_000).map(|n| format!("{n}\n")).collect();
+    let (head, tail) = (48 * 1024, 16 * 1024);
+    let out = fx.stdout();
+    let marker = format!(
+        "\n[drover: this log passed its limit of 65536 bytes: {} bytes were dropped here; its last {tail} bytes follow]\n",
+        whole.len() - head - tail
+    );
+    assert_eq!(out, format!("{}{marker}{}", &whole[..head], &whole[whole.len() - tail..]));
+    assert_eq!(fx.stderr(), "the error at the end\n", "a log within its limit is whole");
+}

@@ -57,6 +57,7 @@ impl Fixture {
             stderr: self.path("stderr.log"),
             timeout: None,
             kill_grace: Duration::from_secs(2),
+            log_limit: None,
         }
     }
 
