@@ -25,7 +25,8 @@
 //!    stopping at the first that fails; the commands' standard output and
 //!    error are pipes the supervisor copies to the log files as the bytes
 //!    arrive, creating each file (and its directory) on its first byte, so a
-//!    job that prints nothing costs no file;
+//!    job that prints nothing costs no file, and keeping within the spec's
+//!    `log_limit` (its head as it comes, its tail once the job is over);
 //! 2. on a stop request (`T` on the control pipe, SIGTERM/SIGINT/SIGHUP, or
 //!    end of file on the control pipe, i.e. the worker dropped the job or is
 //!    gone) sends SIGTERM then SIGCONT to the running command's process group
