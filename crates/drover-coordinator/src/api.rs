@@ -840,7 +840,10 @@ async fn report(
     if report == Report::default() {
         // Nothing to record: a worker taking its mail, or stage notes.
         let answer = if deliver.take {
-            app.shared.mailbox(id, |mb| mb.take(deliver.received)).unwrap_or_default()
+            match app.shared.mailbox(id, |mb| mb.take(deliver.received)) {
+                Some(mail) => mail,
+                None => return Ok(reregister()),
+            }
         } else {
             PollReply::default()
         };

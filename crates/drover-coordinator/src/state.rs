@@ -628,7 +628,12 @@ fn run(
                 if let Answer::Report { worker, deliver: Delivery { take: true, received }, mail, .. } =
                     answer
                 {
-                    *mail = boxes.entry(*worker).or_default().take(*received);
+                    // A worker forgotten in this very turn has no mailbox
+                    // left: it registers again.
+                    *mail = match boxes.get_mut(worker) {
+                        Some(mb) => mb.take(*received),
+                        None => PollReply { reregister: true, ..PollReply::default() },
+                    };
                 }
             }
             for worker in touched {
@@ -657,9 +662,10 @@ fn run(
                         && mail.has_mail()
                     {
                         let mut boxes = shared.mailboxes.lock().expect("mailboxes");
-                        let mb = boxes.entry(worker).or_default();
-                        mb.returned(mail);
-                        mb.notify.notify_one();
+                        if let Some(mb) = boxes.get_mut(&worker) {
+                            mb.returned(mail);
+                            mb.notify.notify_one();
+                        }
                     }
                 }
             }

@@ -488,7 +488,7 @@ impl Log {
     /// line saying how much was dropped before it. Called once the job is
     /// over.
     fn finish(&mut self) {
-        if self.tail.is_empty() {
+        if self.tail.is_empty() && self.dropped == 0 {
             return;
         }
         let tail: Vec<u8> = std::mem::take(&mut self.tail).into();

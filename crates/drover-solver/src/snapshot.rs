@@ -26,7 +26,7 @@ use crate::build::Plan;
 
 /// The snapshot format this code writes and reads. Changed whenever the
 /// solver's or the core's state changes shape.
-pub const SNAPSHOT_FORMAT: &str = "drover-solver-4";
+pub const SNAPSHOT_FORMAT: &str = "drover-solver-5";
 
 /// The solver's own fields (through the code `#[serde(remote = "Self")]`
 /// derives), without the builds' plans.

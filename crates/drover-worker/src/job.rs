@@ -384,7 +384,7 @@ async fn fetch(
                 .await
                 .map_err(|e| format!("cannot create {}: {e}", src.display()))?;
         }
-        fetch_sources(shared, &a.sources, &log).await?;
+        fetch_sources(shared, &a.sources, &control.cancel, &log).await?;
         let files = a.sources.clone();
         let cas = shared.cas.clone();
         let root = src.to_owned();
@@ -427,6 +427,7 @@ const LOGGED_ALONE: u64 = 1 << 20;
 async fn fetch_sources(
     shared: &Arc<Shared>,
     sources: &[SourceFile],
+    cancel: &tokio_util::sync::CancellationToken,
     log: &StageLog<'_>,
 ) -> Result<(), String> {
     let mut seen = std::collections::BTreeSet::new();
@@ -443,7 +444,7 @@ async fn fetch_sources(
     // Each fetch owns what it uses (the futures of a stream that borrow
     // are not `Send` for every lifetime, as a spawned task must be).
     let mut fetches = futures::stream::iter(missing)
-        .map(|file| ensure_blob(shared.clone(), file))
+        .map(|file| ensure_blob(shared.clone(), file, cancel.clone()))
         .buffer_unordered(FETCHES_AT_ONCE);
     while let Some(fetched) = fetches.next().await {
         if let Some(line) = fetched? {
@@ -455,8 +456,14 @@ async fn fetch_sources(
 }
 
 /// Gets a source file from the coordinator unless the cache has it; for a
-/// large one, returns a line for the stage's log.
-async fn ensure_blob(shared: Arc<Shared>, file: SourceFile) -> Result<Option<String>, String> {
+/// large one, returns a line for the stage's log. The copy into the cache
+/// runs on a thread of its own, which a dropped future does not stop: it
+/// stops at its next read once the run is cancelled.
+async fn ensure_blob(
+    shared: Arc<Shared>,
+    file: SourceFile,
+    cancel: tokio_util::sync::CancellationToken,
+) -> Result<Option<String>, String> {
     let key = Key(file.digest.0);
     if shared.cas.has_blob(&key) {
         return Ok(None);
@@ -465,13 +472,28 @@ async fn ensure_blob(shared: Arc<Shared>, file: SourceFile) -> Result<Option<Str
     let url = shared.coordinator(&format!("/v1/blobs/{}", file.digest));
     let reader = shared.http.get_reader(&url).await.map_err(|e| format!("source {}: {e}", file.path))?;
     let cas = shared.cas.clone();
-    let mut sync = tokio_util::io::SyncIoBridge::new(reader);
+    let mut sync = Cancellable { inner: tokio_util::io::SyncIoBridge::new(reader), cancel };
     tokio::task::spawn_blocking(move || cas.put_blob(&mut sync, &key))
         .await
         .map_err(|e| e.to_string())?
         .map_err(|e| format!("source {}: {e}", file.path))?;
     Ok((file.size >= LOGGED_ALONE)
         .then(|| format!("source {} from the coordinator: {}", file.path, rate(file.size, started))))
+}
+
+/// A reader that fails once its run is cancelled.
+struct Cancellable<R> {
+    inner: R,
+    cancel: tokio_util::sync::CancellationToken,
+}
+
+impl<R: io::Read> io::Read for Cancellable<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.cancel.is_cancelled() {
+            return Err(io::Error::other("cancelled"));
+        }
+        self.inner.read(buf)
+    }
 }
 
 /// Copies the job's sources into `root`, read-only (executable where the
@@ -788,9 +810,18 @@ fn humane(d: Duration) -> String {
 
 /// `summary`, then the last lines of the job's standard error.
 fn with_tail(summary: String, stderr: &Path) -> String {
-    let Ok(bytes) = std::fs::read(stderr) else { return summary };
-    let start = bytes.len().saturating_sub(STDERR_TAIL);
-    let tail = String::from_utf8_lossy(&bytes[start..]);
+    use std::io::{Read, Seek, SeekFrom};
+    // Only the end is read: a log may be as large as its limit, or larger.
+    let read_end = || -> io::Result<Vec<u8>> {
+        let mut file = std::fs::File::open(stderr)?;
+        let len = file.metadata()?.len();
+        file.seek(SeekFrom::Start(len.saturating_sub(STDERR_TAIL as u64)))?;
+        let mut bytes = Vec::with_capacity(STDERR_TAIL);
+        file.take(STDERR_TAIL as u64).read_to_end(&mut bytes)?;
+        Ok(bytes)
+    };
+    let Ok(bytes) = read_end() else { return summary };
+    let tail = String::from_utf8_lossy(&bytes);
     let tail = tail.trim_end();
     if tail.is_empty() { summary } else { format!("{summary}; stderr:\n{tail}") }
 }

@@ -261,4 +261,15 @@ async fn a_log_past_its_limit_keeps_its_head_and_its_tail() {
     );
     assert_eq!(out, format!("{}{marker}{}", &whole[..head], &whole[whole.len() - tail..]));
     assert_eq!(fx.stderr(), "the error at the end\n", "a log within its limit is whole");
+
+    // A limit too small for a tail still says what it dropped.
+    let fx = Fixture::new();
+    let mut spec = fx.spec(&["echo hello"]);
+    spec.log_limit = Some(2);
+    let mut job = supervisor().start(&spec).await.expect("start");
+    assert_eq!(finish(&mut job).await, Outcome::Succeeded);
+    assert_eq!(
+        fx.stdout(),
+        "he\n[drover: this log passed its limit of 2 bytes: 4 bytes were dropped here; its last 0 bytes follow]\n"
+    );
 }
