@@ -547,47 +547,34 @@ fn default_stream() -> String {
 
 async fn job_log(
     State(app): State<App>,
-    Path((id, name)): Path<(u64, String)>,
+    Path((id, job)): Path<(u64, String)>,
     Query(q): Query<LogQuery>,
 ) -> ApiResult<Response> {
     if !["stdout", "stderr", "pull", "fetch", "push"].contains(&q.stream.as_str()) {
         return Err(bad("stream must be stdout or stderr (the build stage), pull, fetch or push"));
     }
-    let job = name.clone();
     // Where it ran, if it did; only if not, whether the build has the job
     // (a status costs time linear in the build).
-    let location = app
+    let (url, run) = app
         .shared
         .query(move |s| {
-            let location = s.run_location(id, &job);
-            // The job, if the build has it, and the worker it ran on.
-            let found = match location {
-                Some(_) => Some(Some(None)),
-                None => s
-                    .build_status(id)
-                    .map(|status| status.jobs.into_iter().find(|j| j.name == job).map(|j| j.worker)),
-            };
-            (found, location)
+            if let Some(location) = s.run_location(id, &job) {
+                return Ok(location);
+            }
+            let Some(status) = s.build_status(id) else { return Err(format!("no build {id}")) };
+            Err(match status.jobs.into_iter().find(|j| j.name == job) {
+                None => format!("build {id} has no job {job:?}"),
+                Some(j) => match j.worker {
+                    // It ran, on a worker the coordinator no longer knows.
+                    Some(worker) => format!(
+                        "job {job} of build {id} ran on worker {worker}, which was lost long ago and is forgotten"
+                    ),
+                    None => format!("job {job} of build {id} has not run"),
+                },
+            })
         })
-        .await?;
-    let (url, run) = match location {
-        (_, Some(loc)) => loc,
-        (None, None) => return Err(ApiError(StatusCode::NOT_FOUND, format!("no build {id}"))),
-        (Some(None), None) => {
-            return Err(ApiError(StatusCode::NOT_FOUND, format!("build {id} has no job {name:?}")));
-        }
-        (Some(Some(Some(worker))), None) => {
-            return Err(ApiError(
-                StatusCode::NOT_FOUND,
-                format!(
-                    "job {name} of build {id} ran on worker {worker}, which was lost long ago and is forgotten"
-                ),
-            ));
-        }
-        (Some(Some(None)), None) => {
-            return Err(ApiError(StatusCode::NOT_FOUND, format!("job {name} of build {id} has not run")));
-        }
-    };
+        .await?
+        .map_err(|message| ApiError(StatusCode::NOT_FOUND, message))?;
     let follow = if q.follow { "&follow=true" } else { "" };
     let stream =
         app.http.get_stream(&format!("{url}/v1/runs/{run}/log?stream={}{follow}", q.stream)).await.map_err(
