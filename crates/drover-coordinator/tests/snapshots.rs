@@ -119,10 +119,7 @@ async fn settings_the_state_cannot_take_record_nothing() {
     changed.core.queues = vec![drover_core::QueueConfig { name: "ci".into(), ..Default::default() }];
     let refused = drover_coordinator::start(changed).await.expect_err("a job is in the core");
     let message = refused.to_string();
-    assert!(
-        message.contains("1 jobs are queued or running") && message.contains("drover status"),
-        "{message}"
-    );
+    assert!(message.contains("now: 1 queued or running") && message.contains("drover status"), "{message}");
     assert_eq!(records(dir.path()), [1, 2, 3], "a refused start records nothing");
 }
 

@@ -509,7 +509,7 @@ pub enum Rejected {
     /// New queues, tenant mapping or tiers while jobs are queued or runs
     /// in flight (see [`crate::Scheduler::reconfigure`]).
     #[error(
-        "the queues, their tenants or the tiers cannot change while {jobs} jobs are queued or running and {runs} runs are in flight"
+        "the queues, their tenants or the tiers cannot change while jobs are queued or running (now: {jobs} queued or running, {runs} runs in flight)"
     )]
     Busy {
         /// Jobs the core holds.

@@ -123,7 +123,7 @@ fn new_queues_wait_until_no_job_is_in_the_scheduler() {
     let (code, stderr) = serve_once(&cluster, &config(QUEUES));
     assert_eq!(code, Some(1), "{stderr}");
     assert!(
-        stderr.contains("1 jobs are queued or running") && stderr.contains("until those jobs are over"),
+        stderr.contains("now: 1 queued or running") && stderr.contains("until those jobs are over"),
         "{stderr}"
     );
     // The settings the state has still start, and the build ends.
