@@ -116,6 +116,11 @@ pub enum WorkerError {
         #[source]
         source: std::io::Error,
     },
+    /// The coordinator refused the worker's first registration for a reason
+    /// that retrying cannot fix (a wrong token, an invalid capacity or
+    /// label, an address that is not a drover coordinator).
+    #[error("the coordinator refused this worker: {0}")]
+    Refused(String),
 }
 
 /// State shared by the worker's tasks.
@@ -145,6 +150,9 @@ struct Shared {
     /// Shutting down once its runs end ([`Worker::drain`]): said to the
     /// coordinator again after every registration.
     draining: std::sync::atomic::AtomicBool,
+    /// Why the session ended, when the coordinator refused the worker's
+    /// first registration (see `session::run`).
+    refused: Mutex<Option<String>>,
 }
 
 /// How the session reaches a run in progress: cancelling the token stops
@@ -295,9 +303,16 @@ impl Worker {
         &self.url
     }
 
-    /// Runs until the worker's tasks end (they do not end on their own).
-    pub async fn wait(&mut self) {
-        while self.tasks.join_next().await.is_some() {}
+    /// Runs until the worker's tasks end. They end on their own only when
+    /// the coordinator refuses the worker's first registration for a reason
+    /// that retrying cannot fix, which this returns.
+    pub async fn wait(&mut self) -> Result<(), WorkerError> {
+        while self.tasks.join_next().await.is_some() {
+            if let Some(why) = self.shared.refused.lock().expect("refused").take() {
+                return Err(WorkerError::Refused(why));
+            }
+        }
+        Ok(())
     }
 
     /// Lets the runs in progress finish and takes nothing new: tells the
@@ -429,6 +444,7 @@ pub async fn start(mut config: WorkerConfig) -> Result<Worker, WorkerError> {
         fetched: tokio::sync::Notify::new(),
         tokens: tokens::Arbiter::new(pools(&config)),
         draining: std::sync::atomic::AtomicBool::new(false),
+        refused: Mutex::new(None),
         config,
     });
     let mut tasks = tokio::task::JoinSet::new();

@@ -13,10 +13,20 @@ use std::time::Duration;
 use crate::{RunControl, Shared, job};
 use drover_proto::{Hash32, HeldArtifact, PollReply, PollRequest, RegisterReply, RegisterRequest};
 
-/// Registers and polls for as long as the worker lives.
+/// Registers and polls for as long as the worker lives, or until the
+/// coordinator refuses its first registration for good (the reason is left
+/// in `Shared::refused`).
 pub(crate) async fn run(shared: Arc<Shared>) {
+    let mut first = true;
     loop {
-        let reply = register(&shared).await;
+        let reply = match register(&shared, first).await {
+            Ok(reply) => reply,
+            Err(why) => {
+                *shared.refused.lock().expect("refused") = Some(why);
+                return;
+            }
+        };
+        first = false;
         for run in &reply.stop {
             stop(&shared, *run);
         }
@@ -55,8 +65,15 @@ pub(crate) async fn drain(shared: &Shared, id: u64) {
     tracing::info!(worker = id, "draining: running jobs finish, nothing new starts");
 }
 
-/// Registers, retrying until the coordinator answers.
-async fn register(shared: &Shared) -> RegisterReply {
+/// Registers, retrying until the coordinator answers. A `first`
+/// registration that the coordinator refuses for a reason retrying cannot
+/// fix (400 invalid capacity or labels, 401 or 403 token, 404 not a drover
+/// coordinator) returns the refusal: the worker never joined, and an
+/// operator is at hand to fix its flags. Later, the worker has runs and
+/// artifacts that the coordinator may take back once its operator fixes it,
+/// so it keeps trying, loudly. (409, a live worker under the same name,
+/// passes once that worker's lease runs out.)
+async fn register(shared: &Shared, first: bool) -> Result<RegisterReply, String> {
     let mut backoff = Duration::from_millis(100);
     loop {
         let mut running: Vec<u64> = shared.runs.lock().expect("runs").keys().copied().collect();
@@ -81,10 +98,12 @@ async fn register(shared: &Shared) -> RegisterReply {
             running,
         };
         match shared.http.post_json(&shared.coordinator("/v1/workers/register"), &request, None).await {
-            Ok(reply) => return reply,
+            Ok(reply) => return Ok(reply),
+            Err(e) if first && matches!(e.status(), Some(400 | 401 | 403)) => return Err(e.to_string()),
+            Err(e) if first && e.status() == Some(404) => {
+                return Err(format!("{e} (is --coordinator the address of a drover coordinator?)"));
+            }
             Err(e) => {
-                // A refusal (bad token, bad capacity) will not fix itself, but
-                // the operator may fix the coordinator: keep trying, loudly.
                 tracing::warn!("cannot register with the coordinator, retrying: {e}");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(5));

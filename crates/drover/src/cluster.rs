@@ -301,7 +301,7 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<(), Failure> {
     let mut worker = drover_worker::start(config).await.map_err(|e| Failure::Runtime(e.into()))?;
     eprintln!("drover worker serving on {}, coordinator {}", worker.url(), args.coordinator);
     tokio::select! {
-        () = worker.wait() => return Ok(()),
+        done = worker.wait() => return done.map_err(|e| Failure::Usage(e.into())),
         () = shutdown_signal() => {}
     }
     // A first stop request drains: the running jobs finish and are

@@ -478,6 +478,37 @@ fn a_token_is_required_when_configured() {
     );
     let (code, status) = wait_json(&cluster, &file, &[]);
     assert_eq!(code, Some(0), "{status}");
+    // A worker with the wrong token never joined: it stops at once with
+    // the reason, instead of retrying for ever.
+    let mut worker = drover()
+        .args(["worker", "--coordinator", &cluster.url, "--name", "intruder", "--cache"])
+        .arg(cluster.dir.path().join("intruder"))
+        .env("DROVER_TOKEN", "wrong")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start drover worker");
+    // Waited for with a deadline, and killed past it, so a worker that
+    // keeps retrying fails the test instead of hanging it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let exited = loop {
+        if let Some(status) = worker.try_wait().expect("wait") {
+            break Some(status);
+        }
+        if std::time::Instant::now() > deadline {
+            worker.kill().expect("kill drover worker");
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    };
+    let refused = worker.wait_with_output().expect("reap drover worker");
+    let exited = exited.unwrap_or_else(|| panic!("the refused worker kept running: {}", stderr(&refused)));
+    assert_eq!(exited.code(), Some(2), "{}", stderr(&refused));
+    assert!(
+        stderr(&refused).contains("refused this worker") && stderr(&refused).contains("401"),
+        "{}",
+        stderr(&refused)
+    );
 }
 
 #[test]
