@@ -509,11 +509,9 @@ fn resources(cx: &mut Cx<'_>, entries: &[Entry], job: &mut JobSpec) {
     }
     if let Some(node) = fields.get("memory") {
         let parsed = match &node.kind {
-            Kind::Int(value, _) => Some(
-                u64::try_from(*value)
-                    .map_err(|_| format!("invalid memory {value}: must be a non-negative number of bytes")),
-            ),
-            Kind::Float(_, spelling) => Some(units::parse_size(spelling)),
+            // As written, like `cpu`: `0x10` or `1_000` is refused rather
+            // than read as YAML's integer.
+            Kind::Int(_, spelling) | Kind::Float(_, spelling) => Some(units::parse_size(spelling)),
             Kind::Str(s) => Some(units::parse_size(s)),
             _ => {
                 cx.wrong_type(node, "resources.memory", "a size such as 1024, \"512Mi\" or \"2G\"");

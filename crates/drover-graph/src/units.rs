@@ -73,6 +73,9 @@ const SIZE_HELP: &str = "expected a size like 1024, 512Mi, 1Gi, 100M or 2G";
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let trimmed = text.trim();
     let bad = || format!("invalid memory {text:?}: {SIZE_HELP}");
+    if trimmed.starts_with('-') {
+        return Err(format!("invalid memory {text:?}: must be a non-negative number of bytes"));
+    }
     let split = trimmed.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(trimmed.len());
     let (number, suffix) = trimmed.split_at(split);
     let suffix = suffix.trim_start();

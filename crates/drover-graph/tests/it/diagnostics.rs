@@ -285,6 +285,9 @@ jobs:
     run: x
     resources: {cpu: 0.0001, memory: -1}
     timeout: 1h30x
+  - name: c
+    run: x
+    resources: {cpu: 0x10, memory: 0x10}
 ";
     assert_eq!(
         dir.errors(yaml),
@@ -301,12 +304,18 @@ jobs:
                 "invalid timeout \"30\": missing unit (expected a duration like 500ms, 30s, 10m, 1h or 1h30m)"
             ),
             at(10, Some("b"), "invalid cpu 0.0001: not a whole number of millicores"),
-            at(10, Some("b"), "invalid memory -1: must be a non-negative number of bytes"),
+            at(10, Some("b"), "invalid memory \"-1\": must be a non-negative number of bytes"),
             at(
                 11,
                 Some("b"),
                 "invalid timeout \"1h30x\": unknown unit \"x\" (expected a duration like 500ms, 30s, 10m, 1h or 1h30m)"
             ),
+            at(
+                14,
+                Some("c"),
+                "invalid cpu 0x10: expected a number of cores (1, 0.5) or millicores (\"500m\")"
+            ),
+            at(14, Some("c"), "invalid memory \"0x10\": expected a size like 1024, 512Mi, 1Gi, 100M or 2G"),
         ]
     );
 }
