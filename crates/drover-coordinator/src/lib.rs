@@ -139,6 +139,22 @@ pub enum CoordinatorError {
     },
 }
 
+impl CoordinatorError {
+    /// Whether the data directory holds a state that this coordinator
+    /// cannot take up as it is configured, though the directory itself is
+    /// fine: a snapshot or database written by another version of drover,
+    /// or recovered jobs that the configured settings cannot apply to. The
+    /// same coordinator starts on a new data directory.
+    pub fn is_foreign_state(&self) -> bool {
+        matches!(
+            self,
+            CoordinatorError::Snapshot { .. }
+                | CoordinatorError::Settings(_)
+                | CoordinatorError::Store(drover_store::StoreError::TooNew { .. })
+        )
+    }
+}
+
 /// A running coordinator.
 #[derive(Debug)]
 pub struct Coordinator {

@@ -494,9 +494,30 @@ async fn embedded_coordinator(
     // benchmark's first builds about 1.3% slower: BENCHMARKS.md).
     config.core.deps_timeout = drover_core::Millis(2);
     tune(&mut config.core);
-    drover_coordinator::start(config)
-        .await
-        .with_context(|| format!("cannot start the embedded coordinator in {}", state.display()))
+    let context = || format!("cannot start the embedded coordinator in {}", state.display());
+    match drover_coordinator::start(config.clone()).await {
+        // Another version's state (after an upgrade of drover, say), or
+        // leftover jobs of a run under other settings: an embedded
+        // cluster's state is only its history, so it is put aside (once:
+        // the previous one aside is replaced) and the run starts afresh.
+        // The workers keep their caches, and the new state learns what
+        // they hold when they register.
+        Err(e) if e.is_foreign_state() => {
+            let aside = state.join("coordinator.old");
+            if aside.exists() {
+                std::fs::remove_dir_all(&aside)
+                    .with_context(|| format!("cannot remove {}", aside.display()))?;
+            }
+            std::fs::rename(&config.data_dir, &aside)
+                .with_context(|| format!("cannot move {} aside", config.data_dir.display()))?;
+            eprintln!(
+                "drover: {e}\ndrover: moved that state to {} and starting afresh (the workers keep their caches)",
+                aside.display()
+            );
+            drover_coordinator::start(config).await.with_context(context)
+        }
+        started => started.with_context(context),
+    }
 }
 
 fn embedded_worker(

@@ -582,6 +582,32 @@ fn run_builds_the_c_example_on_an_embedded_cluster() {
     assert!(status["jobs"].as_array().expect("jobs").iter().all(|j| j["state"] == "cached"), "{status}");
 }
 
+/// `drover run` on a state that another version of drover wrote (here, a
+/// snapshot in a format this one does not read): the state is put aside
+/// and the run starts afresh, and the workers' caches still serve it.
+#[test]
+fn run_starts_afresh_on_another_versions_state() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/hello-c/drover.yaml");
+    let run = || {
+        let out = drover().arg("run").arg(&example).arg("--json").current_dir(dir.path()).output();
+        let out = out.expect("drover run");
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        (serde_json::from_slice::<Value>(&out.stdout).expect("status JSON"), stderr(&out))
+    };
+    let (first, err) = run();
+    assert_eq!(first["state"], "succeeded", "{first}");
+    assert!(!err.contains("starting afresh"), "{err}");
+    let state = dir.path().join(".drover");
+    let mut store = drover_store::Store::open(&state.join("coordinator/state.db")).expect("store");
+    store.snapshot(1, "drover-solver-0", "snapshot-1.cbor").expect("record a foreign snapshot");
+    drop(store);
+    let (again, err) = run();
+    assert!(err.contains("another version of drover") && err.contains("starting afresh"), "{err}");
+    assert!(state.join("coordinator.old/state.db").exists(), "the old state is kept aside");
+    assert!(again["jobs"].as_array().expect("jobs").iter().all(|j| j["state"] == "cached"), "{again}");
+}
+
 /// `drover run` again on the same state, after a source changed: the
 /// workers of the earlier run died with it, so this run's workers take
 /// their names at once (no refused registration) and the changed job runs
