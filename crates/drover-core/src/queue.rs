@@ -652,10 +652,15 @@ impl GlobalQueue {
     ) -> bool {
         let Some(group) = self.groups.get_mut(&(tenant, class)) else { return false };
         let mut removed = 0;
-        if at_once || group.first.0 == key {
-            if group.jobs.remove(&key).is_none() {
-                return false;
-            }
+        let first = group.first.0 == key;
+        if first {
+            // The first entry is the map's first: no search for it.
+            let popped = group.jobs.pop_first();
+            debug_assert!(popped.is_some_and(|(k, _)| k == key), "a group's first entry is its map's first");
+        } else if at_once && group.jobs.remove(&key).is_none() {
+            return false;
+        }
+        if first || at_once {
             removed += 1;
             while let Some(first) = group.jobs.first_entry() {
                 let &(j, era) = first.get();
