@@ -77,6 +77,15 @@ pub enum HttpError {
         #[source]
         source: drover_cas::CasError,
     },
+    /// The URL (or the token) cannot make a request: no `http://` or
+    /// `https://` scheme, no host, characters a URL or header cannot hold.
+    #[error("{url}: not a usable URL: {message}")]
+    Url {
+        /// The URL.
+        url: String,
+        /// What is wrong with it.
+        message: String,
+    },
     /// A local file could not be read.
     #[error("{path}: {source}")]
     File {
@@ -295,13 +304,24 @@ impl Http {
         Ok(resp.map(|b| BodyExt::boxed_unsync(b.map_err(std::io::Error::other))))
     }
 
-    fn request(&self, method: Method, url: &str, body: Body, content_type: &str) -> Request<Body> {
+    fn request(
+        &self,
+        method: Method,
+        url: &str,
+        body: Body,
+        content_type: &str,
+    ) -> Result<Request<Body>, HttpError> {
+        let bad = |message: String| HttpError::Url { url: url.to_owned(), message };
+        let uri: hyper::Uri = url.parse().map_err(|e: hyper::http::uri::InvalidUri| bad(e.to_string()))?;
+        if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+            return Err(bad("expected http://HOST:PORT or https://HOST:PORT".into()));
+        }
         let mut builder =
-            Request::builder().method(method).uri(url).header(header::CONTENT_TYPE, content_type);
+            Request::builder().method(method).uri(uri).header(header::CONTENT_TYPE, content_type);
         if let Some(token) = &self.token {
             builder = builder.header(header::AUTHORIZATION, format!("Bearer {token}"));
         }
-        builder.body(body).expect("a valid request")
+        builder.body(body).map_err(|e| bad(format!("{e} (is the token one line of printable characters?)")))
     }
 
     async fn send(&self, req: Request<Body>, limit: Option<Duration>) -> Result<Answer, HttpError> {
@@ -318,9 +338,11 @@ impl Http {
         }
         let status = resp.status();
         let body = resp.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+        // Not drover's error body (another server answered, an HTML page
+        // say): its first line, cut short, is enough to say who answered.
         let message = serde_json::from_slice::<drover_proto::ErrorBody>(&body)
             .map(|e| e.error)
-            .unwrap_or_else(|_| String::from_utf8_lossy(&body).trim().to_owned());
+            .unwrap_or_else(|_| foreign_message(&body));
         let message = if message.is_empty() { reason(status) } else { message };
         Err(HttpError::Status { url, status: status.as_u16(), message })
     }
@@ -335,7 +357,7 @@ impl Http {
 
     /// GET a JSON document.
     pub async fn get_json<T: DeserializeOwned>(&self, url: &str) -> Result<T, HttpError> {
-        let req = self.request(Method::GET, url, full(Bytes::new()), "application/json");
+        let req = self.request(Method::GET, url, full(Bytes::new()), "application/json")?;
         let resp = self.send(req, Some(self.timeout)).await?;
         let body = self.read_all(url, resp).await?;
         serde_json::from_slice(&body)
@@ -351,7 +373,7 @@ impl Http {
         limit: Option<Duration>,
     ) -> Result<T, HttpError> {
         let bytes = serde_json::to_vec(body).expect("serialisable body");
-        let req = self.request(Method::POST, url, full(bytes), "application/json");
+        let req = self.request(Method::POST, url, full(bytes), "application/json")?;
         let resp = self.send(req, Some(limit.unwrap_or(self.timeout))).await?;
         let body = self.read_all(url, resp).await?;
         serde_json::from_slice(&body)
@@ -360,7 +382,7 @@ impl Http {
 
     /// POST with an empty body, ignoring the answer's body.
     pub async fn post(&self, url: &str) -> Result<(), HttpError> {
-        let req = self.request(Method::POST, url, full(Bytes::new()), "application/json");
+        let req = self.request(Method::POST, url, full(Bytes::new()), "application/json")?;
         let resp = self.send(req, Some(self.timeout)).await?;
         self.read_all(url, resp).await.map(|_| ())
     }
@@ -385,7 +407,7 @@ impl Http {
             url,
             BodyExt::boxed(StreamBody::new(stream)),
             "application/octet-stream",
-        );
+        )?;
         let resp = self.send(req, None).await?;
         self.read_all(url, resp).await.map(|_| ())
     }
@@ -409,7 +431,7 @@ impl Http {
 
     /// GET a body as a stream of chunks (downloads, logs, event streams).
     pub async fn get_stream(&self, url: &str) -> Result<ByteStream, HttpError> {
-        let req = self.request(Method::GET, url, full(Bytes::new()), "application/octet-stream");
+        let req = self.request(Method::GET, url, full(Bytes::new()), "application/octet-stream")?;
         let resp = self.send(req, Some(self.timeout)).await?;
         let stream = BodyStream::new(resp.into_body())
             .try_filter_map(|frame| async move { Ok(frame.into_data().ok()) })
@@ -421,6 +443,19 @@ impl Http {
     pub async fn get_reader(&self, url: &str) -> Result<impl AsyncRead + Send + Unpin + use<>, HttpError> {
         Ok(tokio_util::io::StreamReader::new(self.get_stream(url).await?))
     }
+}
+
+/// The first non-blank line of a body that is not drover's, at most 200
+/// characters of it.
+fn foreign_message(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(body);
+    let line = text.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or_default();
+    let more = line.chars().count() > 200 || text.trim() != line;
+    let mut message: String = line.chars().take(200).collect();
+    if more {
+        message.push_str(" …");
+    }
+    message
 }
 
 fn reason(status: StatusCode) -> String {
@@ -531,6 +566,32 @@ impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for Routed {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A URL no request can be made of (no scheme, no host, a token that
+    /// cannot be a header) is an error naming it, not a panic.
+    #[tokio::test]
+    async fn an_unusable_url_or_token_is_an_error() {
+        let http = Http::new(None, Duration::from_secs(1));
+        for url in ["127.0.0.1:9/v1/builds", "ftp://x/y", "http:///v1", "http://a b/"] {
+            match http.get_json::<serde_json::Value>(url).await {
+                Err(HttpError::Url { url: named, .. }) => assert_eq!(named, url),
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+        let http = Http::new(Some("two\nlines".into()), Duration::from_secs(1));
+        let e = http.post("http://127.0.0.1:9/x").await.expect_err("a token with a newline");
+        assert!(matches!(&e, HttpError::Url { .. }) && e.to_string().contains("token"), "{e}");
+    }
+
+    /// Another server's error page is cut to its first line.
+    #[test]
+    fn a_foreign_error_body_is_cut_to_its_first_line() {
+        assert_eq!(foreign_message(b"\n  Not here  \n"), "Not here");
+        assert_eq!(foreign_message(b"<!DOCTYPE HTML>\n<html>...</html>"), "<!DOCTYPE HTML> …");
+        let long = "x".repeat(300);
+        assert_eq!(foreign_message(long.as_bytes()), format!("{} …", "x".repeat(200)));
+        assert_eq!(foreign_message(b""), "");
+    }
 
     /// Requests under the local base reach the router in this process (no
     /// server listens there), with their bodies, answers, errors and

@@ -264,7 +264,7 @@ fn worth_retrying(e: &HttpError) -> bool {
         HttpError::Artifact { source, .. } => {
             !source.is_corruption() && !matches!(source, drover_cas::CasError::TooLarge { .. })
         }
-        HttpError::File { .. } => false,
+        HttpError::File { .. } | HttpError::Url { .. } => false,
     }
 }
 

@@ -67,8 +67,9 @@ pub(crate) async fn drain(shared: &Shared, id: u64) {
 
 /// Registers, retrying until the coordinator answers. A `first`
 /// registration that the coordinator refuses for a reason retrying cannot
-/// fix (400 invalid capacity or labels, 401 or 403 token, 404 not a drover
-/// coordinator) returns the refusal: the worker never joined, and an
+/// fix (400 invalid capacity or labels, 401 or 403 token, an answer that
+/// is not a drover coordinator's: [`refused_for_good`]) returns the
+/// refusal: the worker never joined, and an
 /// operator is at hand to fix its flags. Later, the worker has runs and
 /// artifacts that the coordinator may take back once its operator fixes it,
 /// so it keeps trying, loudly. (409, a live worker under the same name,
@@ -99,9 +100,11 @@ async fn register(shared: &Shared, first: bool) -> Result<RegisterReply, String>
         };
         match shared.http.post_json(&shared.coordinator("/v1/workers/register"), &request, None).await {
             Ok(reply) => return Ok(reply),
-            Err(e) if first && matches!(e.status(), Some(400 | 401 | 403)) => return Err(e.to_string()),
-            Err(e) if first && e.status() == Some(404) => {
-                return Err(format!("{e} (is --coordinator the address of a drover coordinator?)"));
+            Err(e) if first && refused_for_good(&e) => {
+                return Err(match e.status() {
+                    Some(400 | 401 | 403) => e.to_string(),
+                    _ => format!("{e} (is --coordinator the address of a drover coordinator?)"),
+                });
             }
             Err(e) => {
                 tracing::warn!("cannot register with the coordinator, retrying: {e}");
@@ -109,6 +112,21 @@ async fn register(shared: &Shared, first: bool) -> Result<RegisterReply, String>
                 backoff = (backoff * 2).min(Duration::from_secs(5));
             }
         }
+    }
+}
+
+/// Whether the answer to a registration says that trying again cannot help:
+/// a refusal of the request itself (4xx, but for a timeout, a conflict or
+/// too many requests, which pass) or an answer that is not a drover
+/// coordinator's (a method it does not implement, a body it could not
+/// have sent).
+fn refused_for_good(e: &drover_http::HttpError) -> bool {
+    match e {
+        drover_http::HttpError::Status { status, .. } => {
+            ((400..500).contains(status) && !matches!(status, 408 | 409 | 429)) || *status == 501
+        }
+        drover_http::HttpError::Decode { .. } | drover_http::HttpError::Url { .. } => true,
+        _ => false,
     }
 }
 

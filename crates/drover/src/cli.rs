@@ -64,11 +64,26 @@ pub(crate) enum Command {
     Bench(BenchArgs),
 }
 
+/// A coordinator's URL: `http://` or `https://` and a host, or a bare
+/// `HOST:PORT`, read as `http://HOST:PORT` (as curl does).
+fn coordinator_url(text: &str) -> Result<String, String> {
+    let url = if text.contains("://") { text.to_owned() } else { format!("http://{text}") };
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+        .ok_or_else(|| format!("{text:?} is not an http:// or https:// URL"))?;
+    let host = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    if host.is_empty() || host.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!("{text:?} names no host (expected http://HOST:PORT)"));
+    }
+    Ok(url)
+}
+
 /// Where the coordinator is and how to talk to it.
 #[derive(Debug, Clone, Args)]
 pub(crate) struct Remote {
-    /// The coordinator's URL.
-    #[arg(long, env = "DROVER_COORDINATOR", default_value = "http://127.0.0.1:7700")]
+    /// The coordinator's URL (`HOST:PORT` alone means `http://HOST:PORT`).
+    #[arg(long, env = "DROVER_COORDINATOR", default_value = "http://127.0.0.1:7700", value_parser = coordinator_url)]
     pub(crate) coordinator: String,
     /// The cluster's token, if it has one.
     #[arg(long, env = "DROVER_TOKEN", hide_env_values = true)]
@@ -143,7 +158,7 @@ pub(crate) struct RunArgs {
     pub(crate) workers: u32,
     /// Job slots per worker (default: the CPUs divided among the workers,
     /// at least 1).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) slots: Option<u32>,
     /// Where the embedded cluster keeps its state and caches.
     #[arg(long, default_value = ".drover", value_name = "DIR")]
@@ -168,8 +183,8 @@ pub(crate) struct ServeArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct WorkerArgs {
-    /// The coordinator's URL.
-    #[arg(long, env = "DROVER_COORDINATOR", default_value = "http://127.0.0.1:7700")]
+    /// The coordinator's URL (`HOST:PORT` alone means `http://HOST:PORT`).
+    #[arg(long, env = "DROVER_COORDINATOR", default_value = "http://127.0.0.1:7700", value_parser = coordinator_url)]
     pub(crate) coordinator: String,
     /// Address to serve artifacts and logs on (port 0: any free port).
     #[arg(long, default_value = "127.0.0.1:0")]
@@ -181,7 +196,7 @@ pub(crate) struct WorkerArgs {
     #[arg(long)]
     pub(crate) name: Option<String>,
     /// Jobs at once (default: the number of CPUs).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) slots: Option<u32>,
     /// CPU to offer, in cores ("2", "0.5") or millicores ("500m"); default:
     /// the number of CPUs (times slots / builders, since runs fetching

@@ -329,7 +329,6 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<(), Failure> {
 fn worker_config(args: &WorkerArgs) -> anyhow::Result<WorkerConfig> {
     let cpus = units::cpus();
     let slots = args.slots.unwrap_or(cpus);
-    anyhow::ensure!(slots > 0, "--slots must be at least 1");
     let builders = args.builders.unwrap_or(slots);
     anyhow::ensure!(
         builders <= slots,

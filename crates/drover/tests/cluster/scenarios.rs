@@ -444,6 +444,20 @@ fn a_malformed_build_file_is_refused_with_its_line() {
     assert!(out.stdout.is_empty(), "no build ID is printed");
 }
 
+/// `--coordinator` (or `DROVER_COORDINATOR`) must be an http(s) URL with a
+/// host; a bare `HOST:PORT` means `http://HOST:PORT`.
+#[test]
+fn a_coordinator_url_is_checked_and_a_bare_address_means_http() {
+    for url in ["ftp://x", "http://", "https:// /"] {
+        let out = drover().args(["status", "--coordinator", url]).output().expect("run");
+        assert_eq!(out.status.code(), Some(2), "{url}: {}", stderr(&out));
+        assert!(stderr(&out).contains("--coordinator"), "{url}: {}", stderr(&out));
+    }
+    let out = drover().args(["workers"]).env("DROVER_COORDINATOR", "127.0.0.1:9").output().expect("run");
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("cannot reach http://127.0.0.1:9/"), "{}", stderr(&out));
+}
+
 #[test]
 fn what_acts_on_the_builds_end_needs_wait() {
     let dir = tempfile::tempdir().expect("tempdir");
