@@ -25,7 +25,7 @@
 
 use std::fs::{self, File};
 use std::io::{ErrorKind, Write};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 
@@ -153,9 +153,15 @@ impl EmptyStore {
         sync_dir(&self.dir)
     }
 
-    /// Makes sure the shared tree is an empty directory, read-only (a job
+    /// Makes the shared tree an empty, sealed directory again (after a job
+    /// running as root wrote into it).
+    pub(crate) fn reset_tree(&self) -> Result<(), CasError> {
+        self.open_tree()
+    }
+
+    /// Makes sure the shared tree is an empty directory, sealed (a job
     /// given it as a dependency's output cannot write into it, unless it
-    /// runs as root).
+    /// runs as root, and a change shows: see the `seal` module).
     fn open_tree(&self) -> Result<(), CasError> {
         let fine = match fs::read_dir(&self.tree).map(|mut entries| entries.next().is_none()) {
             Ok(true) => true,
@@ -173,8 +179,7 @@ impl EmptyStore {
             fs::create_dir(&self.tree).ctx(|| format!("create {}", self.tree.display()))?;
             sync_dir(&self.dir)?;
         }
-        fs::set_permissions(&self.tree, fs::Permissions::from_mode(0o555))
-            .ctx(|| format!("make {} read-only", self.tree.display()))
+        crate::seal::seal(&self.tree).ctx(|| format!("seal {}", self.tree.display()))
     }
 }
 

@@ -90,6 +90,7 @@ mod index;
 mod key;
 pub mod manifest;
 pub mod pack;
+mod seal;
 
 use std::fmt;
 use std::fs::{self, File};
@@ -113,6 +114,8 @@ use manifest::{Entry, Manifest};
 const INFO_FILE: &str = "info.json";
 const MANIFEST_FILE: &str = "manifest.json";
 const TREE_DIR: &str = "tree";
+/// In the cache's directory once every artifact tree in it is sealed.
+const SEALED_MARK: &str = "sealed";
 
 /// The content-addressed cache. See the crate documentation.
 #[derive(Clone)]
@@ -280,6 +283,7 @@ impl Cas {
             _lock: lock,
         };
         inner.rebuild()?;
+        inner.seal_older_trees()?;
         let cas = Cas { inner: Arc::new(inner) };
         cas.inner.evict_to_limits();
         Ok(cas)
@@ -500,6 +504,27 @@ impl Cas {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// The first path (relative to the artifact's tree, `.` for the tree
+    /// itself) that changed since the artifact was put in place, if any
+    /// (see the `seal` module): a job that was given the tree wrote into
+    /// it. Such an artifact is removed (at once, or when its last guard
+    /// drops) and reported by [`Cas::take_evicted`]; the tree every empty
+    /// artifact shares is emptied again. `None` if nothing changed or the
+    /// artifact is absent.
+    pub fn changed(&self, id: &Key) -> Result<Option<String>, CasError> {
+        let Some(guard) = self.inner.pin(id, false) else { return Ok(None) };
+        let changed = seal::first_change(guard.path()).ctx(|| format!("check {}", guard.path().display()))?;
+        let empty = *guard.info() == self.inner.empty.info();
+        drop(guard);
+        if changed.is_some() {
+            self.inner.discard(id, true);
+            if empty {
+                self.inner.empty.reset_tree()?;
+            }
+        }
+        Ok(changed)
     }
 
     /// Evicts least recently used entries (unpinned artifacts and blobs)
@@ -915,6 +940,8 @@ impl Inner {
         if let Some(present) = self.present_artifact(id)? {
             return Ok((present, false));
         }
+        let tree = wrapper.join(TREE_DIR);
+        seal::seal(&tree).ctx(|| format!("seal {}", tree.display()))?;
         write_json(&wrapper.join(MANIFEST_FILE), manifest)?;
         write_json(&wrapper.join(INFO_FILE), &info)?;
         manifest::sync_dir(wrapper)?;
@@ -993,6 +1020,28 @@ impl Inner {
     }
 
     /// Rebuilds the index from the disk (called once, from `open`).
+    /// Seals the trees of a cache that older versions of drover wrote
+    /// (without seals: see the `seal` module), once: a file in the cache's
+    /// directory says it is done. A tree that cannot be sealed is dropped.
+    fn seal_older_trees(&self) -> Result<(), CasError> {
+        let marker = self.dir.join(SEALED_MARK);
+        if marker.exists() {
+            return Ok(());
+        }
+        let keys = self.lock().index.artifact_keys();
+        for key in keys {
+            let tree = self.artifact_dir(&key).join(TREE_DIR);
+            if self.empty.holds_info(&self.artifact_dir(&key)) {
+                continue;
+            }
+            if seal::seal(&tree).is_err() {
+                self.discard(&key, true);
+            }
+        }
+        File::create(&marker).ctx(|| format!("create {}", marker.display()))?;
+        Ok(())
+    }
+
     fn rebuild(&self) -> Result<(), CasError> {
         let mut found: Vec<(SystemTime, Slot, u64, Option<ArtifactInfo>)> = Vec::new();
         for (name, path) in hex_dir_entries(&self.blobs)? {

@@ -730,6 +730,13 @@ async fn run_commands(
             }
         }
     };
+    // The dependencies' outputs are the cache's own trees, sealed
+    // read-only; a job that wrote into one anyway (as root, say) changed
+    // it for every later reader. The changed output leaves the cache (the
+    // coordinator hears of it with the next report, and builds it again
+    // when something needs it), and the job fails saying what it did.
+    let changed =
+        if matches!(outcome, Outcome::Cancelled) { None } else { changed_dependency(shared, deps).await };
     let failed = |exit_code, detail: String| {
         Ok(RunResult {
             run: a.run,
@@ -743,6 +750,16 @@ async fn run_commands(
             lost_inputs: Vec::new(),
         })
     };
+    if let Some((name, path)) = changed {
+        return failed(
+            None,
+            format!(
+                "the job changed the output of its dependency {name} ({path} in {{{{dep:{name}}}}}); \
+                 a dependency's output is read-only: copy what is to change into {{{{out}}}} (`cp -r \
+                 --no-preserve=mode`) and change the copy"
+            ),
+        );
+    }
     match outcome {
         Outcome::Succeeded => {
             let cas = shared.cas.clone();
@@ -770,6 +787,30 @@ async fn run_commands(
         // (say a full disk, after the commands ran), or the supervisor.
         Outcome::SpawnFailed(message) => failed(None, message),
     }
+}
+
+/// The first dependency whose output the job changed, with the changed
+/// path in it (see `drover_cas::Cas::changed`, which also drops it).
+async fn changed_dependency(
+    shared: &Arc<Shared>,
+    deps: &BTreeMap<String, ArtifactGuard>,
+) -> Option<(String, String)> {
+    if deps.is_empty() {
+        return None;
+    }
+    let keys: Vec<(String, Key)> = deps.iter().map(|(name, guard)| (name.clone(), *guard.key())).collect();
+    let cas = shared.cas.clone();
+    tokio::task::spawn_blocking(move || {
+        keys.into_iter().find_map(|(name, key)| match cas.changed(&key) {
+            Ok(changed) => changed.map(|path| (name, path)),
+            Err(e) => {
+                tracing::warn!("cannot check the output of dependency {name}: {e}");
+                None
+            }
+        })
+    })
+    .await
+    .unwrap_or_default()
 }
 
 /// A job's commands and environment, placeholders filled in.

@@ -6,7 +6,7 @@ use std::os::unix::fs::{PermissionsExt, symlink};
 
 use drover_cas::{Cas, CasError, Durability};
 
-use crate::util::{Node, build, cas, key, listing, sample_tree, tmp_is_empty, write};
+use crate::util::{Node, build, cas, key, listing, sample_tree, tmp_is_empty, unseal, write};
 
 #[test]
 fn commit_then_reopen_rebuilds_the_index() {
@@ -148,17 +148,21 @@ fn verify_detects_a_modified_file_and_removes_the_artifact() {
     build(&cas, &key(3), sample_tree);
     assert!(cas.verify_artifact(&key(1)).unwrap());
     let path = cas.artifact(&key(1)).unwrap().join("README");
+    unseal(&path);
     fs::write(&path, b"HELLO\n").unwrap();
     assert!(!cas.verify_artifact(&key(1)).unwrap());
     assert_eq!(cas.artifacts(), vec![key(2), key(3)]);
     assert!(!path.exists());
 
     // An added file counts as corruption too.
-    fs::write(cas.artifact(&key(2)).unwrap().join("extra"), b"").unwrap();
+    let extra = cas.artifact(&key(2)).unwrap().join("extra");
+    unseal(&extra);
+    fs::write(&extra, b"").unwrap();
     assert!(!cas.verify_artifact(&key(2)).unwrap());
 
     // Found corrupt while pinned: hidden at once, deleted when released.
     let guard = cas.artifact(&key(3)).unwrap();
+    unseal(&guard.join("lib/empty-file"));
     fs::remove_file(guard.join("lib/empty-file")).unwrap();
     assert!(!cas.verify_artifact(&key(3)).unwrap());
     assert!(cas.artifact(&key(3)).is_none());
@@ -421,4 +425,59 @@ fn damage_to_the_shared_empty_parts_is_repaired_on_open() {
     let guard = cas.artifact(&key(8)).unwrap();
     assert!(listing(&guard).is_empty());
     assert!(cas.verify_artifact(&key(8)).unwrap());
+}
+
+fn mode(path: &std::path::Path) -> u32 {
+    fs::symlink_metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+/// A committed tree is sealed (read-only); a job that writes into it anyway,
+/// as one running as root may, is found out by `changed`, which drops the
+/// artifact and reports it; the tree every empty artifact shares is
+/// emptied again.
+#[test]
+fn a_tree_changed_after_its_commit_is_found_and_dropped() {
+    let (_root, cas) = cas(1 << 20);
+    build(&cas, &key(1), sample_tree);
+    let guard = cas.artifact(&key(1)).unwrap();
+    let readme = guard.join("README");
+    assert_eq!((mode(&readme), mode(&guard)), (0o444, 0o555));
+    assert_eq!(cas.changed(&key(1)).unwrap(), None);
+    unseal(&readme);
+    fs::write(&readme, b"changed by a dependent job").unwrap();
+    assert_eq!(cas.changed(&key(1)).unwrap().as_deref(), Some("README"));
+    drop(guard);
+    assert!(cas.artifacts().is_empty());
+    assert_eq!(cas.take_evicted(), vec![key(1)]);
+
+    cas.commit_empty_artifact(&key(2)).unwrap();
+    let shared = cas.artifact(&key(2)).unwrap();
+    unseal(&shared.join("intruder"));
+    fs::write(shared.join("intruder"), b"x").unwrap();
+    assert_eq!(cas.changed(&key(2)).unwrap().as_deref(), Some("."));
+    drop(shared);
+    cas.commit_empty_artifact(&key(3)).unwrap();
+    let guard = cas.artifact(&key(3)).unwrap();
+    assert!(listing(&guard).is_empty());
+    assert_eq!(cas.changed(&key(3)).unwrap(), None);
+    assert_eq!(cas.changed(&key(4)).unwrap(), None, "an absent artifact");
+}
+
+/// A cache that an older drover wrote (trees neither read-only nor
+/// stamped) has its trees sealed once, when it is opened.
+#[test]
+fn the_trees_of_an_older_cache_are_sealed_when_it_opens() {
+    let (root, cas) = cas(1 << 20);
+    build(&cas, &key(1), sample_tree);
+    let tree = cas.artifact(&key(1)).unwrap().to_path_buf();
+    drop(cas);
+    let dir = root.path().join("cas");
+    fs::remove_file(dir.join("sealed")).unwrap();
+    fs::set_permissions(&tree, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(tree.join("README"), fs::Permissions::from_mode(0o644)).unwrap();
+    fs::write(tree.join("README"), b"hello\n").unwrap();
+    let cas = Cas::open(&dir, 1 << 20).unwrap();
+    assert_eq!((mode(&tree.join("README")), mode(&tree)), (0o444, 0o555));
+    assert_eq!(cas.changed(&key(1)).unwrap(), None);
+    assert!(dir.join("sealed").exists());
 }

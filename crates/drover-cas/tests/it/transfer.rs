@@ -6,7 +6,7 @@ use std::io::{BufReader, BufWriter, Read, Seek, Write};
 
 use drover_cas::{CasError, Key};
 
-use crate::util::{Craft, build, cas, key, listing, sample_tree, tmp_is_empty, write};
+use crate::util::{Craft, build, cas, key, listing, sample_tree, tmp_is_empty, unseal, write};
 
 #[test]
 fn round_trip_between_two_caches() {
@@ -181,7 +181,9 @@ fn unpack_reads_nothing_past_the_trailer() {
 fn pack_of_a_damaged_artifact_stops_short_and_drops_it() {
     let (_root, a) = cas(1 << 20);
     build(&a, &key(1), sample_tree);
-    fs::write(a.artifact(&key(1)).unwrap().join("bin/tool"), b"#!/bin/sh\necho HI\n").unwrap();
+    let tool = a.artifact(&key(1)).unwrap().join("bin/tool");
+    unseal(&tool);
+    fs::write(&tool, b"#!/bin/sh\necho HI\n").unwrap();
     let mut stream = Vec::new();
     assert!(matches!(a.pack(&key(1), &mut stream), Err(CasError::Corrupt(_))));
     assert!(a.artifacts().is_empty());

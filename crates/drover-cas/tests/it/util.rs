@@ -36,6 +36,18 @@ pub(crate) fn write(path: &Path, content: &[u8], exec: bool) {
     fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
 }
 
+/// Makes a committed (sealed, read-only) tree's `path` and its directory
+/// writable, as a job that means to change it would, so that a test can
+/// damage it whatever user it runs as.
+pub(crate) fn unseal(path: &Path) {
+    for p in [path.parent().unwrap(), path] {
+        if let Ok(meta) = fs::symlink_metadata(p) {
+            let mode = meta.permissions().mode() | 0o200;
+            fs::set_permissions(p, fs::Permissions::from_mode(mode)).unwrap();
+        }
+    }
+}
+
 /// Files, nested directories, an empty directory, an executable and
 /// symlinks inside the tree.
 pub(crate) fn sample_tree(dir: &Path) {
