@@ -14,11 +14,15 @@
 //! are fixed-width little-endian, so no two different jobs share an encoding.
 //!
 //! A gang member's ID also hashes the gang's name, `min_available` and
-//! `on_failure` (after the dependencies, under a `gang` tag; jobs outside a
-//! gang hash nothing there, so their IDs are unchanged): a job is shared
-//! across builds only with the same job of an identical gang.
+//! `on_failure`, and the member's own name (after the dependencies, under a
+//! `gang-v2` tag; jobs outside a gang hash nothing there, so their IDs are
+//! unchanged): a job is shared across builds only with the same job of an
+//! identical gang, and the members of a gang are as many processes as it
+//! has jobs even when their commands are the same (the ranks of one
+//! program). (The `gang` tag before it hashed no member name, so that
+//! identical members were one job and their gang could never start.)
 //!
-//! Not hashed: the job's own name, the build name, priority, timeout, retries
+//! Not hashed: the job's own name (but in a gang), the build name, priority, timeout, retries
 //! and the line; so the same job in another file, or renamed, keeps its ID.
 //! Any change to this encoding must change the version tag.
 
@@ -43,7 +47,8 @@ pub(crate) struct JobKey<'a> {
     pub(crate) sources: Digest,
     /// `(dependency name, dependency id)`, in any order.
     pub(crate) deps: Vec<(&'a str, Digest)>,
-    pub(crate) gang: Option<&'a crate::Gang>,
+    /// The job's gang, and the job's name in it.
+    pub(crate) gang: Option<(&'a crate::Gang, &'a str)>,
 }
 
 impl JobKey<'_> {
@@ -96,11 +101,12 @@ impl JobKey<'_> {
             out.0.update(&id.0);
         }
 
-        if let Some(gang) = self.gang {
-            out.str("gang");
+        if let Some((gang, member)) = self.gang {
+            out.str("gang-v2");
             out.str(&gang.name);
             out.u64(u64::from(gang.min_available));
             out.0.update(&[u8::from(gang.restart)]);
+            out.str(member);
         }
         out.0.finalize().into()
     }

@@ -351,7 +351,7 @@ fn resolve_jobs(
             labels: &spec.labels,
             sources: seen,
             deps,
-            gang: gangs[i].as_ref(),
+            gang: gangs[i].as_ref().map(|gang| (gang, names[i].as_str())),
         }
         .id();
         ids[i] = Some(id);

@@ -311,3 +311,28 @@ proptest! {
         }
     }
 }
+
+/// The members of a gang are distinct jobs even with the same command (the
+/// ranks of one program); jobs outside a gang with the same command are one
+/// job, shared.
+#[test]
+fn gang_members_with_the_same_command_are_distinct_jobs() {
+    let ranks = "\
+jobs:
+  - name: rank0
+    run: ['mpirun-stub']
+    gang: {name: mpi}
+  - name: rank1
+    run: ['mpirun-stub']
+    gang: {name: mpi}
+  - name: solo0
+    run: ['mpirun-stub']
+  - name: solo1
+    run: ['mpirun-stub']
+";
+    let ids = ids_of(ranks);
+    assert_ne!(ids["rank0"], ids["rank1"]);
+    assert_eq!(ids["solo0"], ids["solo1"]);
+    assert_ne!(ids["rank0"], ids["solo0"]);
+    assert_eq!(ids, ids_of(ranks), "still the same in another build");
+}

@@ -622,6 +622,45 @@ fn run_starts_afresh_on_another_versions_state() {
     assert!(again["jobs"].as_array().expect("jobs").iter().all(|j| j["state"] == "cached"), "{again}");
 }
 
+/// A job cannot change its dependency's output for later readers: the
+/// cache's trees are read-only, and one running as root that writes anyway
+/// fails with what it did, and the changed output leaves the cache.
+#[test]
+fn a_job_that_writes_into_a_dependency_fails_and_later_readers_see_the_original() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let producer = "  - name: producer\n    run: [\"echo pristine > {{out}}/data.txt\"]\n";
+    let write = |name: &str, jobs: &str| {
+        let file = dir.path().join(name);
+        std::fs::write(&file, format!("jobs:\n{producer}{jobs}")).expect("write");
+        file
+    };
+    let evil = write(
+        "evil.yaml",
+        "  - name: evil\n    needs: [producer]\n    run: [\"echo tampered >> {{dep:producer}}/data.txt\"]\n",
+    );
+    let honest = write(
+        "honest.yaml",
+        "  - name: honest\n    needs: [producer]\n    run: [\"cat {{dep:producer}}/data.txt\"]\n",
+    );
+    let run = |file: &Path| {
+        drover().arg("run").arg(file).args(["--workers", "1", "--logs"]).current_dir(dir.path()).output()
+    };
+    let out = run(&evil).expect("drover run");
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    // As root the write goes through and is found after the job; as anyone
+    // else the read-only file refuses it.
+    assert!(
+        err.contains("the job changed the output of its dependency producer (data.txt in {{dep:producer}})")
+            || err.contains("Permission denied"),
+        "{err}"
+    );
+    let out = run(&honest).expect("drover run");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--- honest (succeeded) ---\npristine\n"), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("tampered"), "{}", stderr(&out));
+}
+
 /// `drover run` again on the same state, after a source changed: the
 /// workers of the earlier run died with it, so this run's workers take
 /// their names at once (no refused registration) and the changed job runs
