@@ -354,8 +354,63 @@ async fn execute(shared: &Arc<Shared>, a: &Assignment, control: &RunControl) -> 
     .await;
     if own_src {
         let _ = tokio::task::spawn_blocking(move || remove_tree(&src)).await;
+    } else if !empty_src_untouched(&src) {
+        let job = a.name.clone();
+        let _ = tokio::task::spawn_blocking(move || clean_empty_src(&src, &job)).await;
     }
     result
+}
+
+/// The modification time of the shared empty working directory while
+/// nothing was written into it (see [`seal_empty_src`]), in seconds after
+/// the epoch.
+const SEALED_MTIME: u64 = 1;
+
+/// Makes the shared empty working directory of jobs without sources
+/// read-only and gives it a modification time no write leaves: a job that
+/// writes into it anyway (as root, or after making it writable) moves the
+/// time, and [`empty_src_untouched`] notices with one `stat`.
+pub(crate) fn seal_empty_src(dir: &Path) -> io::Result<()> {
+    let file = std::fs::File::open(dir)?;
+    file.set_permissions(std::fs::Permissions::from_mode(0o555))?;
+    file.set_modified(std::time::UNIX_EPOCH + Duration::from_secs(SEALED_MTIME))
+}
+
+/// Whether the shared empty working directory is still empty and sealed.
+fn empty_src_untouched(dir: &Path) -> bool {
+    std::fs::symlink_metadata(dir).and_then(|m| m.modified()).ok()
+        == Some(std::time::UNIX_EPOCH + Duration::from_secs(SEALED_MTIME))
+}
+
+/// Empties the shared empty working directory again after a job wrote into
+/// it, so that nothing reaches later jobs (or other tenants' jobs). The
+/// directory itself stays: other runs may be in it. Which run wrote is not
+/// known (jobs without sources share the directory), so no job is failed
+/// for it; the worker's log says what happened, naming the run that
+/// noticed it.
+fn clean_empty_src(dir: &Path, noticed_by: &str) {
+    let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755));
+    let mut removed = 0;
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let gone = if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_tree(&path)
+            } else {
+                std::fs::remove_file(&path)
+            };
+            removed += usize::from(gone.is_ok());
+        }
+    }
+    if let Err(e) = seal_empty_src(dir) {
+        tracing::warn!("cannot make {} read-only again: {e}", dir.display());
+    }
+    tracing::warn!(
+        job = noticed_by,
+        removed,
+        "a job without sources wrote into the empty working directory such jobs share (read-only, unless the job \
+         runs as root or made it writable); what it wrote was removed"
+    );
 }
 
 /// The fetch stage: materialises the sources and dependencies; returns the
@@ -499,7 +554,8 @@ impl<R: io::Read> io::Read for Cancellable<R> {
 /// Copies the job's sources into `root`, read-only (executable where the
 /// file was), and makes the directories read-only too.
 fn lay_out_sources(cas: &drover_cas::Cas, root: &Path, files: &[SourceFile]) -> Result<(), String> {
-    let mut dirs = Vec::new();
+    // The root too, even when every file is in a subdirectory.
+    let mut dirs = vec![root.to_owned()];
     for file in files {
         let key = Key(file.digest.0);
         let blob = cas.blob_path(&key).ok_or_else(|| format!("source {} left the cache", file.path))?;

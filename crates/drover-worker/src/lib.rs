@@ -416,8 +416,7 @@ pub async fn start(mut config: WorkerConfig) -> Result<Worker, WorkerError> {
     std::fs::create_dir_all(&runs).map_err(dir_err(&runs))?;
     let empty = runs.join(job::EMPTY_SRC);
     std::fs::create_dir(&empty).map_err(dir_err(&empty))?;
-    std::fs::set_permissions(&empty, std::os::unix::fs::PermissionsExt::from_mode(0o555))
-        .map_err(dir_err(&empty))?;
+    job::seal_empty_src(&empty).map_err(dir_err(&empty))?;
     let cas = Arc::new(Cas::open_with(&config.dir.join("cache"), config.cache_bytes, config.durability)?);
     cas.make_fan_outs()?;
     cas.keep_free(config.cache_keep_free);

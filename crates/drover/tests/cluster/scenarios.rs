@@ -661,6 +661,26 @@ fn a_job_that_writes_into_a_dependency_fails_and_later_readers_see_the_original(
     assert!(!stderr(&out).contains("tampered"), "{}", stderr(&out));
 }
 
+/// Jobs without sources share one empty, read-only working directory; what
+/// a job writes there anyway (as root) is removed before it reaches
+/// another job.
+#[test]
+fn what_a_job_writes_into_the_shared_empty_directory_does_not_reach_the_next() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // One worker runs both, the reader after the writer.
+    let file = dir.path().join("drover.yaml");
+    std::fs::write(
+        &file,
+        "jobs:\n  - name: writer\n    run: [\"echo poison > poison.txt; mkdir -p .cache; true\"]\n  \
+         - name: reader\n    needs: [writer]\n    run: [\"ls -A; test -z \\\"$(ls -A)\\\"\"]\n",
+    )
+    .expect("write");
+    let out =
+        drover().arg("run").arg(&file).args(["--workers", "1", "--logs"]).current_dir(dir.path()).output();
+    let out = out.expect("drover run");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+}
+
 /// `drover run` again on the same state, after a source changed: the
 /// workers of the earlier run died with it, so this run's workers take
 /// their names at once (no refused registration) and the changed job runs
