@@ -498,7 +498,17 @@ pub(crate) async fn submit(args: SubmitArgs) -> Result<(), Failure> {
     if !args.wait {
         return Ok(());
     }
-    let ended = follow(&http, base, id, 0, loaded.spec.jobs.len()).await?;
+    // Interrupted while it waits (Ctrl-C, or a CI runner stopping the
+    // step), it cancels the build it started: what its jobs share with
+    // other builds goes on for them.
+    let ended = tokio::select! {
+        ended = follow(&http, base, id, 0, loaded.spec.jobs.len()) => ended?,
+        () = crate::cluster::shutdown_signal() => {
+            eprintln!("drover: interrupted; cancelling build {id} (jobs it shares with other builds go on for them)");
+            cancel_build(&http, base, id).await?;
+            return Err(Failure::Build);
+        }
+    };
     finish(&http, base, id, &loaded, &args.build, &ended, started).await
 }
 
@@ -592,14 +602,24 @@ pub(crate) async fn status(args: StatusArgs) -> Result<(), Failure> {
 pub(crate) async fn cancel(args: CancelArgs) -> Result<(), Failure> {
     let http = connect(&args.remote);
     let base = &args.remote.coordinator;
-    http.post(&api(base, &format!("/v1/builds/{}/cancel", args.build))).await.map_err(|e| {
-        match e.status() {
-            Some(404) => no_build(&e, args.build, ""),
-            _ => reach(base)(e),
-        }
-    })?;
+    // A build that has ended has nothing left to cancel: say how it ended
+    // rather than claim a cancellation.
+    let before = build_status(&http, base, args.build).await?;
+    if before.state.is_final() {
+        eprintln!("build {} had already ended ({}): nothing to cancel", args.build, before.state);
+        return Ok(());
+    }
+    cancel_build(&http, base, args.build).await?;
     eprintln!("build {} cancelled", args.build);
     Ok(())
+}
+
+/// Cancels build `id`.
+async fn cancel_build(http: &Http, base: &str, id: u64) -> Result<(), Failure> {
+    http.post(&api(base, &format!("/v1/builds/{id}/cancel"))).await.map_err(|e| match e.status() {
+        Some(404) => no_build(&e, id, ""),
+        _ => reach(base)(e),
+    })
 }
 
 /// `drover suspend` and `drover resume`.

@@ -386,7 +386,7 @@ fn labels(
 
 /// Resolves on SIGINT or SIGTERM. Jobs' supervisors notice the worker's
 /// exit and stop their jobs.
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     let Ok(mut term) = signal(SignalKind::terminate()) else {
         return std::future::pending().await;

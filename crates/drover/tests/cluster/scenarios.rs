@@ -3,7 +3,7 @@
 //! killed.
 
 use std::path::Path;
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 
 use serde_json::Value;
 
@@ -165,6 +165,35 @@ fn cancelling_a_build_leaves_no_process_behind() {
     eventually("every process of the job to be gone", || pids.iter().all(|&p| process_gone(p)).then_some(()));
     let status = cluster.status(id);
     assert_eq!(status["state"], "cancelled");
+    // Nothing is left to cancel, and it says so.
+    let out = cluster.run(&["cancel", &id.to_string()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains(&format!("build {id} had already ended (cancelled)")), "{}", stderr(&out));
+}
+
+/// `submit --wait` interrupted (Ctrl-C, or a CI runner stopping the step)
+/// cancels the build it submitted.
+#[test]
+fn interrupting_submit_wait_cancels_its_build() {
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", 1, &[]);
+    let started = cluster.scratch("started");
+    let build = format!("jobs:\n  - name: long\n    run: [\"touch {started}; sleep 1000\"]\n");
+    let file = cluster.project("interrupt", &build, &[]);
+    let waiter = cluster
+        .client(&["submit", file.to_str().expect("utf-8"), "--wait"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("submit");
+    eventually("the job to start", || std::path::Path::new(&started).exists().then_some(()));
+    let status = Command::new("kill").args(["-INT", &waiter.id().to_string()]).status().expect("kill");
+    assert!(status.success());
+    let out = waiter.wait_with_output().expect("submit --wait ends");
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let id: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().expect("the build ID");
+    assert!(stderr(&out).contains(&format!("interrupted; cancelling build {id}")), "{}", stderr(&out));
+    assert_eq!(cluster.final_status(id)["state"], "cancelled");
 }
 
 /// Submits a job `slow` whose first attempt writes its shell's pid and
