@@ -41,8 +41,8 @@ use crate::{RunControl, Shared};
 /// The shared working directory of jobs that see no source, under `runs/`.
 pub(crate) const EMPTY_SRC: &str = "empty-src";
 
-/// How much of a failed job's standard error goes into its report.
-const STDERR_TAIL: usize = 2048;
+/// How much of a failed job's standard error (or output) goes into its report.
+const LOG_TAIL: usize = 2048;
 
 /// How long a fetch waits before trying again the holders whose failure
 /// may pass (see `worth_retrying`).
@@ -830,10 +830,10 @@ async fn run_commands(
             Ok(succeeded(a, &info, false))
         }
         Outcome::Failed { exit_code } => {
-            failed(Some(exit_code), with_tail(format!("exit code {exit_code}"), &spec.stderr))
+            failed(Some(exit_code), with_tail(format!("exit code {exit_code}"), &spec.stderr, &spec.stdout))
         }
         Outcome::Signaled { signal } => {
-            failed(None, with_tail(format!("killed by signal {signal}"), &spec.stderr))
+            failed(None, with_tail(format!("killed by signal {signal}"), &spec.stderr, &spec.stdout))
         }
         Outcome::TimedOut => {
             failed(None, format!("timed out after {}", humane(spec.timeout.unwrap_or_default())))
@@ -905,22 +905,41 @@ fn humane(d: Duration) -> String {
     if ms.is_multiple_of(1000) { format!("{}s", ms / 1000) } else { format!("{ms}ms") }
 }
 
-/// `summary`, then the last lines of the job's standard error.
-fn with_tail(summary: String, stderr: &Path) -> String {
+/// `summary`, then the last lines of the job's standard error, or of its
+/// standard output when it wrote nothing to standard error (test runners
+/// such as pytest report their failures there).
+fn with_tail(summary: String, stderr: &Path, stdout: &Path) -> String {
+    for (name, path) in [("stderr", stderr), ("stdout", stdout)] {
+        if let Some(tail) = log_tail(path) {
+            return format!("{summary}; {name}:\n{tail}");
+        }
+    }
+    summary
+}
+
+/// The last whole lines of a log, at most [`LOG_TAIL`] bytes of them
+/// (a line longer than that is cut at its start); `None` if the log is
+/// missing or blank.
+fn log_tail(path: &Path) -> Option<String> {
     use std::io::{Read, Seek, SeekFrom};
     // Only the end is read: a log may be as large as its limit, or larger.
-    let read_end = || -> io::Result<Vec<u8>> {
-        let mut file = std::fs::File::open(stderr)?;
+    let read_end = || -> io::Result<(Vec<u8>, bool)> {
+        let mut file = std::fs::File::open(path)?;
         let len = file.metadata()?.len();
-        file.seek(SeekFrom::Start(len.saturating_sub(STDERR_TAIL as u64)))?;
-        let mut bytes = Vec::with_capacity(STDERR_TAIL);
-        file.take(STDERR_TAIL as u64).read_to_end(&mut bytes)?;
-        Ok(bytes)
+        let start = len.saturating_sub(LOG_TAIL as u64);
+        file.seek(SeekFrom::Start(start))?;
+        let mut bytes = Vec::with_capacity(LOG_TAIL);
+        file.take(LOG_TAIL as u64).read_to_end(&mut bytes)?;
+        Ok((bytes, start > 0))
     };
-    let Ok(bytes) = read_end() else { return summary };
-    let tail = String::from_utf8_lossy(&bytes);
-    let tail = tail.trim_end();
-    if tail.is_empty() { summary } else { format!("{summary}; stderr:\n{tail}") }
+    let (bytes, cut) = read_end().ok()?;
+    let text = String::from_utf8_lossy(&bytes);
+    let mut tail = text.trim_end();
+    // Cut inside a line: start at the next whole one, if there is one.
+    if cut && let Some((_, rest)) = tail.split_once('\n') {
+        tail = rest;
+    }
+    (!tail.trim().is_empty()).then(|| tail.to_owned())
 }
 
 /// Keeps the run's logs; returns the oldest runs beyond the limit, whose
@@ -941,6 +960,27 @@ mod tests {
         let env = env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
         let deps = BTreeMap::from([("lib".to_owned(), PathBuf::from("/cache/lib"))]);
         uses_out(&commands, &env, Path::new("/runs/1/src"), &deps).unwrap()
+    }
+
+    /// A failure's summary ends with the last whole lines of standard
+    /// error, or of standard output when standard error is blank.
+    #[test]
+    fn a_failure_shows_the_tail_of_stderr_or_else_of_stdout() {
+        let dir = tempfile::tempdir().unwrap();
+        let (err, out) = (dir.path().join("stderr.log"), dir.path().join("stdout.log"));
+        assert_eq!(with_tail("exit code 1".into(), &err, &out), "exit code 1", "no logs");
+        std::fs::write(&err, "\n  \n").unwrap();
+        std::fs::write(&out, "collected 3 items\nFAILED test_x.py::test_y\n").unwrap();
+        assert_eq!(
+            with_tail("exit code 1".into(), &err, &out),
+            "exit code 1; stdout:\ncollected 3 items\nFAILED test_x.py::test_y"
+        );
+        let long: String = (0..1000).map(|i| format!("line {i}\n")).collect();
+        std::fs::write(&err, &long).unwrap();
+        let summary = with_tail("exit code 2".into(), &err, &out);
+        let tail = summary.strip_prefix("exit code 2; stderr:\n").unwrap();
+        assert!(tail.len() <= LOG_TAIL && tail.ends_with("line 999"), "{tail}");
+        assert!(long.contains(&format!("\n{tail}")), "the tail starts at a whole line: {tail:.40}");
     }
 
     /// A stage log's lines stay in memory until they pass the limit, then
