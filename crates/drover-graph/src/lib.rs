@@ -177,6 +177,14 @@ impl Format {
 /// `.yml`, TOML for `.toml`, YAML for anything else. Sources are resolved
 /// relative to the file's directory and hashed.
 pub fn load(path: &Path) -> Result<Build, GraphError> {
+    load_excluding(path, None)
+}
+
+/// [`load`], with directory `exclude` (a path absolute or relative to the
+/// working directory) never read for sources: where outputs are exported
+/// (`--out`), which a pattern such as `**` would otherwise match, so that
+/// every export changed the sources of the next build.
+pub fn load_excluding(path: &Path, exclude: Option<&Path>) -> Result<Build, GraphError> {
     let io_error = |source| GraphError::Io { path: path.to_owned(), source };
     let file = File::open(path).map_err(io_error)?;
     let mut bytes = Vec::new();
@@ -190,8 +198,12 @@ pub fn load(path: &Path) -> Result<Build, GraphError> {
     if let Some(error) = too_large(path, bytes.len()) {
         return Err(error);
     }
+    let excluded = exclude
+        .and_then(|dir| std::path::absolute(dir).ok())
+        .and_then(|dir| dir.strip_prefix(&root).ok().map(|rel| rel.to_string_lossy().into_owned()))
+        .filter(|rel| !rel.is_empty());
     match String::from_utf8(bytes) {
-        Ok(text) => parse_str(path, &text, &root),
+        Ok(text) => parse(path, &text, &root, excluded.as_deref()),
         Err(error) => {
             let valid = &error.as_bytes()[..error.utf8_error().valid_up_to()];
             // Lines end as the parsers end them: `\n`, `\r\n` or a lone `\r`.
@@ -209,6 +221,12 @@ pub fn load(path: &Path) -> Result<Build, GraphError> {
 /// diagnostics (its extension picks the format, as for [`load`]); `root` is
 /// the directory sources are resolved in.
 pub fn parse_str(file: &Path, text: &str, root: &Path) -> Result<Build, GraphError> {
+    parse(file, text, root, None)
+}
+
+/// [`parse_str`], never reading the directory `excluded` (relative to
+/// `root`) for sources.
+fn parse(file: &Path, text: &str, root: &Path, excluded: Option<&str>) -> Result<Build, GraphError> {
     if let Some(error) = too_large(file, text.len()) {
         return Err(error);
     }
@@ -229,7 +247,7 @@ pub fn parse_str(file: &Path, text: &str, root: &Path) -> Result<Build, GraphErr
     for job in &spec.jobs {
         check_placeholders(job, &mut diags);
     }
-    let source_paths = sources::expand(root, &spec.sources, &mut diags)?;
+    let source_paths = sources::expand(root, &spec.sources, excluded, &mut diags)?;
     let inputs: Vec<Option<Vec<String>>> = spec
         .jobs
         .iter()

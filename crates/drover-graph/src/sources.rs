@@ -15,14 +15,16 @@ use crate::schema::Located;
 use crate::{SourceFile, digest};
 
 /// Expands every `sources` pattern under `root`: the sorted, deduplicated
-/// relative paths of the files matched. A pattern that is invalid or matches
+/// relative paths of the files matched, never entering the directory
+/// `excluded` (relative to `root`). A pattern that is invalid or matches
 /// no file is a diagnostic; an unreadable directory is an error.
 pub(crate) fn expand(
     root: &Path,
     patterns: &[Located<String>],
+    excluded: Option<&str>,
     diags: &mut Diagnostics,
 ) -> Result<Vec<String>, GraphError> {
-    let mut walker = Walker { root, canonical_root: None, found: Vec::new(), problems: Vec::new() };
+    let mut walker = Walker { root, excluded, canonical_root: None, found: Vec::new(), problems: Vec::new() };
     let mut all = Vec::new();
     let mut walked = std::collections::BTreeSet::new();
     for located in patterns {
@@ -66,6 +68,8 @@ pub(crate) fn expand(
 
 struct Walker<'a> {
     root: &'a Path,
+    /// A directory not to enter, relative to the root.
+    excluded: Option<&'a str>,
     canonical_root: Option<PathBuf>,
     /// Files matched by the current pattern.
     found: Vec<String>,
@@ -95,7 +99,9 @@ impl Walker<'_> {
             let file_type =
                 entry.file_type().map_err(|source| GraphError::Io { path: path.clone(), source })?;
             if file_type.is_dir() {
-                self.walk(pattern, &path, &rel_path, &next)?;
+                if self.excluded != Some(rel_path.as_str()) {
+                    self.walk(pattern, &path, &rel_path, &next)?;
+                }
             } else if !pattern.accepts(&next) {
                 continue;
             } else if file_type.is_file() {

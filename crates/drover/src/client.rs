@@ -35,7 +35,12 @@ pub(crate) struct Loaded {
 
 /// Loads and checks a build file; every problem is reported, as bad input.
 pub(crate) fn load(file: &Path) -> Result<Loaded, Failure> {
-    let build = drover_graph::load(file).map_err(|e| Failure::Usage(anyhow!("{e}")))?;
+    load_excluding(file, None)
+}
+
+/// [`load`], never reading `out` (where outputs are exported) for sources.
+pub(crate) fn load_excluding(file: &Path, out: Option<&Path>) -> Result<Loaded, Failure> {
+    let build = drover_graph::load_excluding(file, out).map_err(|e| Failure::Usage(anyhow!("{e}")))?;
     let hash = |d: drover_graph::Digest| Hash32(d.0);
     let spec = BuildSpec {
         name: build.name.clone(),
@@ -211,6 +216,7 @@ pub(crate) async fn build_and_wait(
     args: &BuildArgs,
 ) -> Result<(), Failure> {
     let started = Instant::now();
+    prepare_out(args)?;
     let id = submit_loaded(http, base, &loaded, &Options::from_args(args)).await?;
     let ended = follow(http, base, id, 0, loaded.spec.jobs.len()).await?;
     finish(http, base, id, &loaded, args, &ended, started).await
@@ -413,6 +419,15 @@ pub(crate) async fn follow_events(
     }
 }
 
+/// Makes the `--out` directory before anything is submitted, so that a
+/// path that cannot be one fails at once (exit code 2), not after the
+/// build.
+fn prepare_out(args: &BuildArgs) -> Result<(), Failure> {
+    let Some(out) = &args.out else { return Ok(()) };
+    std::fs::create_dir_all(out)
+        .map_err(|e| Failure::Usage(anyhow!("--out {}: cannot make that directory: {e}", out.display())))
+}
+
 /// Copies the outputs of the jobs nothing depends on into `out/<job>/`.
 async fn export(
     http: &Http,
@@ -487,10 +502,11 @@ pub(crate) async fn submit(args: SubmitArgs) -> Result<(), Failure> {
             return Err(Failure::Usage(anyhow!("{flag} needs --wait: it acts once the build has ended")));
         }
     }
-    let loaded = load(&args.build.file)?;
+    let loaded = load_excluding(&args.build.file, args.build.out.as_deref())?;
     let http = connect(&args.remote);
     let base = &args.remote.coordinator;
     let started = Instant::now();
+    prepare_out(&args.build)?;
     let id = submit_loaded(&http, base, &loaded, &Options::from_args(&args.build)).await?;
     if !(args.wait && args.build.json) {
         outln!("{id}");

@@ -465,7 +465,7 @@ impl Embedded {
 /// build as `submit --wait` would run it.
 pub(crate) async fn run(args: RunArgs) -> Result<(), Failure> {
     // Check the build file before starting anything.
-    let loaded = client::load(&args.build.file)?;
+    let loaded = client::load_excluding(&args.build.file, args.build.out.as_deref())?;
     let slots = args.slots.unwrap_or_else(|| units::cpus().div_ceil(args.workers).max(1));
     let cluster = Embedded::start(&args.state, args.workers, slots).await?;
     let http = cluster.http();

@@ -65,6 +65,23 @@ enum Failure {
     Runtime(anyhow::Error),
 }
 
+/// An error and its causes, joined by `: `, leaving out a cause whose text
+/// an outer message already quotes (an I/O error's message often does).
+fn describe(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let cause = cause.to_string();
+        if text.contains(&cause) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&cause);
+    }
+    text
+}
+
 impl From<anyhow::Error> for Failure {
     fn from(e: anyhow::Error) -> Failure {
         Failure::Runtime(e)
@@ -91,11 +108,11 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::Build) => ExitCode::from(1),
         Err(Failure::Usage(e)) => {
-            eprintln!("drover: {e:#}");
+            eprintln!("drover: {}", describe(&e));
             ExitCode::from(2)
         }
         Err(Failure::Runtime(e)) => {
-            eprintln!("drover: {e:#}");
+            eprintln!("drover: {}", describe(&e));
             ExitCode::from(1)
         }
     }

@@ -710,6 +710,41 @@ fn what_a_job_writes_into_the_shared_empty_directory_does_not_reach_the_next() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
 }
 
+/// `--out` inside the project is never read for sources, even by `**`:
+/// exporting does not change the next build's sources. A `--out` that
+/// cannot be a directory is refused before anything runs.
+#[test]
+fn the_out_directory_is_not_a_source_and_a_bad_one_is_refused_first() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("a.txt"), "a\n").expect("write");
+    std::fs::write(
+        dir.path().join("drover.yaml"),
+        "sources: [\"**\"]\njobs:\n  - name: list\n    run: [\"find . -type f | sort > {{out}}/files\"]\n",
+    )
+    .expect("write");
+    let run = |out: &str| {
+        drover()
+            .args(["run", "drover.yaml", "--json", "--out", out])
+            .current_dir(dir.path())
+            .output()
+            .expect("run")
+    };
+    for round in 0..2 {
+        let out = run("out");
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let status: Value = serde_json::from_slice(&out.stdout).expect("status JSON");
+        let expected = if round == 0 { "succeeded" } else { "cached" };
+        assert_eq!(job(&status, "list")["state"], expected, "round {round}: {status}");
+    }
+    let files = std::fs::read_to_string(dir.path().join("out/list/files")).expect("exported");
+    assert_eq!(files, "./a.txt\n./drover.yaml\n");
+    std::fs::write(dir.path().join("plain"), "").expect("write");
+    let out = run("plain/sub");
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--out plain/sub: cannot make that directory"), "{}", stderr(&out));
+    assert!(out.stdout.is_empty());
+}
+
 /// `drover run` again on the same state, after a source changed: the
 /// workers of the earlier run died with it, so this run's workers take
 /// their names at once (no refused registration) and the changed job runs
