@@ -146,3 +146,35 @@ async fn dispatch(command: Command) -> Result<(), Failure> {
         Command::Bench(args) => bench::run(args).await,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::describe;
+
+    /// An error that quotes its source in its own message, as
+    /// `drover_cas::CasError::Io` does.
+    #[derive(Debug)]
+    struct Quoting(std::io::Error);
+
+    impl std::fmt::Display for Quoting {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "create out/a: {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Quoting {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    /// A cause whose text the message above it already quotes is left out.
+    #[test]
+    fn an_errors_causes_are_printed_once() {
+        let e =
+            anyhow::Error::new(Quoting(std::io::Error::from_raw_os_error(20))).context("exporting to out/a");
+        assert_eq!(describe(&e), "exporting to out/a: create out/a: Not a directory (os error 20)");
+        let e = anyhow::Error::new(std::io::Error::from_raw_os_error(2)).context("reading x");
+        assert_eq!(describe(&e), "reading x: No such file or directory (os error 2)");
+    }
+}
