@@ -109,13 +109,14 @@ pub(crate) fn render(m: &Metrics, log: &LogGauges) -> String {
     Family {
         name: "drover_workers",
         kind: "gauge",
-        help: "Registered workers, holding their lease (up) or not (lost).",
+        help: "Registered workers: holding their lease (up), gone without a word (lost), or left on their own (left).",
     }
     .write(
         &mut out,
         [
             (vec![("state", "up".to_owned())], m.workers_up),
             (vec![("state", "lost".to_owned())], m.workers_lost),
+            (vec![("state", "left".to_owned())], m.workers_left),
         ],
     );
     Family {
@@ -172,6 +173,7 @@ mod tests {
             workers_up: 3,
             workers_draining: 1,
             workers_lost: 1,
+            workers_left: 2,
             core_workers: 4,
             slots: 12,
             runs_in_flight: 4,
@@ -200,6 +202,7 @@ mod tests {
             "drover_runs_ended_total{result=\"gave_up\"} 0",
             "drover_workers{state=\"up\"} 3",
             "drover_workers{state=\"lost\"} 1",
+            "drover_workers{state=\"left\"} 2",
             "drover_core_workers 4",
             "drover_workers_draining 1",
             "drover_slots 12",

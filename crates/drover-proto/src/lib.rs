@@ -932,6 +932,10 @@ pub struct WorkerStatus {
     pub url: String,
     /// Registered and holding its lease.
     pub alive: bool,
+    /// Not alive because it left on its own (drained or stopped), not
+    /// because it missed its lease.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub left: bool,
     /// Alive, but shutting down once its runs end: nothing new goes to it.
     #[serde(default, skip_serializing_if = "is_default")]
     pub draining: bool,

@@ -269,6 +269,10 @@ struct WorkerInfo {
     labels: BTreeMap<String, String>,
     /// When it was lost, in the order of losses (`None` while alive).
     lost: Option<u64>,
+    /// It left on its own ([`Input::Leave`]: drained, or stopped) rather
+    /// than missing its lease.
+    #[serde(default)]
+    left: bool,
 }
 
 /// How a run ended, as [`Metrics::runs_ended`] counts it.
@@ -320,9 +324,12 @@ pub struct Metrics {
     pub workers_up: u64,
     /// Of those, the ones draining (nothing new goes to them).
     pub workers_draining: u64,
-    /// Registered workers that lost their lease (or left), as listed: at
-    /// most [`KEEP_LOST_WORKERS`].
+    /// Registered workers that lost their lease, as listed: at most
+    /// [`KEEP_LOST_WORKERS`] with those that left.
     pub workers_lost: u64,
+    /// Registered workers that left on their own (drained or stopped), as
+    /// listed.
+    pub workers_left: u64,
     /// Workers the scheduling core holds: the live ones, and lost ones
     /// whose place no new worker has taken yet.
     pub core_workers: u64,
@@ -497,7 +504,13 @@ impl Solver {
             {
                 Err(SolverError::UnknownWorker(worker))
             }
-            Input::Leave { worker } => Ok(self.core_event(Event::WorkerLeft { worker: WorkerId(worker) })),
+            Input::Leave { worker } => {
+                let reply = self.core_event(Event::WorkerLeft { worker: WorkerId(worker) });
+                if let Some(info) = self.workers.get_mut(&worker) {
+                    info.left = true;
+                }
+                Ok(reply)
+            }
             Input::Drain { worker } => {
                 Ok(self.core_event(Event::WorkerDraining { worker: WorkerId(worker) }))
             }
@@ -733,6 +746,8 @@ impl Solver {
                 m.workers_draining += u64::from(self.core.worker_draining(WorkerId(id)));
                 m.slots += u64::from(info.capacity.slots);
                 m.runs_in_flight += self.core.worker_runs(WorkerId(id)).len() as u64;
+            } else if info.left {
+                m.workers_left += 1;
             } else {
                 m.workers_lost += 1;
             }
@@ -760,6 +775,7 @@ impl Solver {
                 name: w.name.to_string(),
                 url: w.url.clone(),
                 alive: self.core.worker_alive(WorkerId(id)),
+                left: w.left && !self.core.worker_alive(WorkerId(id)),
                 draining: self.core.worker_draining(WorkerId(id)),
                 capacity: w.capacity.clone(),
                 labels: w.labels.clone(),
@@ -842,6 +858,7 @@ impl Solver {
                 capacity: req.capacity,
                 labels: req.labels,
                 lost: None,
+                left: false,
             },
         );
         self.effects.push(Effect::Registered { worker: id });

@@ -2166,7 +2166,9 @@ fn a_worker_that_leaves_hands_its_runs_back_at_once() {
     let again = h.assigned();
     assert_eq!(again.len(), 1, "the run went back to the queue and out again");
     assert_eq!((again[0].0, again[0].2.as_str()), (w2, "a"));
-    assert_eq!(h.solver.metrics().workers_lost, 1);
+    assert_eq!((h.solver.metrics().workers_lost, h.solver.metrics().workers_left), (0, 1));
+    let listed = h.solver.workers().into_iter().find(|w| w.id == w1).expect("listed");
+    assert!(listed.left && !listed.alive, "{listed:?}");
     h.report(w2, Report { finished: vec![ok(again[0].1, "a")], ..Report::default() });
     assert_eq!(h.solver.build_status(b).expect("build").state, BuildState::Succeeded);
     // A worker that left must register again to report.
@@ -2207,7 +2209,7 @@ fn workers_lost_long_ago_are_forgotten_and_new_ones_take_their_places() {
     assert!(!listed.iter().any(|n| n == "short-0" || n == "short-1"), "forgotten ones are not listed");
     assert!(listed.iter().any(|n| n == "short-2") && listed.iter().any(|n| n == "stays"));
     let m = h.solver.metrics();
-    assert_eq!((m.workers_up, m.workers_lost), (1, KEEP_LOST_WORKERS as u64));
+    assert_eq!((m.workers_up, m.workers_lost, m.workers_left), (1, 0, KEEP_LOST_WORKERS as u64));
     assert_eq!(m.core_workers, 2, "each newcomer took the place of the one lost before it");
     // The early job still names its worker; its log is nowhere to be had.
     let status = h.solver.build_status(early).expect("early build");

@@ -717,6 +717,8 @@ pub(crate) async fn workers(args: WorkersArgs) -> Result<(), Failure> {
                 "draining"
             } else if w.alive {
                 "up"
+            } else if w.left {
+                "left"
             } else {
                 "lost"
             },
