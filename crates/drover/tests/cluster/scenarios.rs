@@ -266,7 +266,10 @@ fn a_worker_stopped_with_sigterm_finishes_its_job_takes_nothing_new_and_leaves()
     assert_eq!(next["worker"].as_str(), Some("w2"), "nothing new went to the draining worker: {status}");
     assert!(cluster.worker_exit("w1").success(), "the worker exits cleanly once drained");
     let w1 = worker_entry(&cluster, "w1").expect("w1 listed");
-    assert_eq!(w1["alive"], false, "it left: {w1}");
+    assert_eq!((&w1["alive"], &w1["left"]), (&Value::Bool(false), &Value::Bool(true)), "it left: {w1}");
+    let out = cluster.run(&["workers"]);
+    let line = String::from_utf8_lossy(&out.stdout).lines().find(|l| l.starts_with("w1 ")).map(str::to_owned);
+    assert!(line.as_deref().is_some_and(|l| l.contains(" left ")), "{line:?}");
 }
 
 /// A second stop request stops the running job now, and the worker leaves:
