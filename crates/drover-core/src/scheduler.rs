@@ -819,8 +819,10 @@ impl Scheduler {
         });
         if !room {
             return Some(format!(
-                "no worker has room for it now (it needs {} slot(s), {}m CPU, {} bytes of memory)",
-                class.key.slots, class.key.cpu, class.key.memory
+                "no worker has room for it now (it needs {} slot(s), {}, {} of memory)",
+                class.key.slots,
+                cpu(class.key.cpu),
+                bytes(class.key.memory)
             ));
         }
         Some(format!("waiting for its turn in queue {queue_name}"))
@@ -2073,13 +2075,13 @@ impl Scheduler {
             ));
         }
         if key.cpu > max(&|w| w.cpu) {
-            unmet.push(format!("needs {}m CPU, the largest worker has {}m", key.cpu, max(&|w| w.cpu)));
+            unmet.push(format!("needs {}, the largest worker has {}", cpu(key.cpu), cpu(max(&|w| w.cpu))));
         }
         if key.memory > max(&|w| w.memory) {
             unmet.push(format!(
-                "needs {} bytes of memory, the largest worker has {}",
-                key.memory,
-                max(&|w| w.memory)
+                "needs {} of memory, the largest worker has {}",
+                bytes(key.memory),
+                bytes(max(&|w| w.memory))
             ));
         }
         for &(t, amount) in &key.tokens {
@@ -3034,4 +3036,46 @@ fn holds(holders: &IdMap<Holders>, w: WorkerIdx, a: &JobId) -> bool {
 /// been freed, since the entry was filed (same era).
 fn live_entry(eras: &[Era]) -> impl Fn(JobIdx, Era) -> bool + '_ {
     move |j, era| eras[j as usize] == era
+}
+
+/// CPU for people to read: whole cores as such (`4 CPUs`), else
+/// millicores (`500m CPU`).
+fn cpu(millis: u64) -> String {
+    match millis {
+        1000 => "1 CPU".to_owned(),
+        m if m.is_multiple_of(1000) => format!("{} CPUs", m / 1000),
+        m => format!("{m}m CPU"),
+    }
+}
+
+/// A size for people to read, in binary units to a tenth: `1.5 GiB`,
+/// `512 B`.
+fn bytes(n: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut unit = 0;
+    while unit + 1 < UNITS.len() && n >= 1u64 << (10 * (unit + 1)) {
+        unit += 1;
+    }
+    let tenths = u128::from(n) * 10 / (1u128 << (10 * unit));
+    if tenths.is_multiple_of(10) || unit == 0 {
+        format!("{} {}", tenths / 10, UNITS[unit])
+    } else {
+        format!("{}.{} {}", tenths / 10, tenths % 10, UNITS[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{bytes, cpu};
+
+    #[test]
+    fn amounts_are_written_for_people() {
+        assert_eq!([cpu(0), cpu(1000), cpu(2000), cpu(500)], ["0 CPUs", "1 CPU", "2 CPUs", "500m CPU"]);
+        assert_eq!(bytes(0), "0 B");
+        assert_eq!(bytes(1023), "1023 B");
+        assert_eq!(bytes(1536), "1.5 KiB");
+        assert_eq!(bytes(25_276_510_208), "23.5 GiB");
+        assert_eq!(bytes(989_560_464_998_400), "900 TiB");
+        assert_eq!(bytes(u64::MAX), "16383.9 PiB", "rounded down");
+    }
 }

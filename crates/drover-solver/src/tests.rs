@@ -1870,7 +1870,7 @@ fn queued_jobs_say_why_they_wait() {
     // finds no room.
     let runs = h.assigned();
     assert_eq!(runs.iter().map(|r| r.2.as_str()).collect::<Vec<_>>(), ["a"]);
-    let no_room = "no worker has room for it now (it needs 1 slot(s), 0m CPU, 0 bytes of memory)";
+    let no_room = "no worker has room for it now (it needs 1 slot(s), 0 CPUs, 0 B of memory)";
     assert_eq!(detail(&h, "b"), no_room);
     // a ends: w1 takes b, and `after` reads a's output, which only w1 holds:
     // it waits for w1 a little before any worker may take it.
