@@ -793,10 +793,37 @@ pub(crate) async fn logs(args: LogsArgs) -> Result<(), Failure> {
     };
     let follow = if args.follow { "&follow=true" } else { "" };
     let url = api(base, &format!("/v1/builds/{}/jobs/{}/log?stream={stream}{follow}", args.build, args.job));
-    let mut body = http.get_stream(&url).await.map_err(|e| match e.status() {
+    let refused = |e: HttpError| match e.status() {
         Some(404) => Failure::Usage(anyhow!("{e}")),
         _ => reach(base)(e),
-    })?;
+    };
+    // With --follow, a job that has not started yet is waited for (`submit`
+    // then `logs --follow` at once is the usual order), until it starts or
+    // ends without running (skipped, cached, cancelled).
+    let mut said = false;
+    let mut body = loop {
+        let e = match http.get_stream(&url).await {
+            Ok(body) => break body,
+            Err(e) if args.follow && e.status() == Some(404) && e.to_string().contains("has not run") => e,
+            Err(e) => return Err(refused(e)),
+        };
+        let status = build_status(&http, base, args.build).await?;
+        let state = status.jobs.iter().find(|j| j.name == args.job).map(|j| j.state);
+        if state.is_some_and(JobState::is_final) {
+            // It may have run and ended since the first answer.
+            match http.get_stream(&url).await {
+                Ok(body) => break body,
+                Err(_) => {
+                    let state = state.map_or_else(String::new, |s| s.to_string());
+                    return Err(Failure::Usage(anyhow!("{e}: it ended {state} without running")));
+                }
+            }
+        }
+        if !std::mem::replace(&mut said, true) {
+            eprintln!("drover: job {} of build {} has not started yet; waiting for it", args.job, args.build);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
     let mut stdout = tokio::io::stdout();
     while let Some(chunk) = body.next().await {
         let chunk = chunk.context("the log stream broke")?;

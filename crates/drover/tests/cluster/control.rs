@@ -82,7 +82,10 @@ fn logs_follow_streams_a_running_job_until_it_ends() {
     let gate = cluster.scratch("gate");
     let file = cluster.project(
         "follow",
-        &format!("jobs:\n  - name: talk\n    run: \"echo one; while [ ! -e {gate} ]; do sleep 0.05; done; echo two\"\n"),
+        &format!(
+            "jobs:\n  - name: talk\n    run: \"echo one; while [ ! -e {gate} ]; do sleep 0.05; done; echo two\"\n  \
+             - name: after\n    needs: [talk]\n    run: \"echo three\"\n"
+        ),
         &[],
     );
     let build = cluster.submit(&file);
@@ -103,10 +106,24 @@ fn logs_follow_streams_a_running_job_until_it_ends() {
     });
     let next = || rx.recv_timeout(std::time::Duration::from_secs(60)).ok();
     assert_eq!(next().as_deref(), Some("one"), "printed while the job runs");
+    // A job that has not started yet is waited for.
+    let mut later = cluster
+        .client(&["logs", &build.to_string(), "after", "--follow"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("drover logs --follow");
+    let later_err = later.stderr.take().expect("stderr");
+    let mut waiting = String::new();
+    BufReader::new(later_err).read_line(&mut waiting).expect("read");
+    assert!(waiting.contains("job after of build") && waiting.contains("has not started yet"), "{waiting}");
     std::fs::write(&gate, "").expect("open the gate");
     assert_eq!(next().as_deref(), Some("two"));
     assert_eq!(next(), None, "the stream ends with the job");
     assert!(follow.wait().expect("wait").success());
+    let later = later.wait_with_output().expect("wait");
+    assert!(later.status.success());
+    assert_eq!(String::from_utf8_lossy(&later.stdout), "three\n");
 }
 
 #[test]
