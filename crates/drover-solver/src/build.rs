@@ -784,8 +784,20 @@ impl Build {
                 .collect(),
         };
         if targets.is_empty() {
-            let what = if resume { "suspended" } else { "running (and not suspended)" };
-            return Err(format!("build {} has no job {what}", self.id));
+            // Say what there is: a build whose running jobs are all
+            // suspended already is not a build with nothing running.
+            let (running, suspended) = self
+                .jobs
+                .iter()
+                .filter(|rec| rec.state == JobState::Running && rec.run.is_some())
+                .fold((0, 0), |(r, s), rec| (r + 1, s + usize::from(rec.suspended)));
+            return Err(match (resume, running) {
+                (_, 0) => format!("build {} has no job running", self.id),
+                (true, _) => format!("build {} has no suspended job ({running} running)", self.id),
+                (false, _) => {
+                    format!("build {}: its {suspended} running job(s) are suspended already", self.id)
+                }
+            });
         }
         let mut runs = Vec::new();
         for i in targets {

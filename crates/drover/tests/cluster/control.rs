@@ -54,6 +54,11 @@ fn suspend_stops_a_running_job_and_resume_continues_it() {
     let again = cluster.run(&["suspend", &build.to_string(), "nope"]);
     assert_eq!(again.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&again.stderr).contains("no job \"nope\""), "{again:?}");
+    // Suspending the whole build again says its job is suspended already.
+    let again = cluster.run(&["suspend", &build.to_string()]);
+    assert_eq!(again.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&again.stderr);
+    assert!(err.contains("its 1 running job(s) are suspended already"), "{err}");
 
     let out = cluster.run(&["resume", &build.to_string()]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
