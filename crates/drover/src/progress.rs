@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{IsTerminal, Write};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use drover_proto::{BuildEvent, EventKind, JobState};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -12,7 +12,10 @@ use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 /// Shows one build's progress.
 #[derive(Debug)]
 pub(crate) struct Progress {
-    started: Instant,
+    /// When the first event shown happened (the coordinator's clock, in
+    /// milliseconds): lines give each event's time from there, so a build
+    /// followed after it ended reads as it went, not all at `0.00s`.
+    first_at: Option<u64>,
     bars: Option<Bars>,
 }
 
@@ -44,7 +47,7 @@ impl Progress {
         if bars.is_none() {
             eprintln!("build {build}: {jobs} job{}", if jobs == 1 { "" } else { "s" });
         }
-        Progress { started: Instant::now(), bars }
+        Progress { first_at: None, bars }
     }
 
     /// Shows one event.
@@ -52,11 +55,13 @@ impl Progress {
         match &mut self.bars {
             Some(bars) => bars.event(event),
             None => {
+                let first = *self.first_at.get_or_insert(event.at);
                 if let Some(line) = line(event) {
                     // One write per line: `eprintln!` writes each piece of
                     // its format on its own (standard error is unbuffered),
                     // about fifteen system calls a line, two lines a job.
-                    let text = format!("[{:7.2}s] {line}\n", self.started.elapsed().as_secs_f64());
+                    let secs = event.at.saturating_sub(first) as f64 / 1000.0;
+                    let text = format!("[{secs:7.2}s] {line}\n");
                     let _ = std::io::stderr().write_all(text.as_bytes());
                 }
             }

@@ -748,6 +748,24 @@ fn the_out_directory_is_not_a_source_and_a_bad_one_is_refused_first() {
     assert!(out.stdout.is_empty());
 }
 
+/// Progress lines give each event's time in the build, also when the build
+/// is followed after it ended (`status --watch`): not all at `0.00s`.
+#[test]
+fn progress_lines_give_each_events_time_in_the_build() {
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", 1, &[]);
+    let file = cluster.project("times", "jobs:\n  - name: nap\n    run: [\"sleep 0.3\"]\n", &[]);
+    let id = cluster.submit(&file);
+    assert_eq!(cluster.final_status(id)["state"], "succeeded");
+    let out = cluster.run(&["status", &id.to_string(), "--watch"]);
+    let err = stderr(&out);
+    let line = err.lines().find(|l| l.ends_with("succeeded nap")).expect("the job's end");
+    let secs: f64 =
+        line.trim_start_matches('[').split('s').next().expect("time").trim().parse().expect("seconds");
+    // The job slept 0.3 s between its start and its end.
+    assert!(secs >= 0.3, "{err}");
+}
+
 /// `drover run` again on the same state, after a source changed: the
 /// workers of the earlier run died with it, so this run's workers take
 /// their names at once (no refused registration) and the changed job runs
