@@ -150,6 +150,9 @@ struct Shared {
     /// Shutting down once its runs end ([`Worker::drain`]): said to the
     /// coordinator again after every registration.
     draining: std::sync::atomic::AtomicBool,
+    /// Empty working directories for runs without sources, each used by
+    /// one run at a time (see `job::EmptyDirs`).
+    empty_dirs: job::EmptyDirs,
     /// Why the session ended, when the coordinator refused the worker's
     /// first registration (see `session::run`).
     refused: Mutex<Option<String>>,
@@ -414,9 +417,6 @@ pub async fn start(mut config: WorkerConfig) -> Result<Worker, WorkerError> {
         job::remove_tree(&runs).map_err(dir_err(&runs))?;
     }
     std::fs::create_dir_all(&runs).map_err(dir_err(&runs))?;
-    let empty = runs.join(job::EMPTY_SRC);
-    std::fs::create_dir(&empty).map_err(dir_err(&empty))?;
-    job::seal_empty_src(&empty).map_err(dir_err(&empty))?;
     let cas = Arc::new(Cas::open_with(&config.dir.join("cache"), config.cache_bytes, config.durability)?);
     cas.make_fan_outs()?;
     cas.keep_free(config.cache_keep_free);
@@ -443,6 +443,7 @@ pub async fn start(mut config: WorkerConfig) -> Result<Worker, WorkerError> {
         fetched: tokio::sync::Notify::new(),
         tokens: tokens::Arbiter::new(pools(&config)),
         draining: std::sync::atomic::AtomicBool::new(false),
+        empty_dirs: job::EmptyDirs::default(),
         refused: Mutex::new(None),
         config,
     });

@@ -693,11 +693,11 @@ fn a_job_that_writes_into_a_dependency_fails_and_later_readers_see_the_original(
     assert!(!stderr(&out).contains("tampered"), "{}", stderr(&out));
 }
 
-/// Jobs without sources share one empty, read-only working directory; what
-/// a job writes there anyway (as root) is removed before it reaches
-/// another job.
+/// A job without sources works in an empty, read-only directory no other
+/// run is in at the time; one that a job wrote into anyway (as root) is not
+/// given to another job.
 #[test]
-fn what_a_job_writes_into_the_shared_empty_directory_does_not_reach_the_next() {
+fn what_a_job_writes_into_its_empty_directory_does_not_reach_the_next() {
     let dir = tempfile::tempdir().expect("tempdir");
     // One worker runs both, the reader after the writer.
     let file = dir.path().join("drover.yaml");
