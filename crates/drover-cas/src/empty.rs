@@ -25,7 +25,7 @@
 
 use std::fs::{self, File};
 use std::io::{ErrorKind, Write};
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 
@@ -156,7 +156,17 @@ impl EmptyStore {
     /// Makes the shared tree an empty, sealed directory again (after a job
     /// running as root wrote into it).
     pub(crate) fn reset_tree(&self) -> Result<(), CasError> {
-        self.open_tree()
+        // One reset at a time; the directory itself stays, for the runs
+        // that have it as a dependency now.
+        let _one = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        let tree = &self.tree;
+        fs::set_permissions(tree, fs::Permissions::from_mode(0o755))
+            .ctx(|| format!("open {}", tree.display()))?;
+        for entry in fs::read_dir(tree).ctx(|| format!("read {}", tree.display()))? {
+            let path = entry.ctx(|| format!("read {}", tree.display()))?.path();
+            remove_path(&path).ctx(|| format!("remove {}", path.display()))?;
+        }
+        crate::seal::seal(tree).ctx(|| format!("seal {}", tree.display()))
     }
 
     /// Makes sure the shared tree is an empty directory, sealed (a job

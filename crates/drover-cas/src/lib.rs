@@ -23,9 +23,12 @@
 //! dir/empty/                           what every empty artifact shares
 //!                                      (see below)
 //! dir/tmp/                             temporary files, wiped on open
+//! dir/sealed                           every artifact tree is sealed (see
+//!                                      the `seal` module)
 //! ```
 //!
-//! Committed entries are immutable. Everything is first written under
+//! Committed entries are immutable (artifact trees sealed read-only: see
+//! the `seal` module). Everything is first written under
 //! `tmp/` and fsynced, then renamed into place in one step (a whole artifact
 //! directory, with its manifest, is one rename), so a crash leaves either
 //! nothing or a complete entry, plus leftovers in `tmp/` that the next
@@ -102,6 +105,13 @@ use std::time::SystemTime;
 pub use artifact::{ArtifactGuard, ArtifactWriter};
 pub use error::CasError;
 pub use fsutil::try_lock_dir;
+
+/// Removes a directory tree that may hold a cache's sealed, read-only
+/// artifacts (which `std::fs::remove_dir_all` cannot delete unless run as
+/// root); a missing path is fine.
+pub fn remove_tree(path: &Path) -> std::io::Result<()> {
+    fsutil::remove_path(path)
+}
 pub use key::{Key, ParseKeyError};
 pub use manifest::ArtifactInfo;
 
@@ -506,25 +516,35 @@ impl Cas {
         }
     }
 
-    /// The first path (relative to the artifact's tree, `.` for the tree
-    /// itself) that changed since the artifact was put in place, if any
-    /// (see the `seal` module): a job that was given the tree wrote into
-    /// it. Such an artifact is removed (at once, or when its last guard
-    /// drops) and reported by [`Cas::take_evicted`]; the tree every empty
-    /// artifact shares is emptied again. `None` if nothing changed or the
-    /// artifact is absent.
-    pub fn changed(&self, id: &Key) -> Result<Option<String>, CasError> {
-        let Some(guard) = self.inner.pin(id, false) else { return Ok(None) };
-        let changed = seal::first_change(guard.path()).ctx(|| format!("check {}", guard.path().display()))?;
-        let empty = *guard.info() == self.inner.empty.info();
-        drop(guard);
+    /// The first path in artifact `id`'s tree at `tree` (the path of a
+    /// guard the caller holds; relative to it, `.` for the tree itself)
+    /// that changed since the artifact was put in place, if any (see the
+    /// `seal` module): a job that was given the tree wrote into it, or made
+    /// part of it unreadable (said as such). The tree is checked even if
+    /// the artifact was already found changed by another holder, so every
+    /// run that held it hears of it. A changed artifact is removed (at
+    /// once, or when its last guard drops) and reported by
+    /// [`Cas::take_evicted`]; the tree every empty artifact shares is
+    /// emptied in place instead, and the empty artifacts stay.
+    pub fn changed(&self, id: &Key, tree: &Path) -> Option<String> {
+        let changed = match seal::first_change(tree) {
+            Ok(changed) => changed,
+            Err(e) => Some(format!(". (it cannot be read: {e})")),
+        };
         if changed.is_some() {
-            self.inner.discard(id, true);
-            if empty {
-                self.inner.empty.reset_tree()?;
+            if tree == self.inner.empty.tree() {
+                if let Err(e) = self.inner.empty.reset_tree() {
+                    // Every later empty dependency will be found changed.
+                    return Some(format!(
+                        "{} (and it cannot be emptied again: {e})",
+                        changed.unwrap_or_default()
+                    ));
+                }
+            } else {
+                self.inner.discard(id, true);
             }
         }
-        Ok(changed)
+        changed
     }
 
     /// Evicts least recently used entries (unpinned artifacts and blobs)
@@ -1019,7 +1039,6 @@ impl Inner {
         &self.tmp
     }
 
-    /// Rebuilds the index from the disk (called once, from `open`).
     /// Seals the trees of a cache that older versions of drover wrote
     /// (without seals: see the `seal` module), once: a file in the cache's
     /// directory says it is done. A tree that cannot be sealed is dropped.
@@ -1042,6 +1061,7 @@ impl Inner {
         Ok(())
     }
 
+    /// Rebuilds the index from the disk (called once, from `open`).
     fn rebuild(&self) -> Result<(), CasError> {
         let mut found: Vec<(SystemTime, Slot, u64, Option<ArtifactInfo>)> = Vec::new();
         for (name, path) in hex_dir_entries(&self.blobs)? {

@@ -18,7 +18,7 @@
 
 use std::fs::{self, File};
 use std::io;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
@@ -40,6 +40,14 @@ pub(crate) fn seal(root: &Path) -> io::Result<()> {
         if kind.is_dir() {
             seal(&path)?;
         } else if kind.is_file() {
+            // A file with other names (a job's `ln` of a file elsewhere, a
+            // tool's hard-linked store) is copied first: sealing it in place
+            // would make the other names read-only and old too.
+            if entry.metadata()?.nlink() > 1 {
+                let copy = root.join(format!(".{}.drover-copy", entry.file_name().to_string_lossy()));
+                fs::copy(&path, &copy)?;
+                fs::rename(&copy, &path)?;
+            }
             let file = File::open(&path)?;
             let exec = file.metadata()?.permissions().mode() & 0o111 != 0;
             file.set_permissions(fs::Permissions::from_mode(if exec { 0o555 } else { 0o444 }))?;
@@ -55,10 +63,18 @@ pub(crate) fn seal(root: &Path) -> io::Result<()> {
 /// for the root itself) whose modification time is not the seal's, if
 /// any: a file written to, or a directory whose entries changed.
 pub(crate) fn first_change(root: &Path) -> io::Result<Option<String>> {
-    if fs::symlink_metadata(root)?.modified()? != sealed_mtime() {
+    if !sealed(&fs::symlink_metadata(root)?)? {
         return Ok(Some(".".into()));
     }
     changed_within(root, "")
+}
+
+/// Whether an entry still has a seal's time and permissions (a tree made
+/// writable again is no longer sealed, though nothing in it changed yet).
+fn sealed(meta: &fs::Metadata) -> io::Result<bool> {
+    let mode = meta.permissions().mode() & 0o777;
+    let mode_ok = if meta.is_dir() { mode == 0o555 } else { mode == 0o444 || mode == 0o555 };
+    Ok(mode_ok && meta.modified()? == sealed_mtime())
 }
 
 fn changed_within(dir: &Path, rel: &str) -> io::Result<Option<String>> {
@@ -74,7 +90,7 @@ fn changed_within(dir: &Path, rel: &str) -> io::Result<Option<String>> {
         } else {
             format!("{rel}/{}", name.to_string_lossy())
         };
-        if meta.modified()? != sealed_mtime() {
+        if !sealed(&meta)? {
             return Ok(Some(path));
         }
         if meta.is_dir()
@@ -107,13 +123,27 @@ mod tests {
         assert_eq!((mode("a.txt"), mode("run.sh"), mode("lib/sub"), mode(".")), (0o444, 0o555, 0o555, 0o555));
         assert_eq!(first_change(&root).unwrap(), None);
 
-        // Writes go around the permissions, as root's would.
+        // A file with another name outside is copied: the other stays as it was.
+        let outside = dir.path().join("outside.txt");
+        fs::write(&outside, "o").unwrap();
+        fs::set_permissions(&outside, fs::Permissions::from_mode(0o644)).unwrap();
+        fs::set_permissions(&root, fs::Permissions::from_mode(0o755)).unwrap();
+        fs::hard_link(&outside, root.join("linked.txt")).unwrap();
+        seal(&root).unwrap();
+        assert_eq!(mode(&outside.to_string_lossy()), 0o644);
+        assert_eq!(fs::read_to_string(root.join("linked.txt")).unwrap(), "o");
+        assert_eq!(first_change(&root).unwrap(), None);
+
+        // A file made writable is no longer sealed.
         let writable =
             |p: &str, mode| fs::set_permissions(root.join(p), fs::Permissions::from_mode(mode)).unwrap();
         writable("lib/sub/b.txt", 0o644);
-        fs::OpenOptions::new().append(true).open(root.join("lib/sub/b.txt")).unwrap();
-        assert_eq!(first_change(&root).unwrap(), None, "opening for writing changes nothing");
+        assert_eq!(first_change(&root).unwrap().as_deref(), Some("lib/sub/b.txt"));
+        // Nor one written to, even read-only again (as root writes).
+        seal(&root).unwrap();
+        writable("lib/sub/b.txt", 0o644);
         fs::write(root.join("lib/sub/b.txt"), "changed").unwrap();
+        writable("lib/sub/b.txt", 0o444);
         assert_eq!(first_change(&root).unwrap().as_deref(), Some("lib/sub/b.txt"));
 
         seal(&root).unwrap();

@@ -75,12 +75,15 @@ pub struct JobSpec {
 
 impl JobSpec {
     /// The environment the commands actually get: [`env`](Self::env) plus the
-    /// `PATH`, `HOME` and `TMPDIR` defaults.
+    /// `PATH`, `HOME`, `TMPDIR` and `PYTHONDONTWRITEBYTECODE=1` defaults (the
+    /// last so that Python importing from a dependency's read-only output
+    /// writes no `__pycache__` into it).
     pub fn effective_env(&self) -> BTreeMap<String, String> {
         let mut env = self.env.clone();
         env.entry("PATH".to_owned()).or_insert_with(|| DEFAULT_PATH.to_owned());
         env.entry("HOME".to_owned()).or_insert_with(|| self.cwd.to_string_lossy().into_owned());
         env.entry("TMPDIR".to_owned()).or_insert_with(|| DEFAULT_TMPDIR.to_owned());
+        env.entry("PYTHONDONTWRITEBYTECODE".to_owned()).or_insert_with(|| "1".to_owned());
         env
     }
 }

@@ -77,8 +77,8 @@ pub enum HttpError {
         #[source]
         source: drover_cas::CasError,
     },
-    /// The URL (or the token) cannot make a request: no `http://` or
-    /// `https://` scheme, no host, characters a URL or header cannot hold.
+    /// The URL (or the token) cannot make a request: not `http://` (the
+    /// client has no TLS), no host, characters a URL or header cannot hold.
     #[error("{url}: not a usable URL: {message}")]
     Url {
         /// The URL.
@@ -313,8 +313,8 @@ impl Http {
     ) -> Result<Request<Body>, HttpError> {
         let bad = |message: String| HttpError::Url { url: url.to_owned(), message };
         let uri: hyper::Uri = url.parse().map_err(|e: hyper::http::uri::InvalidUri| bad(e.to_string()))?;
-        if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
-            return Err(bad("expected http://HOST:PORT or https://HOST:PORT".into()));
+        if uri.scheme_str() != Some("http") || uri.host().is_none() {
+            return Err(bad("expected http://HOST:PORT (this client speaks plain http only)".into()));
         }
         let mut builder =
             Request::builder().method(method).uri(uri).header(header::CONTENT_TYPE, content_type);

@@ -25,7 +25,9 @@ use crate::Solver;
 use crate::build::Plan;
 
 /// The snapshot format this code writes and reads. Changed whenever the
-/// solver's or the core's state changes shape.
+/// solver's or the core's state changes shape, but for a field added with
+/// a default (`#[serde(default)]`): CBOR writes structs as maps, so an older
+/// snapshot reads with the default, and an older reader skips the field.
 pub const SNAPSHOT_FORMAT: &str = "drover-solver-5";
 
 /// The solver's own fields (through the code `#[serde(remote = "Self")]`

@@ -787,8 +787,9 @@ async fn run_commands(
     // it for every later reader. The changed output leaves the cache (the
     // coordinator hears of it with the next report, and builds it again
     // when something needs it), and the job fails saying what it did.
-    let changed =
-        if matches!(outcome, Outcome::Cancelled) { None } else { changed_dependency(shared, deps).await };
+    // (A cancelled run is checked too, so that what it changed leaves the
+    // cache now instead of failing the next reader.)
+    let changed = changed_dependency(shared, deps).await.filter(|_| !matches!(outcome, Outcome::Cancelled));
     let failed = |exit_code, detail: String| {
         Ok(RunResult {
             run: a.run,
@@ -806,9 +807,10 @@ async fn run_commands(
         return failed(
             None,
             format!(
-                "the job changed the output of its dependency {name} ({path} in {{{{dep:{name}}}}}); \
-                 a dependency's output is read-only: copy what is to change into {{{{out}}}} (`cp -r \
-                 --no-preserve=mode`) and change the copy"
+                "the output of its dependency {name} changed while the job ran ({path} in {{{{dep:{name}}}}}): \
+                 the job, or another one reading it on the same worker, wrote into it; a dependency's output \
+                 is read-only: copy what is to change into {{{{out}}}} (`cp -r --no-preserve=mode`) and \
+                 change the copy"
             ),
         );
     }
@@ -850,16 +852,13 @@ async fn changed_dependency(
     if deps.is_empty() {
         return None;
     }
-    let keys: Vec<(String, Key)> = deps.iter().map(|(name, guard)| (name.clone(), *guard.key())).collect();
+    // The guards stay with the caller, who awaits the check: the trees
+    // stay in place while it reads them.
+    let trees: Vec<(String, Key, PathBuf)> =
+        deps.iter().map(|(name, guard)| (name.clone(), *guard.key(), guard.path().to_owned())).collect();
     let cas = shared.cas.clone();
     tokio::task::spawn_blocking(move || {
-        keys.into_iter().find_map(|(name, key)| match cas.changed(&key) {
-            Ok(changed) => changed.map(|path| (name, path)),
-            Err(e) => {
-                tracing::warn!("cannot check the output of dependency {name}: {e}");
-                None
-            }
-        })
+        trees.into_iter().find_map(|(name, key, tree)| cas.changed(&key, &tree).map(|path| (name, path)))
     })
     .await
     .unwrap_or_default()

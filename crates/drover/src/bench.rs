@@ -54,7 +54,7 @@ struct Row {
 
 /// Runs the chosen scenarios and prints the table.
 pub(crate) async fn run(args: BenchArgs) -> Result<(), Failure> {
-    let dir = tempfile::tempdir().context("a scratch directory").map_err(Failure::Runtime)?;
+    let dir = crate::client::Scratch::new()?;
     let mut rows = Vec::new();
     let all = args.scenario == Scenario::All;
     if all || args.scenario == Scenario::Throughput {

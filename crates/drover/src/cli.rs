@@ -64,14 +64,17 @@ pub(crate) enum Command {
     Bench(BenchArgs),
 }
 
-/// A coordinator's URL: `http://` or `https://` and a host, or a bare
-/// `HOST:PORT`, read as `http://HOST:PORT` (as curl does).
+/// A coordinator's URL: `http://` and a host, or a bare `HOST:PORT`, read
+/// as `http://HOST:PORT` (as curl does). (The client has no TLS.)
 fn coordinator_url(text: &str) -> Result<String, String> {
     let url = if text.contains("://") { text.to_owned() } else { format!("http://{text}") };
-    let rest = url
-        .strip_prefix("http://")
-        .or_else(|| url.strip_prefix("https://"))
-        .ok_or_else(|| format!("{text:?} is not an http:// or https:// URL"))?;
+    if url.starts_with("https://") {
+        return Err(format!(
+            "{text:?}: drover speaks plain http only (put a TLS-terminating proxy in front of the coordinator \
+             and give its http address here, or use an SSH tunnel)"
+        ));
+    }
+    let rest = url.strip_prefix("http://").ok_or_else(|| format!("{text:?} is not an http:// URL"))?;
     let host = rest.split(['/', '?', '#']).next().unwrap_or_default();
     if host.is_empty() || host.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return Err(format!("{text:?} names no host (expected http://HOST:PORT)"));

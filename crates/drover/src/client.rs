@@ -428,6 +428,27 @@ fn prepare_out(args: &BuildArgs) -> Result<(), Failure> {
         .map_err(|e| Failure::Usage(anyhow!("--out {}: cannot make that directory: {e}", out.display())))
 }
 
+/// A temporary directory for a cache of its own: removed on drop even when
+/// it holds sealed, read-only artifacts, as `TempDir` alone would not for a
+/// user other than root.
+pub(crate) struct Scratch(tempfile::TempDir);
+
+impl Scratch {
+    pub(crate) fn new() -> Result<Scratch, Failure> {
+        Ok(Scratch(tempfile::tempdir().context("a scratch directory")?))
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = drover_cas::remove_tree(self.0.path());
+    }
+}
+
 /// Copies the outputs of the jobs nothing depends on into `out/<job>/`.
 async fn export(
     http: &Http,
@@ -438,7 +459,7 @@ async fn export(
 ) -> Result<(), Failure> {
     let needed: BTreeSet<&str> =
         loaded.spec.jobs.iter().flat_map(|j| j.needs.iter().map(String::as_str)).collect();
-    let scratch = tempfile::tempdir().map_err(anyhow::Error::from)?;
+    let scratch = Scratch::new()?;
     let cas =
         std::sync::Arc::new(drover_cas::Cas::open(scratch.path(), u64::MAX).map_err(anyhow::Error::from)?);
     for job in status.jobs.iter().filter(|j| !needed.contains(j.name.as_str())) {

@@ -504,7 +504,7 @@ async fn embedded_coordinator(
         Err(e) if e.is_foreign_state() => {
             let aside = state.join("coordinator.old");
             if aside.exists() {
-                std::fs::remove_dir_all(&aside)
+                drover_cas::remove_tree(&aside)
                     .with_context(|| format!("cannot remove {}", aside.display()))?;
             }
             std::fs::rename(&config.data_dir, &aside)

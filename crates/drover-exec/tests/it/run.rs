@@ -25,10 +25,20 @@ async fn a_multi_command_job_succeeds_in_its_cwd_with_its_env() {
     // The environment is exactly the spec's, plus the documented defaults
     // (and what sh itself exports).
     let vars: BTreeSet<&str> = lines[3..].iter().filter_map(|l| l.split_once('=')).map(|(k, _)| k).collect();
-    let allowed =
-        BTreeSet::from(["GREETING", TOKEN_VAR, "PATH", "HOME", "TMPDIR", "PWD", "OLDPWD", "SHLVL", "_"]);
+    let allowed = BTreeSet::from([
+        "GREETING",
+        TOKEN_VAR,
+        "PATH",
+        "HOME",
+        "TMPDIR",
+        "PYTHONDONTWRITEBYTECODE",
+        "PWD",
+        "OLDPWD",
+        "SHLVL",
+        "_",
+    ]);
     assert!(vars.is_subset(&allowed), "unexpected variables: {:?}", vars.difference(&allowed));
-    for required in ["GREETING", TOKEN_VAR, "PATH", "HOME", "TMPDIR"] {
+    for required in ["GREETING", TOKEN_VAR, "PATH", "HOME", "TMPDIR", "PYTHONDONTWRITEBYTECODE"] {
         assert!(vars.contains(required), "{required} missing from {vars:?}");
     }
     assert!(out.contains(&format!("HOME={}\n", fx.work().display())));

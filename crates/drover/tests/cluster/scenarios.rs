@@ -480,7 +480,7 @@ fn a_malformed_build_file_is_refused_with_its_line() {
 /// host; a bare `HOST:PORT` means `http://HOST:PORT`.
 #[test]
 fn a_coordinator_url_is_checked_and_a_bare_address_means_http() {
-    for url in ["ftp://x", "http://", "https:// /"] {
+    for url in ["ftp://x", "http://", "http:// /", "https://coordinator:7700"] {
         let out = drover().args(["status", "--coordinator", url]).output().expect("run");
         assert_eq!(out.status.code(), Some(2), "{url}: {}", stderr(&out));
         assert!(stderr(&out).contains("--coordinator"), "{url}: {}", stderr(&out));
@@ -683,8 +683,9 @@ fn a_job_that_writes_into_a_dependency_fails_and_later_readers_see_the_original(
     // As root the write goes through and is found after the job; as anyone
     // else the read-only file refuses it.
     assert!(
-        err.contains("the job changed the output of its dependency producer (data.txt in {{dep:producer}})")
-            || err.contains("Permission denied"),
+        err.contains(
+            "the output of its dependency producer changed while the job ran (data.txt in {{dep:producer}})"
+        ) || err.contains("Permission denied"),
         "{err}"
     );
     let out = run(&honest).expect("drover run");
