@@ -404,7 +404,7 @@ impl EmptyDirs {
             self.free.lock().expect("empty dirs").push(dir);
         } else {
             tracing::info!(dir = %dir.display(), "a job wrote into its empty working directory: removed");
-            std::thread::spawn(move || remove_tree(&dir));
+            drop(tokio::task::spawn_blocking(move || remove_tree(&dir)));
         }
     }
 }
