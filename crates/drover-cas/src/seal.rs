@@ -33,6 +33,9 @@ fn sealed_mtime() -> SystemTime {
 /// Seals the tree at `root`: entries first, then the directories holding
 /// them (a directory's time is set after its entries are done with).
 pub(crate) fn seal(root: &Path) -> io::Result<()> {
+    // Writable while it is worked on (a job may have left it read-only): a
+    // hard-linked file's copy is made in it.
+    let _ = fs::set_permissions(root, fs::Permissions::from_mode(0o755));
     for entry in fs::read_dir(root)? {
         let entry = entry?;
         let kind = entry.file_type()?;
@@ -60,8 +63,9 @@ pub(crate) fn seal(root: &Path) -> io::Result<()> {
 }
 
 /// The first entry of the sealed tree at `root` (a path relative to it, `.`
-/// for the root itself) whose modification time is not the seal's, if
-/// any: a file written to, or a directory whose entries changed.
+/// for the root itself) whose modification time or permissions are not the
+/// seal's, if any: a file written to or made writable, or a directory whose
+/// entries changed.
 pub(crate) fn first_change(root: &Path) -> io::Result<Option<String>> {
     if !sealed(&fs::symlink_metadata(root)?)? {
         return Ok(Some(".".into()));
