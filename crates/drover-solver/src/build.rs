@@ -724,6 +724,27 @@ impl Build {
         self.max_parallel.is_none_or(|m| self.in_core < m)
     }
 
+    /// What the tests hold of every build after every input: `in_core`
+    /// counts the jobs with a core waiter, and no job waits in `held`
+    /// while there is room for it.
+    #[cfg(test)]
+    pub(crate) fn check_room(&self) -> Result<(), String> {
+        let waiting = self.jobs.iter().filter(|rec| rec.waiter.is_some()).count();
+        if waiting != self.in_core as usize {
+            return Err(format!("build {}: {} jobs in the core, counted {}", self.id, waiting, self.in_core));
+        }
+        let stuck = self.held.iter().find(|&&i| {
+            let rec = &self.jobs[i as usize];
+            rec.state == JobState::Queued && rec.waiter.is_none() && self.pending[i as usize] == 0
+        });
+        match stuck {
+            Some(&i) if self.has_room() && !self.state.is_final() => {
+                Err(format!("build {}: {} held back although it has room", self.id, self.name_of(i)))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Holds a ready job back until the build has room.
     pub(crate) fn hold(&mut self, i: u32) {
         self.held.push_back(i);

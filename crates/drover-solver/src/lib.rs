@@ -1025,6 +1025,10 @@ impl Solver {
             for d in ready {
                 self.schedule(b, d);
             }
+            // The job, and gang members sent again, left the core: that
+            // makes room for jobs `max_parallel` held back, which may be
+            // the very needs built again.
+            self.release_held(b);
         }
     }
 
@@ -1344,13 +1348,18 @@ impl Solver {
             let cancel = build.stop_after_failure(i, self.now);
             self.withdraw(cancel);
         }
-        // A job left the core: a job held back by max_parallel may go.
-        while let Some(j) = self.builds.get_mut(&b).map(Arc::make_mut).expect("build exists").next_held() {
-            self.schedule(b, j);
-        }
+        self.release_held(b);
         // A job that ended (or was skipped) may complete a gang.
         self.release_gangs(b);
         self.finish_if_done(b);
+    }
+
+    /// Jobs left build `b`'s share of the core: jobs held back by
+    /// `max_parallel` may go, as far as there is room.
+    fn release_held(&mut self, b: u64) {
+        while let Some(j) = self.builds.get_mut(&b).map(Arc::make_mut).expect("build exists").next_held() {
+            self.schedule(b, j);
+        }
     }
 
     fn finish_if_done(&mut self, b: u64) {

@@ -108,7 +108,13 @@ impl Harness {
 
     fn input(&mut self, input: Input) -> Result<Reply, SolverError> {
         self.log.push((Millis(self.now), input.clone()));
-        self.solver.handle(Millis(self.now), input)
+        let reply = self.solver.handle(Millis(self.now), input);
+        for build in self.solver.builds.values() {
+            if let Err(broken) = build.check_room() {
+                panic!("after {:?}: {broken}", self.log.last().expect("logged"));
+            }
+        }
+        reply
     }
 
     /// Lets locality timers expire.
@@ -1748,6 +1754,25 @@ mod random {
         s.drain();
         s.check_ends();
         s.h.assert_replays();
+    }
+
+    /// Found by the shared-gangs property (CI, one case in ~300,000): in a
+    /// build with `max_parallel: 1`, a lost output sent `j0` back while
+    /// `j3` filled the build's room, so `j0` was held; then `j3`'s own
+    /// input was lost and it left the core. The room it left must go to
+    /// `j0`, or the build waits forever.
+    #[test]
+    fn a_held_job_goes_once_gang_members_leave_the_core_after_a_loss() {
+        let gang = |members: Vec<usize>| Gang { members, restart: false };
+        let u = Universe {
+            needs: vec![vec![], vec![], vec![0], vec![2], vec![], vec![], vec![], vec![3, 4], vec![0, 2, 5]],
+            gangs: vec![gang(vec![6, 7]), gang(vec![4, 8])],
+            private: vec![false; 9],
+        };
+        use Op::*;
+        let program =
+            [Submit(0), Submit(4), Work, Submit(2), Work, Submit(2), Submit(6), Lose(5), Lose(5), Submit(0)];
+        run(&u, &program);
     }
 
     proptest! {
