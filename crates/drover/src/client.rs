@@ -573,6 +573,11 @@ pub(crate) async fn status(args: StatusArgs) -> Result<(), Failure> {
             // The table needs counts, not every job of every build.
             let builds: Vec<drover_proto::BuildSummary> =
                 http.get_json(&api(base, "/v1/builds?summary=true")).await.map_err(reach(base))?;
+            if builds.is_empty() {
+                eprintln!("no builds yet");
+            } else {
+                outln!("{:>6}  {:<10} {:>5}/{:<5} {}", "BUILD", "STATE", "DONE", "JOBS", "NAME");
+            }
             for b in &builds {
                 outln!("{:>6}  {:<10} {:>5}/{:<5} {}", b.id, b.state, b.done, b.jobs, b.name);
             }
@@ -729,10 +734,23 @@ pub(crate) async fn workers(args: WorkersArgs) -> Result<(), Failure> {
         outln!("{}", serde_json::to_string_pretty(&workers).map_err(anyhow::Error::from)?);
         return Ok(());
     }
+    if workers.is_empty() {
+        eprintln!("no workers have registered");
+    } else {
+        outln!(
+            "{:<16} {:<8} {:<28} {:<9} {:<8} {:<10} LABELS",
+            "NAME",
+            "STATE",
+            "URL",
+            "RUNNING",
+            "CPU",
+            "MEMORY"
+        );
+    }
     for w in &workers {
         let labels: Vec<String> = w.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
         outln!(
-            "{:<16} {:<8} {:<28} running {}/{}  cpu {}m  memory {}  {}",
+            "{:<16} {:<8} {:<28} {:<9} {:<8} {:<10} {}",
             w.name,
             if w.draining {
                 "draining"
@@ -744,9 +762,8 @@ pub(crate) async fn workers(args: WorkersArgs) -> Result<(), Failure> {
                 "lost"
             },
             w.url,
-            w.running,
-            w.capacity.slots,
-            w.capacity.cpu_millis,
+            format!("{}/{}", w.running, w.capacity.slots),
+            format!("{}m", w.capacity.cpu_millis),
             units::bytes(w.capacity.memory),
             labels.join(",")
         );

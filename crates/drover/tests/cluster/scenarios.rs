@@ -37,6 +37,9 @@ fn one_command_build_succeeds_and_exports_its_output() {
 fn status_lists_the_builds_with_their_counts() {
     let mut cluster = Cluster::new();
     cluster.add_worker("w1", 2, &[]);
+    let empty = cluster.run(&["status"]);
+    assert!(empty.status.success(), "{}", stderr(&empty));
+    assert_eq!((empty.stdout.as_slice(), stderr(&empty).trim()), (&b""[..], "no builds yet"));
     let file =
         cluster.project("two", "jobs:\n  - {name: a, run: \"true\"}\n  - {name: b, run: \"true\"}\n", &[]);
     let (code, status) = wait_json(&cluster, &file, &[]);
@@ -45,6 +48,8 @@ fn status_lists_the_builds_with_their_counts() {
     let out = cluster.run(&["status"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let table = String::from_utf8_lossy(&out.stdout);
+    let header: Vec<&str> = table.lines().next().unwrap_or_default().split_whitespace().collect();
+    assert_eq!(header, ["BUILD", "STATE", "DONE/JOBS", "NAME"], "{table}");
     let row: Vec<&str> = table
         .lines()
         .find(|l| l.split_whitespace().next() == Some(&id.to_string()))
@@ -268,8 +273,12 @@ fn a_worker_stopped_with_sigterm_finishes_its_job_takes_nothing_new_and_leaves()
     let w1 = worker_entry(&cluster, "w1").expect("w1 listed");
     assert_eq!((&w1["alive"], &w1["left"]), (&Value::Bool(false), &Value::Bool(true)), "it left: {w1}");
     let out = cluster.run(&["workers"]);
-    let line = String::from_utf8_lossy(&out.stdout).lines().find(|l| l.starts_with("w1 ")).map(str::to_owned);
-    assert!(line.as_deref().is_some_and(|l| l.contains(" left ")), "{line:?}");
+    let table = String::from_utf8_lossy(&out.stdout);
+    let header: Vec<&str> = table.lines().next().unwrap_or_default().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "STATE", "URL", "RUNNING", "CPU", "MEMORY", "LABELS"], "{table}");
+    let row: Vec<&str> =
+        table.lines().find(|l| l.starts_with("w1 ")).unwrap_or_default().split_whitespace().collect();
+    assert_eq!(row.get(1..4).map(|r| [r[0], r[2]]), Some(["left", "0/1"]), "{table}");
 }
 
 /// A second stop request stops the running job now, and the worker leaves:
