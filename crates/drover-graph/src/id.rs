@@ -22,7 +22,16 @@
 //! program). (The `gang` tag before it hashed no member name, so that
 //! identical members were one job and their gang could never start.)
 //!
-//! Not hashed: the job's own name (but in a gang), the build name, priority, timeout, retries
+//! A job's `timeout` and `retries`, when they are not the defaults (no
+//! timeout, one retry), are hashed on top of that ID (see [`with_limits`]):
+//! builds share a job's run, and its cached result, only when they agree on
+//! how long it may run and how often it is tried again, so one build's
+//! stricter limit never fails another's run. Its dependents hash the ID
+//! without them, since the limits do not change what a successful run
+//! writes: changing a job's timeout runs that job again, not its
+//! dependents.
+//!
+//! Not hashed: the job's own name (but in a gang), the build name, priority
 //! and the line; so the same job in another file, or renamed, keeps its ID.
 //! Any change to this encoding must change the version tag.
 
@@ -110,6 +119,27 @@ impl JobKey<'_> {
         }
         out.0.finalize().into()
     }
+}
+
+/// A job's ID from its ID without limits (`base`, what its dependents
+/// hash), its timeout and its retries: `base` itself with no timeout and
+/// the default retries, so most jobs' IDs are their base.
+pub(crate) fn with_limits(
+    base: Digest,
+    timeout_ms: Option<u64>,
+    retries: u32,
+    default_retries: u32,
+) -> Digest {
+    if timeout_ms.is_none() && retries == default_retries {
+        return base;
+    }
+    let mut out = Encoder(blake3::Hasher::new());
+    out.str("drover-limits-v1");
+    out.0.update(&base.0);
+    out.0.update(&[u8::from(timeout_ms.is_some())]);
+    out.u64(timeout_ms.unwrap_or(0));
+    out.u64(u64::from(retries));
+    out.0.finalize().into()
 }
 
 /// The digest of a set of sources: BLAKE3 of their count and, sorted by

@@ -340,7 +340,8 @@ fn resolve_jobs(
         .collect();
     let mut pending: Vec<Option<(JobSpec, Option<Vec<String>>)>> =
         specs.into_iter().zip(inputs).map(Some).collect();
-    let mut ids: Vec<Option<Digest>> = vec![None; pending.len()];
+    // What dependents hash: each job's ID without its limits.
+    let mut bases: Vec<Option<Digest>> = vec![None; pending.len()];
     let mut jobs = Vec::with_capacity(pending.len());
     // Most jobs see every source: their digest is made once.
     let all_sources = id::sources_digest(sources);
@@ -358,8 +359,8 @@ fn resolve_jobs(
         };
         // Dependencies come first in the order, so their IDs are known.
         let deps: Vec<(&str, Digest)> =
-            edges[i].iter().filter_map(|&dep| ids[dep].map(|id| (names[dep].as_str(), id))).collect();
-        let id = id::JobKey {
+            edges[i].iter().filter_map(|&dep| bases[dep].map(|id| (names[dep].as_str(), id))).collect();
+        let base = id::JobKey {
             commands: &commands,
             env: &env,
             cpu_millis: spec.cpu_millis,
@@ -372,7 +373,8 @@ fn resolve_jobs(
             gang: gangs[i].as_ref().map(|gang| (gang, names[i].as_str())),
         }
         .id();
-        ids[i] = Some(id);
+        bases[i] = Some(base);
+        let id = id::with_limits(base, spec.timeout_ms, spec.retries, schema::DEFAULT_RETRIES);
         jobs.push(Job {
             name: names[i].clone(),
             id,

@@ -35,7 +35,7 @@ const GANG_KEYS: &[&str] = &["name", "min_available", "on_failure"];
 /// Default CPU request: one core.
 const DEFAULT_CPU_MILLIS: u64 = 1000;
 /// Default number of reruns after a worker loss.
-const DEFAULT_RETRIES: u32 = 1;
+pub(crate) const DEFAULT_RETRIES: u32 = 1;
 
 /// A value with the line it was written on.
 #[derive(Clone, Debug, PartialEq, Eq)]

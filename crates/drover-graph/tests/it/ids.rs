@@ -65,15 +65,28 @@ fn ids_are_stable_and_distinct() {
     assert_eq!(distinct.len(), 3);
 }
 
+/// A job's timeout and retries are its own: builds that disagree on them
+/// do not share its run (one build's shorter timeout would fail the
+/// other's), but its dependents keep their IDs, and the defaults written
+/// out change nothing.
 #[test]
-fn name_priority_timeout_retries_and_layout_are_not_hashed() {
+fn timeout_and_retries_change_the_job_not_its_dependents() {
+    let with =
+        |limits: &str| ids_with("labels: {os: linux}", &format!("labels: {{os: linux}}\n    {limits}"));
+    assert_changed(&with("timeout: 5m"), &["app"]);
+    assert_changed(&with("retries: 3"), &["app"]);
+    assert_changed(&with("retries: 1"), &[]);
+    let (five, ten) = (with("timeout: 5m"), with("timeout: 10m"));
+    assert_ne!(five["app"], ten["app"]);
+    assert_ne!(with("retries: 0")["app"], with("retries: 3")["app"]);
+    assert_eq!(with("timeout: 300s")["app"], five["app"], "the same limit, written another way");
+}
+
+#[test]
+fn name_priority_and_layout_are_not_hashed() {
     assert_changed(&ids_with("name: base", "name: other-build"), &[]);
     assert_changed(
         &ids_with("'{{dep:app}}/app --self-test']", "'{{dep:app}}/app --self-test']\n    priority: 9"),
-        &[],
-    );
-    assert_changed(
-        &ids_with("labels: {os: linux}", "labels: {os: linux}\n    timeout: 5m\n    retries: 3"),
         &[],
     );
     // Jobs and keys in another order, on other lines.
