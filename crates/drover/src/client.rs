@@ -214,9 +214,10 @@ pub(crate) async fn build_and_wait(
     base: &str,
     loaded: Loaded,
     args: &BuildArgs,
+    state: &Path,
 ) -> Result<(), Failure> {
     let started = Instant::now();
-    prepare_out(args)?;
+    prepare_out(args, &loaded, Some(state))?;
     let id = submit_loaded(http, base, &loaded, &Options::from_args(args)).await?;
     let ended = follow(http, base, id, 0, loaded.spec.jobs.len()).await?;
     finish(http, base, id, &loaded, args, &ended, started).await
@@ -235,6 +236,9 @@ async fn finish(
     started: Instant,
 ) -> Result<(), Failure> {
     let export_to = args.out.as_ref().filter(|_| ended.state == BuildState::Succeeded);
+    if let Some(out) = args.out.as_ref().filter(|_| export_to.is_none()) {
+        eprintln!("nothing exported to {}: the build {}", out.display(), ended.state);
+    }
     if export_to.is_some() || args.logs || args.json {
         let status = build_status(http, base, id).await?;
         if let Some(out) = export_to {
@@ -421,11 +425,45 @@ pub(crate) async fn follow_events(
 
 /// Makes the `--out` directory before anything is submitted, so that a
 /// path that cannot be one fails at once (exit code 2), not after the
-/// build.
-fn prepare_out(args: &BuildArgs) -> Result<(), Failure> {
+/// build. An export replaces `out/<job>` for every job nothing depends on:
+/// one of those that holds the build file, a source or `state` (the
+/// embedded cluster's) is refused now, before it could be deleted.
+fn prepare_out(args: &BuildArgs, loaded: &Loaded, state: Option<&Path>) -> Result<(), Failure> {
     let Some(out) = &args.out else { return Ok(()) };
-    std::fs::create_dir_all(out)
-        .map_err(|e| Failure::Usage(anyhow!("--out {}: cannot make that directory: {e}", out.display())))
+    let usage = |what: String| Failure::Usage(anyhow!("--out {}: {what}", out.display()));
+    std::fs::create_dir_all(out).map_err(|e| usage(format!("cannot make that directory: {e}")))?;
+    let out = out.canonicalize().map_err(|e| usage(format!("{e}")))?;
+    // What must survive an export, by the entry of `out` it is under.
+    let mut kept: BTreeMap<std::ffi::OsString, String> = BTreeMap::new();
+    let mut keep = |path: &Path, what: &str| {
+        if let Some(std::path::Component::Normal(entry)) =
+            path.strip_prefix(&out).ok().and_then(|rest| rest.components().next())
+        {
+            kept.entry(entry.to_owned()).or_insert_with(|| format!("{what} ({})", path.display()));
+        }
+    };
+    let file = args.file.canonicalize().map_err(|e| usage(format!("{}: {e}", args.file.display())))?;
+    keep(&file, "the build file");
+    if let Some(state) = state.and_then(|s| s.canonicalize().ok()) {
+        keep(&state, "drover's state directory");
+    }
+    if let Ok(root) = loaded.root.canonicalize() {
+        for source in &loaded.spec.sources {
+            keep(&root.join(&source.path), "a source of the build");
+        }
+    }
+    let needed: BTreeSet<&str> =
+        loaded.spec.jobs.iter().flat_map(|j| j.needs.iter().map(String::as_str)).collect();
+    for job in loaded.spec.jobs.iter().filter(|j| !needed.contains(j.name.as_str())) {
+        if let Some(what) = kept.get(std::ffi::OsStr::new(&job.name)) {
+            return Err(usage(format!(
+                "exporting job {} would replace {}, which holds {what}; choose another --out directory",
+                job.name,
+                out.join(&job.name).display()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// A temporary directory for a cache of its own: removed on drop even when
@@ -527,7 +565,7 @@ pub(crate) async fn submit(args: SubmitArgs) -> Result<(), Failure> {
     let http = connect(&args.remote);
     let base = &args.remote.coordinator;
     let started = Instant::now();
-    prepare_out(&args.build)?;
+    prepare_out(&args.build, &loaded, None)?;
     let id = submit_loaded(&http, base, &loaded, &Options::from_args(&args.build)).await?;
     if !(args.wait && args.build.json) {
         outln!("{id}");

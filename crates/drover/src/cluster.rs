@@ -469,7 +469,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), Failure> {
     let slots = args.slots.unwrap_or_else(|| units::cpus().div_ceil(args.workers).max(1));
     let cluster = Embedded::start(&args.state, args.workers, slots).await?;
     let http = cluster.http();
-    let work = client::build_and_wait(&http, &cluster.url, loaded, &args.build);
+    let work = client::build_and_wait(&http, &cluster.url, loaded, &args.build, &args.state);
     tokio::select! {
         result = work => result,
         () = shutdown_signal() => {

@@ -758,6 +758,37 @@ fn the_out_directory_is_not_a_source_and_a_bad_one_is_refused_first() {
     assert!(out.stdout.is_empty());
 }
 
+/// An export replaces `out/<job>`: a job whose name is that of the
+/// sources' directory or of the state directory, exported into the
+/// project, is refused before it runs, and deletes nothing. A failed build
+/// says that it exported nothing.
+#[test]
+fn an_export_that_would_replace_the_sources_or_the_state_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir(dir.path().join("src")).expect("mkdir");
+    std::fs::write(dir.path().join("src/main.c"), "int main;\n").expect("write");
+    let run = |job: &str, command: &str| {
+        let build = format!("sources: [\"src/**\"]\njobs:\n  - name: {job}\n    run: [\"{command}\"]\n");
+        std::fs::write(dir.path().join("drover.yaml"), build).expect("write");
+        drover().args(["run", "drover.yaml", "--out", "."]).current_dir(dir.path()).output().expect("run")
+    };
+    let out = run("src", "touch {{out}}/x");
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("exporting job src would replace"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("a source of the build"), "{}", stderr(&out));
+    assert_eq!(std::fs::read_to_string(dir.path().join("src/main.c")).expect("kept"), "int main;\n");
+    let out = run(".drover", "touch {{out}}/x");
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("drover's state directory"), "{}", stderr(&out));
+    assert!(dir.path().join(".drover").is_dir());
+    let out = run("app", "exit 3");
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("nothing exported to .: the build failed"), "{}", stderr(&out));
+    let out = run("app", "touch {{out}}/x");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(dir.path().join("app/x").is_file());
+}
+
 /// Progress lines give each event's time in the build, also when the build
 /// is followed after it ended (`status --watch`): not all at `0.00s`.
 #[test]
