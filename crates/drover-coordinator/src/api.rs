@@ -20,8 +20,8 @@ use bytes::Bytes;
 use drover_cas::{Cas, Key};
 use drover_http::Http;
 use drover_proto::{
-    ArtifactLocation, BuildStatus, ErrorBody, Hash32, MissingReply, MissingRequest, PollReply, PollRequest,
-    RegisterRequest, Report, SubmitReply, SubmitRequest, WorkerStatus,
+    ArtifactLocation, BuildStatus, ErrorBody, Hash32, JobState, MissingReply, MissingRequest, PollReply,
+    PollRequest, RegisterRequest, Report, SubmitReply, SubmitRequest, WorkerStatus,
 };
 use drover_solver::{Input, Reply, SolverError};
 use futures::StreamExt;
@@ -569,17 +569,35 @@ async fn job_log(
                     Some(worker) => format!(
                         "job {job} of build {id} ran on worker {worker}, which was lost long ago and is forgotten"
                     ),
-                    None => format!("job {job} of build {id} has not run"),
+                    None => {
+                        let why = match j.state {
+                            JobState::Cached => ": its result came from the cache, from an earlier run",
+                            JobState::Queued => " yet",
+                            _ => "",
+                        };
+                        format!("job {job} of build {id} has not run{why}")
+                    }
                 },
             })
         })
         .await?
         .map_err(|message| ApiError(StatusCode::NOT_FOUND, message))?;
     let follow = if q.follow { "&follow=true" } else { "" };
-    let stream =
-        app.http.get_stream(&format!("{url}/v1/runs/{run}/log?stream={}{follow}", q.stream)).await.map_err(
-            |e| ApiError(StatusCode::BAD_GATEWAY, format!("the log is on a worker that did not answer: {e}")),
-        )?;
+    let stream = app
+        .http
+        .get_stream(&format!("{url}/v1/runs/{run}/log?stream={}{follow}", q.stream))
+        .await
+        .map_err(|e| match e.status() {
+        // The worker answered: it no longer has that run's log.
+        Some(404) => ApiError(
+            StatusCode::NOT_FOUND,
+            format!(
+                "the log of run {run} is no longer on its worker ({url}): a worker keeps the logs of \
+                         its latest runs only (1,000 by default)"
+            ),
+        ),
+        _ => ApiError(StatusCode::BAD_GATEWAY, format!("the log is on a worker that did not answer: {e}")),
+    })?;
     Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], Body::from_stream(stream)).into_response())
 }
 

@@ -17,8 +17,8 @@ mod snapshot;
 use std::collections::BTreeMap;
 
 use drover_core::{
-    Capacity, Completion, Config, Decision, Event, JobId, JobResult, Millis, RunId, Scheduler, WaiterId,
-    WorkerId,
+    Capacity, Completion, Config, Decision, Event, JobId, JobResult, JobStatus, Millis, RunId, Scheduler,
+    WaiterId, WorkerId,
 };
 use drover_proto::{
     Assignment, BuildEvent, BuildSpec, BuildState, BuildStatus, DepInput, Hash32, JobDef, JobState, OnError,
@@ -1191,12 +1191,22 @@ impl Solver {
         self.effects.push(Effect::BuildChanged { build });
         // A job another build already brought to the core only gains a
         // waiter; its spec is built for the first one alone.
-        let event = if self.core.has_job(&id) {
+        let joined = self.core.has_job(&id);
+        let event = if joined {
             Event::Join { job: id, waiter }
         } else {
             Event::Schedule { spec: self.builds[&build].core_spec(job), waiter }
         };
         let _ = self.core.handle(self.now, event);
+        // Joined to a run already under way for another build: this build
+        // sees it run too (its worker, its log), as if it had started it.
+        if let Some(view) = self.core.job_view(&id).filter(|_| joined)
+            && let JobStatus::Assigned { worker, run } | JobStatus::Running { worker, run } = view.status
+        {
+            let name = self.workers.get(&worker.0).map(|w| w.name.clone()).unwrap_or_default();
+            let b = self.builds.get_mut(&build).map(Arc::make_mut).expect("build exists");
+            b.started(job, worker.0, run.0, view.attempts, name, self.now);
+        }
     }
 
     /// Applies the core's decisions until it has none left (completions may

@@ -267,6 +267,38 @@ fn builds_sharing_a_job_run_it_once_and_both_get_the_result() {
     }
 }
 
+/// A build that joins a job already running for another build sees it
+/// running too: on its worker, in its run (so its log is found), with a
+/// start event; and it ends with the run.
+#[test]
+fn a_build_joining_a_running_job_sees_it_run() {
+    let mut h = Harness::new();
+    let w = worker_id(h.input(register("w1", 4, vec![])));
+    let b1 = build_id(h.input(submit(vec![job("shared", &[])])));
+    h.later();
+    let runs = h.assigned();
+    h.report(w, Report { started: vec![runs[0].1], ..Report::default() });
+    let b2 = build_id(h.input(submit(vec![job("shared", &[])])));
+    assert!(h.assigned().is_empty(), "no second run");
+    let joined = h.solver.build_status(b2).expect("build").jobs.remove(0);
+    assert_eq!(
+        (joined.state, joined.worker.as_deref(), joined.attempts),
+        (JobState::Running, Some("w1"), 1),
+        "{joined:?}"
+    );
+    let events = h.solver.events(b2, 0).expect("events").0;
+    assert!(
+        events.iter().any(|e| matches!(&e.kind, EventKind::JobStarted { job, worker, .. } if job == "shared" && worker == "w1")),
+        "{events:?}"
+    );
+    assert_eq!(h.solver.run_location(b2, "shared").map(|r| r.1), Some(runs[0].1), "its log is found");
+    h.report(w, Report { finished: vec![ok(runs[0].1, "shared")], ..Report::default() });
+    for b in [b1, b2] {
+        assert_eq!(h.solver.build_status(b).expect("build").state, BuildState::Succeeded);
+    }
+    h.assert_replays();
+}
+
 /// Builds submitted with one spec (one `Arc`, as the coordinator hands
 /// identical specs over, or by naming an earlier build) share its plan; an
 /// equal spec of its own gets its own; a build like one that does not exist

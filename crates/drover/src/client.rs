@@ -902,7 +902,13 @@ pub(crate) async fn logs(args: LogsArgs) -> Result<(), Failure> {
     };
     let mut stdout = tokio::io::stdout();
     while let Some(chunk) = body.next().await {
-        let chunk = chunk.context("the log stream broke")?;
+        let chunk = chunk.map_err(|e| {
+            anyhow!(
+                "the log stream broke off: its worker or the coordinator stopped answering \
+                 (`drover status {}` says how the job stands): {e}",
+                args.build
+            )
+        })?;
         stdout.write_all(&chunk).await.context("writing the log")?;
     }
     stdout.flush().await.context("writing the log")?;

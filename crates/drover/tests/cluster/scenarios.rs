@@ -57,6 +57,12 @@ fn status_lists_the_builds_with_their_counts() {
         .split_whitespace()
         .collect();
     assert_eq!(row, [id.to_string().as_str(), "succeeded", "2/2", "two"], "{table}");
+    // Built again, all from the cache: no log, and `logs` says why.
+    let (code, again) = wait_json(&cluster, &file, &[]);
+    assert_eq!((code, &job(&again, "a")["state"]), (Some(0), &Value::from("cached")), "{again}");
+    let log = cluster.run(&["logs", &again["id"].to_string(), "a"]);
+    assert_eq!(log.status.code(), Some(2), "{}", stderr(&log));
+    assert!(stderr(&log).contains("has not run: its result came from the cache"), "{}", stderr(&log));
 }
 
 #[test]
