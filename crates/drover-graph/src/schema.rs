@@ -32,6 +32,11 @@ const JOB_KEYS: &[&str] = &[
 const RESOURCE_KEYS: &[&str] = &["cpu", "memory", "tokens"];
 const GANG_KEYS: &[&str] = &["name", "min_available", "on_failure"];
 
+/// The longest command or `env` entry: Linux passes at most 128 KiB in one
+/// argument or environment string (`MAX_ARG_STRLEN`), and placeholders
+/// grow a command when they are filled in.
+const MAX_COMMAND: usize = 126 * 1024;
+
 /// Default CPU request: one core.
 const DEFAULT_CPU_MILLIS: u64 = 1000;
 /// Default number of reruns after a worker loss.
@@ -353,6 +358,11 @@ fn job_spec(node: &Node, diags: &mut Diagnostics) -> Option<JobSpec> {
             if let Some(text) = cx.text(&entry.value, &format!("env.{}", entry.key)) {
                 if text.contains('\0') {
                     cx.error(entry.value.line, format!("env {:?} contains a NUL character", entry.key));
+                } else if entry.key.len() + 1 + text.len() > MAX_COMMAND {
+                    cx.error(
+                        entry.value.line,
+                        format!("env {:?} is too long: at most 126 KiB can be passed to a job", entry.key),
+                    );
                 }
                 job.env.push((entry.key.clone(), Located { value: text, line: entry.value.line }));
             }
@@ -485,6 +495,15 @@ fn commands(cx: &mut Cx<'_>, node: &Node) -> Vec<Located<String>> {
             cx.error(command.line, "empty command in \"run\"");
         } else if command.value.contains('\0') {
             cx.error(command.line, "command contains a NUL character");
+        } else if command.value.len() > MAX_COMMAND {
+            cx.error(
+                command.line,
+                format!(
+                    "command is {} KiB long: at most 126 KiB can be run (Linux's limit for one \
+                     argument is 128 KiB); put it in a script among the sources and run that",
+                    command.value.len() / 1024
+                ),
+            );
         }
     }
     commands

@@ -154,6 +154,30 @@ jobs:
     );
 }
 
+/// A command or `env` entry longer than Linux passes in one string is
+/// refused when the file is checked, not when the job runs (`E2BIG`).
+#[test]
+fn commands_and_env_entries_past_the_argument_limit() {
+    let dir = Dir::new();
+    let long = "x".repeat(130 * 1024);
+    let fits = "x".repeat(120 * 1024);
+    let yaml = format!(
+        "jobs:\n  - name: a\n    run: ['echo {long}']\n  - name: b\n    run: ['echo {fits}']\n    env:\n      BIG: '{long}'\n"
+    );
+    assert_eq!(
+        dir.errors(&yaml),
+        [
+            at(
+                3,
+                Some("a"),
+                "command is 130 KiB long: at most 126 KiB can be run (Linux's limit for one argument is \
+                 128 KiB); put it in a script among the sources and run that"
+            ),
+            at(7, Some("b"), "env \"BIG\" is too long: at most 126 KiB can be passed to a job"),
+        ]
+    );
+}
+
 #[test]
 fn invalid_job_names() {
     let dir = Dir::new();
