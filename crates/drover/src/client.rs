@@ -776,19 +776,21 @@ pub(crate) async fn workers(args: WorkersArgs) -> Result<(), Failure> {
         eprintln!("no workers have registered");
     } else {
         outln!(
-            "{:<16} {:<8} {:<28} {:<9} {:<8} {:<10} LABELS",
+            "{:<16} {:<8} {:<28} {:<9} {:<8} {:<10} {:<12} LABELS",
             "NAME",
             "STATE",
             "URL",
             "RUNNING",
             "CPU",
-            "MEMORY"
+            "MEMORY",
+            "TOKENS"
         );
     }
     for w in &workers {
         let labels: Vec<String> = w.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let tokens: Vec<String> = w.capacity.tokens.iter().map(|(k, n)| format!("{k}={n}")).collect();
         outln!(
-            "{:<16} {:<8} {:<28} {:<9} {:<8} {:<10} {}",
+            "{:<16} {:<8} {:<28} {:<9} {:<8} {:<10} {:<12} {}",
             w.name,
             if w.draining {
                 "draining"
@@ -802,7 +804,9 @@ pub(crate) async fn workers(args: WorkersArgs) -> Result<(), Failure> {
             w.url,
             format!("{}/{}", w.running, w.capacity.slots),
             format!("{}m", w.capacity.cpu_millis),
-            units::bytes(w.capacity.memory),
+            // One word per column, for `awk`: "23.5GiB".
+            units::bytes(w.capacity.memory).replace(' ', ""),
+            if tokens.is_empty() { "-".to_owned() } else { tokens.join(",") },
             labels.join(",")
         );
     }

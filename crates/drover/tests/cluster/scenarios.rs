@@ -266,7 +266,7 @@ fn a_worker_stopped_with_sigterm_finishes_its_job_takes_nothing_new_and_leaves()
     let file = cluster.project("drain", &build, &[]);
     let id = cluster.submit(&file);
     eventually("slow to start", || std::path::Path::new(&started).exists().then_some(()));
-    cluster.add_worker("w2", 1, &[]);
+    cluster.add_worker("w2", 1, &["--tokens", "gpu=1,net=2"]);
     cluster.signal_worker("w1", "TERM");
     wait_draining(&cluster, "w1");
     std::fs::write(&go, "").expect("go");
@@ -281,10 +281,13 @@ fn a_worker_stopped_with_sigterm_finishes_its_job_takes_nothing_new_and_leaves()
     let out = cluster.run(&["workers"]);
     let table = String::from_utf8_lossy(&out.stdout);
     let header: Vec<&str> = table.lines().next().unwrap_or_default().split_whitespace().collect();
-    assert_eq!(header, ["NAME", "STATE", "URL", "RUNNING", "CPU", "MEMORY", "LABELS"], "{table}");
+    assert_eq!(header, ["NAME", "STATE", "URL", "RUNNING", "CPU", "MEMORY", "TOKENS", "LABELS"], "{table}");
     let row: Vec<&str> =
         table.lines().find(|l| l.starts_with("w1 ")).unwrap_or_default().split_whitespace().collect();
     assert_eq!(row.get(1..4).map(|r| [r[0], r[2]]), Some(["left", "0/1"]), "{table}");
+    let w2: Vec<&str> =
+        table.lines().find(|l| l.starts_with("w2 ")).unwrap_or_default().split_whitespace().collect();
+    assert_eq!(w2.get(6), Some(&"gpu=1,net=2"), "the tokens column: {table}");
 }
 
 /// A second stop request stops the running job now, and the worker leaves:
