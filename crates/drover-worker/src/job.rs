@@ -82,8 +82,10 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, control: Ru
     }
     // Kept before it stops running, so its logs are never unknown.
     let old = keep_logs(&shared, run);
-    shared.runs.lock().expect("runs").remove(&run);
+    // In the outbox before it stops running, so that a drain never sees it
+    // in neither (`Worker::drain`).
     shared.outbox.finished(result);
+    shared.runs.lock().expect("runs").remove(&run);
     for run in old {
         let mut notes = shared.notes.lock().expect("notes");
         for stage in [Stage::Pull, Stage::Fetch, Stage::Push] {

@@ -12,8 +12,9 @@
 //! an artifact.
 //!
 //! The worker survives a coordinator restart: runs go on, reports are kept
-//! until they are delivered, and the session registers again with the runs
-//! it still has.
+//! (in memory) until they are delivered, and the session registers again
+//! with the runs it still has. A worker told to stop waits for its reports
+//! [`REPORT_GRACE`] at most once its runs have ended ([`Worker::drain`]).
 
 mod job;
 mod report;
@@ -36,6 +37,13 @@ use tokio_util::sync::CancellationToken;
 /// Bytes each of a run's logs keeps at most by default: a job that writes
 /// without end cannot fill the worker's disk (GitLab's runners keep 4 MiB).
 pub const DEFAULT_LOG_LIMIT: u64 = 16 << 20;
+
+/// How long a draining worker whose runs have all ended keeps trying to
+/// report their ends before it leaves anyway ([`Worker::drain`]): a
+/// coordinator that is down must not keep a stopped worker from exiting.
+/// About fifteen tries of the report task (which waits at most 2 s between
+/// tries): room for a coordinator that restarts to come back and take them.
+pub const REPORT_GRACE: Duration = Duration::from_secs(30);
 
 /// How to run a worker.
 #[derive(Clone, Debug)]
@@ -321,9 +329,27 @@ impl Worker {
     /// Lets the runs in progress finish and takes nothing new: tells the
     /// coordinator the worker drains (in the background, retried, and again
     /// after any new registration), and returns once no run is left and
-    /// every end has been reported. Then [`Worker::leave`] (which a second
-    /// stop request may also call sooner, dropping this future).
+    /// every end has been reported, or [`REPORT_GRACE`] after the last run
+    /// ended if the coordinator has not taken every end by then (it may be
+    /// down): a warning says how many ends were not reported. Then
+    /// [`Worker::leave`] (which a second stop request may also call sooner,
+    /// dropping this future).
     pub async fn drain(&self) {
+        let unreported = self.drain_with_grace(REPORT_GRACE).await;
+        if unreported > 0 {
+            tracing::warn!(
+                "leaving with {unreported} finished run(s) not reported: the coordinator took no report for {}s. \
+                 It will count those runs as lost with this worker and queue their jobs again (reports are kept \
+                 in memory only; the outputs stay in this worker's cache)",
+                REPORT_GRACE.as_secs()
+            );
+        }
+    }
+
+    /// [`Worker::drain`], giving the reports `grace` once the runs have
+    /// ended; returns how many run ends were still undelivered then (0:
+    /// all were delivered).
+    async fn drain_with_grace(&self, grace: Duration) -> usize {
         // The flag first: a registration that sets its session after this
         // reads it and says so itself (see `session::run`).
         self.shared.draining.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -331,11 +357,17 @@ impl Worker {
             let shared = self.shared.clone();
             tokio::spawn(async move { session::drain(&shared, id).await });
         }
+        // However long the runs take (`--drain-timeout` or a second stop
+        // request drops this sooner). A run's end is in the outbox before
+        // the run leaves `runs` (`job::run`).
+        while !self.shared.runs.lock().expect("runs").is_empty() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let deadline = tokio::time::Instant::now() + grace;
         loop {
-            let idle = self.shared.runs.lock().expect("runs").is_empty()
-                && self.shared.outbox.undelivered_runs().is_empty();
-            if idle {
-                return;
+            let unreported = self.shared.outbox.undelivered_runs().len();
+            if unreported == 0 || tokio::time::Instant::now() >= deadline {
+                return unreported;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -466,4 +498,70 @@ fn default_name(port: u16) -> String {
     let host: String =
         host.trim().chars().filter(|c| c.is_ascii_alphanumeric() || "-._".contains(*c)).collect();
     if host.is_empty() { format!("worker-{port}") } else { format!("worker-{host}-{port}") }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A worker whose coordinator is not there (nothing listens at its
+    /// address), its cache in `dir`.
+    fn orphan(dir: &std::path::Path) -> WorkerConfig {
+        // Taken and given back: connecting to it is refused at once.
+        let port =
+            std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("port").port();
+        WorkerConfig {
+            coordinator: format!("http://127.0.0.1:{port}"),
+            coordinator_router: None,
+            listen: ([127, 0, 0, 1], 0).into(),
+            advertise: None,
+            name: Some("orphan".into()),
+            capacity: WorkerCapacity { slots: 1, cpu_millis: 1000, memory: 1 << 30, tokens: BTreeMap::new() },
+            labels: BTreeMap::new(),
+            dir: dir.to_owned(),
+            cache_bytes: 1 << 20,
+            cache_keep_free: drover_cas::Reserve::Nothing,
+            durability: drover_cas::Durability::ProcessCrash,
+            token: None,
+            // Never started: no run comes.
+            supervisor: Supervisor::new("/nonexistent".into(), Vec::new()),
+            kill_grace: Duration::from_secs(1),
+            keep_runs: 10,
+            log_limit: None,
+            push: false,
+            fetchers: 1,
+            builders: 1,
+            pushers: 1,
+        }
+    }
+
+    /// A drain whose runs have ended but whose coordinator never takes
+    /// their ends gives up after its grace, and says how many it could not
+    /// report.
+    #[tokio::test]
+    async fn a_drain_gives_up_on_reports_the_coordinator_never_takes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let worker = start(orphan(dir.path())).await.expect("start");
+        // As if a session had begun and a run had ended since the
+        // coordinator went away.
+        worker.shared.outbox.set_session(Some(1));
+        worker.shared.outbox.finished(drover_proto::RunResult {
+            run: 7,
+            success: true,
+            exit_code: Some(0),
+            cached: false,
+            detail: String::new(),
+            output: None,
+            duration_ms: 0,
+            stages: BTreeMap::new(),
+            lost_inputs: Vec::new(),
+        });
+        assert_eq!(worker.drain_with_grace(Duration::from_millis(300)).await, 1);
+        assert_eq!(
+            worker.shared.outbox.undelivered_runs(),
+            [7],
+            "kept, not dropped, until the worker leaves"
+        );
+        worker.leave().await;
+    }
 }

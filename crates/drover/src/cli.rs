@@ -198,12 +198,16 @@ pub(crate) struct WorkerArgs {
     /// The worker's name, unique in the cluster (default: worker-HOST-PORT). A live worker's name is refused to another worker at another URL.
     #[arg(long)]
     pub(crate) name: Option<String>,
-    /// Jobs at once (default: the number of CPUs).
+    /// Jobs at once (default: the number of CPUs). Without --cpu the
+    /// worker offers at least a CPU per slot, so that this many jobs of one
+    /// CPU each (a job's default request) run at once.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) slots: Option<u32>,
-    /// CPU to offer, in cores ("2", "0.5") or millicores ("500m"); default:
-    /// the number of CPUs (times slots / builders, since runs fetching
-    /// ahead hold CPU in the coordinator's count without using it).
+    /// CPU to offer, in cores ("2", "0.5") or millicores ("500m"); kept as
+    /// given, even below the CPU the slots' jobs ask for. Default: the
+    /// number of CPUs or the builders (by default the slots), whichever is
+    /// more, times slots / builders (runs fetching ahead hold CPU in the
+    /// coordinator's count without using it).
     #[arg(long)]
     pub(crate) cpu: Option<String>,
     /// Memory to offer ("8Gi", "512Mi"); default: the machine's memory.

@@ -358,6 +358,11 @@ fn no_build(e: &HttpError, id: u64, at: &str) -> Failure {
     }
 }
 
+/// How often following a build tries to reach its coordinator again, and
+/// how long it waits between tries: about a minute in all.
+const RECONNECTS: u32 = 120;
+const RECONNECT_PAUSE: Duration = Duration::from_millis(500);
+
 /// Follows a build's events from `from` until it ends, handing each to
 /// `on_event`; reconnects (from the last event seen) when the stream
 /// breaks. The coordinator closes the stream once the build is over, after
@@ -380,15 +385,25 @@ pub(crate) async fn follow_events(
             Err(e) if e.status() == Some(404) => return Err(no_build(&e, id, &format!(" at {base}"))),
             Err(e) => {
                 failures += 1;
-                if failures > 120 {
+                if failures > RECONNECTS {
                     return Err(Failure::Runtime(anyhow!(
                         "lost the coordinator while following build {id}: {e}"
                     )));
                 }
-                tokio::time::sleep(Duration::from_millis(500)).await;
+                // Said once the first retry failed too: a restart of the
+                // coordinator takes a moment.
+                if failures == 2 {
+                    eprintln!(
+                        "drover: lost contact with the coordinator at {base} ({e}); retrying for up to a minute"
+                    );
+                }
+                tokio::time::sleep(RECONNECT_PAUSE).await;
                 continue;
             }
         };
+        if failures >= 2 {
+            eprintln!("drover: reconnected to the coordinator; following build {id} again");
+        }
         failures = 0;
         // Newline-delimited JSON: the lines of each chunk are read where
         // they lie, and only a partial last line is kept for the next.

@@ -338,9 +338,12 @@ fn worker_config(args: &WorkerArgs) -> anyhow::Result<WorkerConfig> {
         slots,
         cpu_millis: match &args.cpu {
             Some(text) => units::cpu(text)?,
-            // The coordinator counts the CPU of every run the worker holds,
-            // fetching ahead or building; only the builders use it.
-            None => u64::from(cpus) * 1000 * u64::from(slots) / u64::from(builders),
+            // A core per builder at least, as `drover run`'s workers have
+            // one per slot: `--slots` jobs of one core each (the default
+            // request) run at once even on fewer CPUs. The coordinator
+            // counts the CPU of every run the worker holds, fetching ahead
+            // or building; only the builders use it.
+            None => u64::from(cpus.max(builders)) * 1000 * u64::from(slots) / u64::from(builders),
         },
         memory: match &args.memory {
             Some(text) => units::size("--memory", text)?,

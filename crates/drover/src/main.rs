@@ -118,7 +118,10 @@ fn main() -> ExitCode {
     }
 }
 
+/// Logs go to standard error, as `DROVER_LOG` (or `-v`) filters them,
+/// coloured only where [`colour_logs`] says.
 fn init_tracing(verbose: u8) {
+    use std::io::IsTerminal;
     let default = match verbose {
         0 => "warn",
         1 => "info,drover=info",
@@ -126,7 +129,16 @@ fn init_tracing(verbose: u8) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("DROVER_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let ansi = colour_logs(std::io::stderr().is_terminal(), std::env::var_os("NO_COLOR").as_deref());
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).init();
+}
+
+/// Whether log lines get colours (ANSI escape codes): only on a terminal,
+/// so that `drover serve 2> serve.log` writes plain text, and not when
+/// `NO_COLOR` is set to anything but the empty string
+/// (<https://no-color.org/>).
+fn colour_logs(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    terminal && no_color.is_none_or(std::ffi::OsStr::is_empty)
 }
 
 async fn dispatch(command: Command) -> Result<(), Failure> {
@@ -149,7 +161,18 @@ async fn dispatch(command: Command) -> Result<(), Failure> {
 
 #[cfg(test)]
 mod tests {
-    use super::describe;
+    use super::{colour_logs, describe};
+
+    /// Colours on a terminal only, and never under a non-empty `NO_COLOR`.
+    #[test]
+    fn logs_are_coloured_only_on_a_terminal_without_no_color() {
+        let set = |v: &'static str| Some(std::ffi::OsStr::new(v));
+        assert!(colour_logs(true, None));
+        assert!(colour_logs(true, set("")), "an empty NO_COLOR is as if unset");
+        assert!(!colour_logs(true, set("1")));
+        assert!(!colour_logs(false, None), "a file or a pipe gets plain text");
+        assert!(!colour_logs(false, set("")));
+    }
 
     /// An error that quotes its source in its own message, as
     /// `drover_cas::CasError::Io` does.

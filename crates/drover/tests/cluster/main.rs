@@ -11,3 +11,4 @@ mod queues;
 mod scenarios;
 mod snapshots;
 mod stages;
+mod worker;

@@ -1,0 +1,70 @@
+//! The `drover worker` process itself: what it offers by default, what it
+//! writes to a log file.
+
+use std::process::{Child, Stdio};
+
+use crate::harness::{Cluster, drover, eventually, free_port};
+
+/// A child process killed (and reaped) when dropped, so a failed test
+/// leaves none behind.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A worker whose standard error goes to a file writes its log lines there
+/// without ANSI colour codes: only a terminal gets them.
+#[test]
+fn a_workers_log_in_a_file_has_no_colour_codes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("worker.log");
+    // Nothing listens at the coordinator's address: the worker warns that
+    // it cannot register, and keeps trying.
+    let coordinator = format!("http://127.0.0.1:{}", free_port());
+    let _worker = Killed(
+        drover()
+            .args(["worker", "-v", "--coordinator", &coordinator, "--slots", "1"])
+            .arg("--cache")
+            .arg(dir.path().join("cache"))
+            .env_remove("NO_COLOR")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("start drover worker"),
+    );
+    let text = eventually("the worker to log that it cannot register", || {
+        let text = std::fs::read_to_string(&log).ok()?;
+        text.contains("cannot register with the coordinator").then_some(text)
+    });
+    assert!(text.contains("WARN") && text.contains("INFO"), "log lines at both levels: {text}");
+    assert!(!text.contains('\x1b'), "no escape codes in a log file: {text:?}");
+}
+
+/// A worker given more slots than the machine has CPUs (and no `--cpu`)
+/// runs that many jobs of one CPU each at once: each job waits until all
+/// have started (and fails after a minute, so a worker that holds one back
+/// fails the build rather than the test's wait).
+#[test]
+fn a_worker_with_more_slots_than_cpus_runs_that_many_jobs_at_once() {
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let slots = cpus + 1;
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", u32::try_from(slots).expect("slots"), &[]);
+    let started = cluster.scratch("started");
+    std::fs::create_dir(&started).expect("mkdir");
+    let jobs: String = (0..slots)
+        .map(|i| {
+            format!(
+                "  - name: j{i}\n    run: [\"touch {started}/{i}; n=0; while [ $(ls {started} | wc -l) -lt {slots} ]; \
+                 do n=$((n+1)); [ $n -lt 1200 ] || exit 1; sleep 0.05; done\"]\n"
+            )
+        })
+        .collect();
+    let id = cluster.submit(&cluster.project("wide", &format!("jobs:\n{jobs}"), &[]));
+    let status = cluster.final_status(id);
+    assert_eq!(status["state"], "succeeded", "{slots} jobs of one CPU at once on {cpus} CPUs: {status}");
+}
