@@ -817,6 +817,24 @@ impl Scheduler {
                 && w.capable.get(job.class as usize).copied().unwrap_or(false)
                 && w.res.fits(&class.key, None)
         });
+        // Only draining workers could run it: room there is no help.
+        let undrained = self
+            .workers
+            .iter()
+            .any(|w| w.alive && !w.draining && w.capable.get(job.class as usize).copied().unwrap_or(false));
+        if !undrained {
+            let mut draining: Vec<&str> = self
+                .workers
+                .iter()
+                .filter(|w| w.alive && w.capable.get(job.class as usize).copied().unwrap_or(false))
+                .map(|w| w.name.as_str())
+                .collect();
+            draining.sort_unstable();
+            return Some(format!(
+                "the only workers that could run it are draining ({}): it waits for one that is not",
+                draining.join(", ")
+            ));
+        }
         if !room {
             return Some(format!(
                 "no worker has room for it now (it needs {} slot(s), {}, {} of memory)",

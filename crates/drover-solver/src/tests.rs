@@ -1939,6 +1939,12 @@ fn queued_jobs_say_why_they_wait() {
     );
     h.later();
     assert_eq!(detail(&h, "after"), no_room);
+    // Its only worker drains: room there would be no help, and it says so.
+    assert_eq!(h.input(Input::Drain { worker: w }), Ok(Reply::Done));
+    assert_eq!(
+        detail(&h, "after"),
+        "the only workers that could run it are draining (w1): it waits for one that is not"
+    );
 }
 
 /// Runs every assignment to success, round after round.
