@@ -592,8 +592,8 @@ async fn job_log(
         Some(404) => ApiError(
             StatusCode::NOT_FOUND,
             format!(
-                "the log of run {run} is no longer on its worker ({url}): a worker keeps the logs of \
-                         its latest runs only (1,000 by default)"
+                "its worker ({url}) has no log of run {run}: the run has not reached it yet, or is \
+                 older than the logs a worker keeps (its latest 1,000 runs by default)"
             ),
         ),
         _ => ApiError(StatusCode::BAD_GATEWAY, format!("the log is on a worker that did not answer: {e}")),

@@ -33,7 +33,10 @@
 //!
 //! Not hashed: the job's own name (but in a gang), the build name, priority
 //! and the line; so the same job in another file, or renamed, keeps its ID.
-//! Any change to this encoding must change the version tag.
+//! Any change to this encoding must change the version tag, but for one
+//! kind: adding, under a tag of its own, what earlier encodings left out
+//! (as `drover-limits-v1` did), which changes the IDs of only the jobs that
+//! use it.
 
 use std::collections::BTreeMap;
 

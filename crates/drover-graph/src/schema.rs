@@ -501,7 +501,7 @@ fn commands(cx: &mut Cx<'_>, node: &Node) -> Vec<Located<String>> {
                 format!(
                     "command is {} KiB long: at most 126 KiB can be run (Linux's limit for one \
                      argument is 128 KiB); put it in a script among the sources and run that",
-                    command.value.len() / 1024
+                    command.value.len().div_ceil(1024)
                 ),
             );
         }

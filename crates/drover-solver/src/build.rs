@@ -886,6 +886,11 @@ impl Build {
         now: Millis,
     ) {
         let rec = &mut self.jobs[i as usize];
+        // Joined to this run before the core's assignment was applied
+        // (`Solver::hand_to_core`): it started once.
+        if rec.state == JobState::Running && rec.run == Some(run) {
+            return;
+        }
         rec.state = JobState::Running;
         rec.suspended = false;
         rec.evicted = None;
@@ -1079,6 +1084,44 @@ impl Build {
             .collect();
         self.order(&mut ready);
         Ok(ready)
+    }
+
+    /// Whether one of `lost` is the output of a need of job `i`.
+    pub(crate) fn lost_a_need(&self, i: u32, lost: &[JobId]) -> bool {
+        self.needs_of(i).iter().any(|&n| lost.contains(&JobId::from(self.def(n).id)))
+    }
+
+    /// A run of job `i` lost inputs none of which is a need of `i` here: it
+    /// read another build's copy of a need (the same work under other
+    /// limits, so another ID). `i` leaves that run, back to queued, and
+    /// goes again on its own (the caller schedules it once the run's end is
+    /// in): returns its core waiter to cancel. `None` if a lost input is
+    /// `i`'s own (see [`Build::rewind`]), or the build stops anyway.
+    pub(crate) fn leave_foreign_loss(
+        &mut self,
+        i: u32,
+        lost: &[JobId],
+        now: Millis,
+    ) -> Option<(JobId, WaiterId)> {
+        if self.stopping || self.cancelled || self.jobs[i as usize].rewinds >= MAX_REWINDS {
+            return None;
+        }
+        // A gang member does not leave its gang's run alone.
+        if self.in_gang(i) || self.lost_a_need(i, lost) {
+            return None;
+        }
+        let waiter = self.take_waiter(i)?;
+        let rec = &mut self.jobs[i as usize];
+        rec.rewinds += 1;
+        rec.state = JobState::Queued;
+        rec.run = None;
+        rec.worker = None;
+        let attempts = rec.attempts;
+        let job = self.name_of(i);
+        let reason =
+            Some("its run read another build's copy of an input, which was lost; it runs again".to_owned());
+        self.event(now, EventKind::JobRequeued { job, attempts, reason });
+        Some((JobId::from(self.def(i).id), waiter))
     }
 
     /// Job `i`'s run could not get the outputs of `lost` (needs whose

@@ -943,12 +943,19 @@ impl Solver {
             if let Some(out) = &r.output {
                 self.outputs.insert(out.job.into(), out.tree);
             }
-            if !r.success && !r.lost_inputs.is_empty() {
-                self.rewind_lost(r.run, &r.lost_inputs);
-            }
+            let again = if !r.success && !r.lost_inputs.is_empty() {
+                self.rewind_lost(r.run, &r.lost_inputs)
+            } else {
+                Vec::new()
+            };
             let result =
                 JobResult { success: r.success, exit_code: r.exit_code, cached: r.cached, detail: r.detail };
             let _stale = self.core.handle(self.now, Event::JobExited { run: RunId(r.run), result });
+            // Jobs that left the run for another build's lost input go
+            // again, now that the run is over for the core.
+            for (b, i) in again {
+                self.schedule(b, i);
+            }
         }
         if !report.added.is_empty() {
             for a in &report.added {
@@ -1012,11 +1019,26 @@ impl Solver {
     /// with their workers. Each build waiting for its job builds them again
     /// and runs the job after them (`Build::rewind`), its waiter leaving the
     /// core; a build where that cannot be keeps waiting and gets the
-    /// failure, as the run's end then tells the core.
-    fn rewind_lost(&mut self, run: u64, lost: &[Hash32]) {
-        let Some((_, job, _)) = self.core.run_info(RunId(run)) else { return };
+    /// failure, as the run's end then tells the core. A waiter whose own
+    /// needs were not lost (the run read another build's copy of a need:
+    /// the same work under other limits) leaves the run and is returned, to
+    /// be scheduled again once the run's end is in.
+    fn rewind_lost(&mut self, run: u64, lost: &[Hash32]) -> Vec<(u64, u32)> {
+        let Some((_, job, _)) = self.core.run_info(RunId(run)) else { return Vec::new() };
         let lost: Vec<JobId> = lost.iter().map(|h| JobId::from(*h)).collect();
-        for (b, i) in self.job_waiters(&job) {
+        let mut again = Vec::new();
+        let waiters = self.job_waiters(&job);
+        // An input that no waiter needs is no loss of another build's copy:
+        // that failure stands for all.
+        let read = waiters.iter().any(|&(b, i)| self.builds[&b].lost_a_need(i, &lost));
+        for (b, i) in waiters {
+            let build = self.builds.get_mut(&b).map(Arc::make_mut).expect("build exists");
+            if read && let Some(cancel) = build.leave_foreign_loss(i, &lost, self.now) {
+                self.effects.push(Effect::BuildChanged { build: b });
+                self.withdraw(vec![cancel]);
+                again.push((b, i));
+                continue;
+            }
             let available = availability(&self.core, &self.outputs, &self.remote);
             let build = self.builds.get_mut(&b).map(Arc::make_mut).expect("build exists");
             let Some((cancel, ready)) = build.rewind(i, &lost, available, self.now) else { continue };
@@ -1030,6 +1052,7 @@ impl Solver {
             // the very needs built again.
             self.release_held(b);
         }
+        again
     }
 
     /// Builds give up waiting: each waiter leaves the core's job (which
@@ -1204,8 +1227,14 @@ impl Solver {
             && let JobStatus::Assigned { worker, run } | JobStatus::Running { worker, run } = view.status
         {
             let name = self.workers.get(&worker.0).map(|w| w.name.clone()).unwrap_or_default();
+            // Suspended for another job by an eviction: so it shows, and
+            // `drover resume` leaves it to the core.
+            let evicted_by = self.core.evicted_by(&id).map(|by| self.job_label(&by));
             let b = self.builds.get_mut(&build).map(Arc::make_mut).expect("build exists");
             b.started(job, worker.0, run.0, view.attempts, name, self.now);
+            if let Some(by) = evicted_by {
+                b.evicted(job, by, self.now);
+            }
         }
     }
 

@@ -299,6 +299,96 @@ fn a_build_joining_a_running_job_sees_it_run() {
     h.assert_replays();
 }
 
+/// The same job twice in one build: the second joins the first's run
+/// before its assignment is applied, and each starts once.
+#[test]
+fn jobs_joining_a_run_being_assigned_start_once() {
+    let mut h = Harness::new();
+    worker_id(h.input(register("w1", 4, vec![])));
+    let same = |name: &str| JobDef { commands: vec!["echo x".into()], ..JobDef::new(name, job("x", &[]).id) };
+    let b = build_id(h.input(submit(vec![same("a"), same("b")])));
+    h.later();
+    assert_eq!(h.assigned().len(), 1, "one run for both");
+    let events = h.solver.events(b, 0).expect("events").0;
+    let starts: Vec<&str> = events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::JobStarted { job, .. } => Some(job.as_str()),
+            _ => None,
+        })
+        .collect();
+    let mut sorted = starts.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, ["a", "b"], "each started once: {starts:?}");
+}
+
+/// Two builds run `x` under other limits (two IDs) and share `t`, which
+/// needs it: the run of `t` reads the first build's copy. When that copy
+/// is lost, the first build builds it again; the second, whose own copy is
+/// there, takes `t` out of the failed run and runs it again. Both succeed.
+#[test]
+fn a_job_that_read_another_builds_lost_copy_of_a_need_runs_again() {
+    /// Runs assigned since the last call, as (run, job ID).
+    fn assigned(h: &mut Harness) -> Vec<(u64, Hash32)> {
+        h.solver
+            .take_effects()
+            .into_iter()
+            .filter_map(|e| match e {
+                Effect::Assign { assignment, .. } => Some((assignment.run, assignment.job)),
+                _ => None,
+            })
+            .collect()
+    }
+    /// Every run succeeds, its output filed under its job's ID.
+    fn succeed(h: &mut Harness, w: u64, runs: &[(u64, Hash32)]) {
+        let finished = runs
+            .iter()
+            .map(|&(run, id)| {
+                let mut done = ok(run, "x");
+                done.output.as_mut().expect("output").job = id;
+                done
+            })
+            .collect();
+        h.report(w, Report { finished, ..Report::default() });
+    }
+    let mut h = Harness::new();
+    let w = worker_id(h.input(register("w1", 4, vec![])));
+    let strict = job("x-strict", &[]).id;
+    let b1 = build_id(h.input(submit(vec![JobDef { id: strict, ..job("x", &[]) }, job("t", &["x"])])));
+    let b2 = build_id(h.input(submit(vec![job("x", &[]), job("t", &["x"])])));
+    h.later();
+    let xs = assigned(&mut h);
+    assert_eq!(xs.len(), 2, "x runs once per ID: {xs:?}");
+    succeed(&mut h, w, &xs);
+    h.later();
+    let t = assigned(&mut h);
+    assert_eq!(t.len(), 1, "one run of t for both builds: {t:?}");
+    // The run could not get b1's copy of x.
+    let mut lost = lost_input(t[0].0, "x");
+    lost.lost_inputs = vec![strict];
+    h.report(w, Report { finished: vec![lost], ..Report::default() });
+    for _ in 0..10 {
+        h.later();
+        let runs = assigned(&mut h);
+        succeed(&mut h, w, &runs);
+    }
+    for b in [b1, b2] {
+        assert_eq!(
+            h.solver.build_status(b).expect("build").state,
+            BuildState::Succeeded,
+            "{:?}",
+            h.states(b)
+        );
+    }
+    let events = h.solver.events(b2, 0).expect("events").0;
+    assert!(
+        events.iter().any(|e| matches!(&e.kind, EventKind::JobRequeued { job, reason: Some(r), .. }
+            if job == "t" && r.contains("another build's copy"))),
+        "{events:?}"
+    );
+    h.assert_replays();
+}
+
 /// Builds submitted with one spec (one `Arc`, as the coordinator hands
 /// identical specs over, or by naming an earlier build) share its plan; an
 /// equal spec of its own gets its own; a build like one that does not exist

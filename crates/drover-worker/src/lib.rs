@@ -360,16 +360,22 @@ impl Worker {
         // However long the runs take (`--drain-timeout` or a second stop
         // request drops this sooner). A run's end is in the outbox before
         // the run leaves `runs` (`job::run`).
-        while !self.shared.runs.lock().expect("runs").is_empty() {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let deadline = tokio::time::Instant::now() + grace;
+        let idle = || self.shared.runs.lock().expect("runs").is_empty();
         loop {
-            let unreported = self.shared.outbox.undelivered_runs().len();
-            if unreported == 0 || tokio::time::Instant::now() >= deadline {
-                return unreported;
+            while !idle() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            // A run may still come (a coordinator that restarted assigns
+            // before it hears again that the worker drains): it is waited
+            // for too, and the grace starts again after it.
+            let deadline = tokio::time::Instant::now() + grace;
+            while idle() {
+                let unreported = self.shared.outbox.undelivered_runs().len();
+                if unreported == 0 || tokio::time::Instant::now() >= deadline {
+                    return unreported;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
         }
     }
 

@@ -460,6 +460,12 @@ fn prepare_out(args: &BuildArgs, loaded: &Loaded, state: Option<&Path>) -> Resul
     let file = args.file.canonicalize().map_err(|e| usage(format!("{}: {e}", args.file.display())))?;
     keep(&file, "the build file");
     if let Some(state) = state.and_then(|s| s.canonicalize().ok()) {
+        if out.starts_with(&state) {
+            return Err(usage(format!(
+                "that is inside drover's state directory ({}); choose another --out directory",
+                state.display()
+            )));
+        }
         keep(&state, "drover's state directory");
     }
     if let Ok(root) = loaded.root.canonicalize() {
@@ -822,7 +828,7 @@ pub(crate) async fn workers(args: WorkersArgs) -> Result<(), Failure> {
             // One word per column, for `awk`: "23.5GiB".
             units::bytes(w.capacity.memory).replace(' ', ""),
             if tokens.is_empty() { "-".to_owned() } else { tokens.join(",") },
-            labels.join(",")
+            if labels.is_empty() { "-".to_owned() } else { labels.join(",") }
         );
     }
     Ok(())

@@ -170,7 +170,7 @@ fn commands_and_env_entries_past_the_argument_limit() {
             at(
                 3,
                 Some("a"),
-                "command is 130 KiB long: at most 126 KiB can be run (Linux's limit for one argument is \
+                "command is 131 KiB long: at most 126 KiB can be run (Linux's limit for one argument is \
                  128 KiB); put it in a script among the sources and run that"
             ),
             at(7, Some("b"), "env \"BIG\" is too long: at most 126 KiB can be passed to a job"),

@@ -790,6 +790,14 @@ fn an_export_that_would_replace_the_sources_or_the_state_is_refused() {
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("drover's state directory"), "{}", stderr(&out));
     assert!(dir.path().join(".drover").is_dir());
+    // Into the state directory itself: its entries are the live cluster's.
+    let inside = drover()
+        .args(["run", "drover.yaml", "--out", ".drover/exports"])
+        .current_dir(dir.path())
+        .output()
+        .expect("run");
+    assert_eq!(inside.status.code(), Some(2), "{}", stderr(&inside));
+    assert!(stderr(&inside).contains("inside drover's state directory"), "{}", stderr(&inside));
     let out = run("app", "exit 3");
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(stderr(&out).contains("nothing exported to .: the build failed"), "{}", stderr(&out));
