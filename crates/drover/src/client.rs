@@ -587,25 +587,70 @@ pub(crate) async fn submit(args: SubmitArgs) -> Result<(), Failure> {
     let base = &args.remote.coordinator;
     let started = Instant::now();
     prepare_out(&args.build, &loaded, None)?;
-    let id = submit_loaded(&http, base, &loaded, &Options::from_args(&args.build)).await?;
+    let options = Options::from_args(&args.build);
+    let submitting = submit_loaded(&http, base, &loaded, &options);
+    // With --wait, interrupts are caught from before the first request.
+    let mut interrupts = if args.wait { Some(Interrupts::new()?) } else { None };
+    let id = if let Some(interrupts) = interrupts.as_mut() {
+        // Interrupted before the build's ID is known, it still cancels
+        // the build once the coordinator has it; a second interrupt quits
+        // at once.
+        tokio::pin!(submitting);
+        tokio::select! {
+            id = &mut submitting => id?,
+            () = interrupts.next() => {
+                eprintln!(
+                    "drover: interrupted while submitting; the build is cancelled once it is submitted \
+                     (interrupt again to quit now)"
+                );
+                let id = tokio::select! {
+                    id = &mut submitting => id?,
+                    () = interrupts.next() => return Err(Failure::Build),
+                };
+                eprintln!("drover: cancelling build {id}");
+                cancel_build(&http, base, id).await?;
+                return Err(Failure::Build);
+            }
+        }
+    } else {
+        submitting.await?
+    };
     if !(args.wait && args.build.json) {
         outln!("{id}");
     }
-    if !args.wait {
-        return Ok(());
-    }
+    let Some(interrupts) = interrupts.as_mut() else { return Ok(()) };
     // Interrupted while it waits (Ctrl-C, or a CI runner stopping the
     // step), it cancels the build it started: what its jobs share with
     // other builds goes on for them.
     let ended = tokio::select! {
         ended = follow(&http, base, id, 0, loaded.spec.jobs.len()) => ended?,
-        () = crate::cluster::shutdown_signal() => {
+        () = interrupts.next() => {
             eprintln!("drover: interrupted; cancelling build {id} (jobs it shares with other builds go on for them)");
             cancel_build(&http, base, id).await?;
             return Err(Failure::Build);
         }
     };
     finish(&http, base, id, &loaded, &args.build, &ended, started).await
+}
+
+/// SIGINT and SIGTERM, caught from the moment this is made (not from a
+/// first poll, as `tokio::signal::ctrl_c` is).
+struct Interrupts(tokio::signal::unix::Signal, tokio::signal::unix::Signal);
+
+impl Interrupts {
+    fn new() -> Result<Interrupts, Failure> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let catch = |kind| signal(kind).context("cannot catch signals");
+        Ok(Interrupts(catch(SignalKind::interrupt())?, catch(SignalKind::terminate())?))
+    }
+
+    /// The next interrupt.
+    async fn next(&mut self) {
+        tokio::select! {
+            _ = self.0.recv() => {}
+            _ = self.1.recv() => {}
+        }
+    }
 }
 
 /// `drover status`.

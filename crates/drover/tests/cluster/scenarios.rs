@@ -207,6 +207,45 @@ fn interrupting_submit_wait_cancels_its_build() {
     assert_eq!(cluster.final_status(id)["state"], "cancelled");
 }
 
+/// Interrupted before the coordinator has answered the submission,
+/// `submit --wait` does not just vanish (the build might be accepted
+/// anyway, and then run with nobody to cancel it): it says it will cancel
+/// the build once submitted; a second interrupt quits at once. The
+/// "coordinator" here takes the first request and never answers.
+#[test]
+fn interrupting_submit_wait_before_the_build_is_submitted() {
+    use std::io::{BufRead, Read};
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("drover.yaml"), "jobs:\n  - {name: a, run: \"true\"}\n").expect("write");
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+    let url = format!("http://{}", silent.local_addr().expect("address"));
+    let mut waiter = drover()
+        .args(["submit", "drover.yaml", "--wait", "--coordinator", &url])
+        .current_dir(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("submit");
+    let (mut request, _) = silent.accept().expect("the first request");
+    let mut first = [0u8; 1];
+    request.read_exact(&mut first).expect("its first byte");
+    let interrupt = |pid: u32| {
+        assert!(Command::new("kill").args(["-INT", &pid.to_string()]).status().expect("kill").success());
+    };
+    interrupt(waiter.id());
+    let mut err = std::io::BufReader::new(waiter.stderr.take().expect("stderr"));
+    let mut line = String::new();
+    err.read_line(&mut line).expect("a line");
+    assert!(
+        line.contains("interrupted while submitting; the build is cancelled once it is submitted"),
+        "{line}"
+    );
+    interrupt(waiter.id());
+    let status = waiter.wait().expect("submit ends");
+    assert_eq!(status.code(), Some(1));
+    drop(request);
+}
+
 /// Submits a job `slow` whose first attempt writes its shell's pid and
 /// hangs (later attempts finish at once); returns the build and that pid
 /// once the first attempt runs.
