@@ -108,9 +108,11 @@ pub struct Job {
     /// encoding of the version tag `drover-job-v2`, the commands, the
     /// environment, the resource class (CPU, memory, tokens, exclusive tokens,
     /// labels), the digest of the `(path, digest, executable)` of every source
-    /// the job sees, and the `(name, id)` of each dependency. Not the job's name, the build
-    /// name, priority, timeout, retries or line: a renamed job, or the same
-    /// job in another build file, keeps its ID.
+    /// the job sees, and the `(name, id)` of each dependency (its ID without
+    /// limits); then a `timeout` or `retries` other than the defaults, on
+    /// top (see the `id` module). Not the job's name, the build name,
+    /// priority or line: a renamed job, or the same job in another build
+    /// file, keeps its ID.
     pub id: Digest,
     /// Shell commands run in order, placeholders not yet substituted (see
     /// [`render`]).
