@@ -583,21 +583,19 @@ async fn job_log(
         .await?
         .map_err(|message| ApiError(StatusCode::NOT_FOUND, message))?;
     let follow = if q.follow { "&follow=true" } else { "" };
-    let stream = app
-        .http
-        .get_stream(&format!("{url}/v1/runs/{run}/log?stream={}{follow}", q.stream))
-        .await
-        .map_err(|e| match e.status() {
-        // The worker answered: it no longer has that run's log.
+    let unavailable = |e: drover_http::HttpError| match e.status() {
+        // The worker answered: it has no log of that run.
         Some(404) => ApiError(
             StatusCode::NOT_FOUND,
             format!(
-                "its worker ({url}) has no log of run {run}: the run has not reached it yet, or is \
-                 older than the logs a worker keeps (its latest 1,000 runs by default)"
+                "its worker ({url}) has no log of run {run}: the run has not reached it yet, or is older \
+                 than the logs a worker keeps (its latest 1,000 runs by default)"
             ),
         ),
         _ => ApiError(StatusCode::BAD_GATEWAY, format!("the log is on a worker that did not answer: {e}")),
-    })?;
+    };
+    let log = format!("{url}/v1/runs/{run}/log?stream={}{follow}", q.stream);
+    let stream = app.http.get_stream(&log).await.map_err(unavailable)?;
     Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], Body::from_stream(stream)).into_response())
 }
 

@@ -1110,18 +1110,24 @@ impl Build {
         if self.in_gang(i) || self.lost_a_need(i, lost) {
             return None;
         }
-        let waiter = self.take_waiter(i)?;
+        // Only a job in the run leaves it.
+        self.jobs[i as usize].waiter?;
+        self.jobs[i as usize].rewinds += 1;
+        let reason = "its run read another build's copy of an input, which was lost; it runs again";
+        self.out_of_its_run(i, reason, now)
+    }
+
+    /// Job `i` leaves its run (its core waiter, returned if it had one, is
+    /// for the caller to cancel) and is queued again, for `reason`.
+    fn out_of_its_run(&mut self, i: u32, reason: &str, now: Millis) -> Option<(JobId, WaiterId)> {
+        let waiter = self.take_waiter(i).map(|w| (JobId::from(self.def(i).id), w));
         let rec = &mut self.jobs[i as usize];
-        rec.rewinds += 1;
         rec.state = JobState::Queued;
         rec.run = None;
         rec.worker = None;
-        let attempts = rec.attempts;
-        let job = self.name_of(i);
-        let reason =
-            Some("its run read another build's copy of an input, which was lost; it runs again".to_owned());
-        self.event(now, EventKind::JobRequeued { job, attempts, reason });
-        Some((JobId::from(self.def(i).id), waiter))
+        let (job, attempts) = (self.name_of(i), self.jobs[i as usize].attempts);
+        self.event(now, EventKind::JobRequeued { job, attempts, reason: Some(reason.to_owned()) });
+        waiter
     }
 
     /// Job `i`'s run could not get the outputs of `lost` (needs whose
@@ -1220,21 +1226,12 @@ impl Build {
         waits.sort_unstable();
         waits.dedup();
         for d in waits {
-            if let Some(w) = self.take_waiter(d) {
-                cancel.push((JobId::from(self.def(d).id), w));
-            }
-            let rec = &mut self.jobs[d as usize];
-            rec.state = JobState::Queued;
-            rec.run = None;
-            rec.worker = None;
-            let attempts = rec.attempts;
-            let job = self.name_of(d);
-            let reason = Some(if d == i {
-                "an input's output was lost with its worker; it waits for it to be built again".to_owned()
+            let reason = if d == i {
+                "an input's output was lost with its worker; it waits for it to be built again"
             } else {
-                "waits for a need whose output was lost to be built again".to_owned()
-            });
-            self.event(now, EventKind::JobRequeued { job, attempts, reason });
+                "waits for a need whose output was lost to be built again"
+            };
+            cancel.extend(self.out_of_its_run(d, reason, now));
         }
         for &j in &back {
             let (job, attempts) = (self.name_of(j), self.jobs[j as usize].attempts);

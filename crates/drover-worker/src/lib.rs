@@ -551,17 +551,7 @@ mod tests {
         // As if a session had begun and a run had ended since the
         // coordinator went away.
         worker.shared.outbox.set_session(Some(1));
-        worker.shared.outbox.finished(drover_proto::RunResult {
-            run: 7,
-            success: true,
-            exit_code: Some(0),
-            cached: false,
-            detail: String::new(),
-            output: None,
-            duration_ms: 0,
-            stages: BTreeMap::new(),
-            lost_inputs: Vec::new(),
-        });
+        worker.shared.outbox.finished(report::ended(7));
         assert_eq!(worker.drain_with_grace(Duration::from_millis(300)).await, 1);
         assert_eq!(
             worker.shared.outbox.undelivered_runs(),

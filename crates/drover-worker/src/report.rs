@@ -279,23 +279,25 @@ pub(crate) async fn run(shared: Arc<Shared>) {
     }
 }
 
+/// The end of run `run`, successful and without output (for tests).
+#[cfg(test)]
+pub(crate) fn ended(run: u64) -> RunResult {
+    RunResult {
+        run,
+        success: true,
+        exit_code: Some(0),
+        cached: false,
+        detail: String::new(),
+        output: None,
+        duration_ms: 0,
+        stages: BTreeMap::new(),
+        lost_inputs: Vec::new(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn ended(run: u64) -> RunResult {
-        RunResult {
-            run,
-            success: true,
-            exit_code: Some(0),
-            cached: false,
-            detail: String::new(),
-            output: None,
-            duration_ms: 0,
-            stages: BTreeMap::new(),
-            lost_inputs: Vec::new(),
-        }
-    }
 
     fn note(run: u64) -> RunStage {
         RunStage { run, stage: "build".into(), waiting: false }

@@ -33,6 +33,13 @@ pub(crate) struct Loaded {
     queue: Option<String>,
 }
 
+impl Loaded {
+    /// The jobs some job depends on: `--out` exports the others.
+    fn needed(&self) -> BTreeSet<&str> {
+        self.spec.jobs.iter().flat_map(|j| j.needs.iter().map(String::as_str)).collect()
+    }
+}
+
 /// Loads and checks a build file; every problem is reported, as bad input.
 pub(crate) fn load(file: &Path) -> Result<Loaded, Failure> {
     load_excluding(file, None)
@@ -473,8 +480,7 @@ fn prepare_out(args: &BuildArgs, loaded: &Loaded, state: Option<&Path>) -> Resul
             keep(&root.join(&source.path), "a source of the build");
         }
     }
-    let needed: BTreeSet<&str> =
-        loaded.spec.jobs.iter().flat_map(|j| j.needs.iter().map(String::as_str)).collect();
+    let needed = loaded.needed();
     for job in loaded.spec.jobs.iter().filter(|j| !needed.contains(j.name.as_str())) {
         if let Some(what) = kept.get(std::ffi::OsStr::new(&job.name)) {
             return Err(usage(format!(
@@ -516,8 +522,7 @@ async fn export(
     status: &BuildStatus,
     out: &Path,
 ) -> Result<(), Failure> {
-    let needed: BTreeSet<&str> =
-        loaded.spec.jobs.iter().flat_map(|j| j.needs.iter().map(String::as_str)).collect();
+    let needed = loaded.needed();
     let scratch = Scratch::new()?;
     let cas =
         std::sync::Arc::new(drover_cas::Cas::open(scratch.path(), u64::MAX).map_err(anyhow::Error::from)?);
@@ -590,7 +595,11 @@ pub(crate) async fn submit(args: SubmitArgs) -> Result<(), Failure> {
     let options = Options::from_args(&args.build);
     let submitting = submit_loaded(&http, base, &loaded, &options);
     // With --wait, interrupts are caught from before the first request.
-    let mut interrupts = if args.wait { Some(Interrupts::new()?) } else { None };
+    let mut interrupts = if args.wait {
+        Some(crate::cluster::Interrupts::new().context("cannot catch signals")?)
+    } else {
+        None
+    };
     let id = if let Some(interrupts) = interrupts.as_mut() {
         // Interrupted before the build's ID is known, it still cancels
         // the build once the coordinator has it; a second interrupt quits
@@ -631,26 +640,6 @@ pub(crate) async fn submit(args: SubmitArgs) -> Result<(), Failure> {
         }
     };
     finish(&http, base, id, &loaded, &args.build, &ended, started).await
-}
-
-/// SIGINT and SIGTERM, caught from the moment this is made (not from a
-/// first poll, as `tokio::signal::ctrl_c` is).
-struct Interrupts(tokio::signal::unix::Signal, tokio::signal::unix::Signal);
-
-impl Interrupts {
-    fn new() -> Result<Interrupts, Failure> {
-        use tokio::signal::unix::{SignalKind, signal};
-        let catch = |kind| signal(kind).context("cannot catch signals");
-        Ok(Interrupts(catch(SignalKind::interrupt())?, catch(SignalKind::terminate())?))
-    }
-
-    /// The next interrupt.
-    async fn next(&mut self) {
-        tokio::select! {
-            _ = self.0.recv() => {}
-            _ = self.1.recv() => {}
-        }
-    }
 }
 
 /// `drover status`.

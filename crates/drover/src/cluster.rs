@@ -390,13 +390,28 @@ fn labels(
 /// Resolves on SIGINT or SIGTERM. Jobs' supervisors notice the worker's
 /// exit and stop their jobs.
 pub(crate) async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let Ok(mut term) = signal(SignalKind::terminate()) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+    match Interrupts::new() {
+        Ok(mut interrupts) => interrupts.next().await,
+        Err(_) => std::future::pending().await,
+    }
+}
+
+/// SIGINT and SIGTERM, caught from the moment this is made (a future of
+/// [`shutdown_signal`] catches them from its first poll).
+pub(crate) struct Interrupts(tokio::signal::unix::Signal, tokio::signal::unix::Signal);
+
+impl Interrupts {
+    pub(crate) fn new() -> std::io::Result<Interrupts> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Interrupts(signal(SignalKind::interrupt())?, signal(SignalKind::terminate())?))
+    }
+
+    /// The next interrupt.
+    pub(crate) async fn next(&mut self) {
+        tokio::select! {
+            _ = self.0.recv() => {}
+            _ = self.1.recv() => {}
+        }
     }
 }
 
