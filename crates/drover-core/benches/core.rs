@@ -137,6 +137,7 @@ fn config() -> Config {
         // Long enough that the benchmark never needs heartbeats.
         lease_timeout: Millis(24 * 3600 * 1000),
         unplaceable_grace: Millis(0),
+        lost_worker_grace: Millis(300_000),
         seed: 0x5eed,
         // Weights 1 to 4, every fifth queue capped at a tenth of the slots.
         queues: (0..queues)

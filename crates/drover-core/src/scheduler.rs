@@ -153,6 +153,19 @@ struct Worker {
     draining: bool,
 }
 
+/// A worker lost lately (see `Scheduler::lost`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct Lost {
+    name: String,
+    /// Its capacity and labels (nothing in use).
+    res: WorkerResources,
+    at: Millis,
+}
+
+/// The most lost workers the core remembers at once (the oldest go first):
+/// a bound on what a churn of short-lived workers can make it keep.
+const MAX_LOST: usize = 1024;
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 struct Tenant {
     name: String,
@@ -414,6 +427,11 @@ pub struct Scheduler {
     dependents: IdMap<Readers>,
     /// Jobs waiting for a capable worker.
     unplaceable: BTreeSet<JobIdx>,
+    /// Workers lost (or gone) within `config.lost_worker_grace`, oldest
+    /// first, at most one per name and [`MAX_LOST`] in all: what they could
+    /// run keeps the jobs only they could run waiting for them.
+    #[serde(default)]
+    lost: Vec<Lost>,
 
     /// Armed timers, soonest first. Clearing or moving a job's timer leaves
     /// its old entry behind, dead: an entry is live while its owner's current
@@ -577,6 +595,7 @@ impl Scheduler {
             holders: IdMap::default(),
             dependents: IdMap::default(),
             unplaceable: BTreeSet::new(),
+            lost: Vec::new(),
             timers: BTreeSet::new(),
             hungry: BTreeSet::new(),
             capped_out: BTreeSet::new(),
@@ -1238,6 +1257,10 @@ impl Scheduler {
         for a in artifacts {
             self.artifact_added(w, a);
         }
+        // A lost worker that registers again is back: jobs it could run wait
+        // for it no longer (those it can still run are queued just below).
+        let name = self.workers[w as usize].name.clone();
+        self.forget_lost(Some(&name));
         // A re-registration may have taken away the last capable worker of a
         // class; a registration may bring the first one.
         self.handle_uncapable_classes(&withdrawn);
@@ -1950,17 +1973,42 @@ impl Scheduler {
     // Unplaceable jobs and worker loss
     // ------------------------------------------------------------------
 
+    /// No live worker can run job `j`: it waits for one until the later of
+    /// its `unplaceable_grace` and the `lost_worker_grace` of the last lost
+    /// worker that could have run it, or fails at once when neither applies.
     fn make_unplaceable(&mut self, j: JobIdx) {
         self.unqueue(j);
-        if self.config.unplaceable_grace == Millis(0) {
-            let why = self.unplaceable_reason(self.job(j).class);
+        self.forget_lost(None);
+        let class = self.job(j).class;
+        let grace = (self.config.unplaceable_grace > Millis(0))
+            .then(|| self.now.after(self.config.unplaceable_grace));
+        let Some(at) = grace.max(self.lost_wait(class)) else {
+            let why = self.unplaceable_reason(class);
             self.give_up(j, FailReason::Unplaceable(why));
             return;
-        }
+        };
         self.job_mut(j).state = JobState::Unplaceable;
         self.unplaceable.insert(j);
-        let at = self.now.after(self.config.unplaceable_grace);
         self.set_timer(j, at, TimerSlot::Unplaceable(j));
+    }
+
+    /// Until when jobs of `class` wait for a lost worker that could run them
+    /// to come back, if one was lost lately enough.
+    fn lost_wait(&self, class: ClassIdx) -> Option<Millis> {
+        let key = &self.classes[class as usize].key;
+        self.lost
+            .iter()
+            .filter(|l| l.res.capable(key))
+            .map(|l| l.at.after(self.config.lost_worker_grace))
+            .filter(|&until| until > self.now)
+            .max()
+    }
+
+    /// Drops the lost workers whose grace has passed, and the one named
+    /// `back` (it registered again).
+    fn forget_lost(&mut self, back: Option<&str>) {
+        let (now, grace) = (self.now, self.config.lost_worker_grace);
+        self.lost.retain(|l| l.at.after(grace) >= now && Some(l.name.as_str()) != back);
     }
 
     fn give_up(&mut self, j: JobIdx, reason: FailReason) {
@@ -2037,6 +2085,14 @@ impl Scheduler {
             self.forget_holder(w, a);
         }
         let dropped = self.set_capabilities(w, false);
+        if self.config.lost_worker_grace > Millis(0) {
+            self.forget_lost(Some(&name));
+            if self.lost.len() == MAX_LOST {
+                self.lost.remove(0);
+            }
+            let res = self.workers[w as usize].res.clone();
+            self.lost.push(Lost { name: name.clone(), res, at: self.now });
+        }
         for (_, j) in first {
             if self.jobs[j as usize].is_some() {
                 self.leave_cache_stage_if_uncached(j);
@@ -2076,7 +2132,7 @@ impl Scheduler {
         let key = &self.classes[class as usize].key;
         let live: Vec<&WorkerResources> = self.workers.iter().filter(|w| w.alive).map(|w| &w.res).collect();
         if live.is_empty() {
-            return "no worker is registered".to_owned();
+            return format!("no worker is registered{}", self.lost_reason(class));
         }
         let mut unmet = Vec::new();
         for (k, v) in &key.labels {
@@ -2111,10 +2167,29 @@ impl Scheduler {
                 unmet.push(format!("needs {name}={amount}, the most any worker offers is {most}"));
             }
         }
-        if unmet.is_empty() {
+        let mut why = if unmet.is_empty() {
             "no single worker meets all of its label and resource requirements".to_owned()
         } else {
             unmet.join("; ")
+        };
+        why.push_str(&self.lost_reason(class));
+        why
+    }
+
+    /// What the lost workers that could run the class have to do with its
+    /// wait, for people: the last one lost, and how much longer its jobs
+    /// wait for it (empty when none could).
+    fn lost_reason(&self, class: ClassIdx) -> String {
+        let key = &self.classes[class as usize].key;
+        let Some(last) = self.lost.iter().rev().find(|l| l.res.capable(key)) else { return String::new() };
+        let ago = duration(self.now.0.saturating_sub(last.at.0));
+        match self.lost_wait(class) {
+            Some(until) => format!(
+                "; worker {} could run it and was lost {ago} ago: waiting up to {} more for it or another capable worker to register",
+                last.name,
+                duration(until.0 - self.now.0)
+            ),
+            None => format!("; worker {} could run it, was lost {ago} ago and has not come back", last.name),
         }
     }
 
@@ -3058,6 +3133,18 @@ fn live_entry(eras: &[Era]) -> impl Fn(JobIdx, Era) -> bool + '_ {
 
 /// CPU for people to read: whole cores as such (`4 CPUs`), else
 /// millicores (`500m CPU`).
+/// A duration for people: `45s`, `4m30s`, `2h5m`, `850ms`.
+fn duration(millis: u64) -> String {
+    let s = millis / 1000;
+    match s {
+        0 => format!("{millis}ms"),
+        1..60 => format!("{s}s"),
+        60..3600 if s.is_multiple_of(60) => format!("{}m", s / 60),
+        60..3600 => format!("{}m{}s", s / 60, s % 60),
+        _ => format!("{}h{}m", s / 3600, s % 3600 / 60),
+    }
+}
+
 fn cpu(millis: u64) -> String {
     match millis {
         1000 => "1 CPU".to_owned(),

@@ -534,6 +534,13 @@ pub struct Config {
     /// How long a job no registered worker can run waits for one to register
     /// before it fails (0: fail at once).
     pub unplaceable_grace: Millis,
+    /// How long after a worker is lost (or leaves) the jobs that only it
+    /// could run wait for it, or another capable worker, to register before
+    /// they fail: a worker restarting or a pool rolling over is not a job no
+    /// worker could ever run (0: no wait; stored settings that predate it
+    /// read as 0).
+    #[serde(default)]
+    pub lost_worker_grace: Millis,
     /// Seed of the draw among a worker's queues.
     pub seed: u64,
     /// Queues with weights and quotas (none: one `default` queue for all).
@@ -768,6 +775,7 @@ impl Default for Config {
             deps_timeout: Millis(100),
             lease_timeout: Millis(10_000),
             unplaceable_grace: Millis(0),
+            lost_worker_grace: Millis(300_000),
             seed: 0x5eed,
             queues: Vec::new(),
             tenant_queues: BTreeMap::new(),

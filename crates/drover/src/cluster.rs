@@ -179,6 +179,7 @@ struct SchedulerSection {
     deps_timeout: Option<String>,
     lease_timeout: Option<String>,
     unplaceable_grace: Option<String>,
+    lost_worker_grace: Option<String>,
     seed: Option<u64>,
     /// A starving job may evict lower-priority jobs of its queue.
     #[serde(default)]
@@ -224,6 +225,7 @@ fn coordinator_config(args: &ServeArgs) -> anyhow::Result<CoordinatorConfig> {
         core.deps_timeout = millis("deps_timeout", &s.deps_timeout, core.deps_timeout)?;
         core.lease_timeout = millis("lease_timeout", &s.lease_timeout, core.lease_timeout)?;
         core.unplaceable_grace = millis("unplaceable_grace", &s.unplaceable_grace, core.unplaceable_grace)?;
+        core.lost_worker_grace = millis("lost_worker_grace", &s.lost_worker_grace, core.lost_worker_grace)?;
         core.seed = s.seed.unwrap_or(core.seed);
         core.preempt = s.preempt;
         core.reclaim = s.reclaim;

@@ -8,7 +8,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{DrawBuffers, GangIdx, JobState, Place, Scheduler, Stage, TimerSlot, WorkerIdx, live_entry};
+use super::{
+    DrawBuffers, GangIdx, JobState, MAX_LOST, Place, Scheduler, Stage, TimerSlot, WorkerIdx, live_entry,
+};
 use crate::queue::{ClassIdx, TenantIdx, class_bit};
 use crate::quota::Amounts;
 use crate::resources::WorkerResources;
@@ -27,6 +29,14 @@ impl Scheduler {
             if self.workers.get(w as usize).is_none_or(|worker| worker.id != *id) {
                 return Err(format!("{id:?} leads to index {w}, which holds another worker"));
             }
+        }
+        // The lost workers: oldest first, one per name, bounded.
+        if self.lost.len() > MAX_LOST || !self.lost.is_sorted_by_key(|l| l.at) {
+            return Err(format!("{} lost workers, or out of order", self.lost.len()));
+        }
+        let names: BTreeSet<&str> = self.lost.iter().map(|l| l.name.as_str()).collect();
+        if names.len() != self.lost.len() {
+            return Err("a lost worker is remembered twice".to_owned());
         }
         let mut used: BTreeMap<u32, WorkerResources> = BTreeMap::new();
         let runs = self.runs.sorted();

@@ -10,7 +10,7 @@
 //! Commands (times in milliseconds, sizes accept Ki/Mi/Gi suffixes):
 //!
 //! ```text
-//! config cache=10 deps=100 lease=10000 grace=0 seed=1 preempt=1 reclaim=1 evict=suspend
+//! config cache=10 deps=100 lease=10000 grace=0 lost=300000 seed=1 preempt=1 reclaim=1 evict=suspend
 //! queue q1 weight=1 parent=p priority=0 tenants=a,b cap=slots:2,cpu:4000,mem:8Gi
 //!          guarantee=slots:1        (before any other command but config)
 //! tier priority,gang drf:preemptable binpack:2
@@ -411,6 +411,7 @@ fn parse_config(line: &str) -> Config {
             "deps" => config.deps_timeout = Millis(n),
             "lease" => config.lease_timeout = Millis(n),
             "grace" => config.unplaceable_grace = Millis(n),
+            "lost" => config.lost_worker_grace = Millis(n),
             "seed" => config.seed = n,
             "preempt" => config.preempt = n != 0,
             "reclaim" => config.reclaim = n != 0,
@@ -516,6 +517,7 @@ scenarios!(
     exclusive,
     labels,
     labels_wait,
+    labels_lost,
     cancellation,
     worker_loss,
     queue_weights,

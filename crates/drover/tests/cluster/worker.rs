@@ -1,9 +1,9 @@
 //! The `drover worker` process itself: what it offers by default, what it
-//! writes to a log file.
+//! writes to a log file, how the cluster waits for it across a restart.
 
 use std::process::{Child, Stdio};
 
-use crate::harness::{Cluster, drover, eventually, free_port};
+use crate::harness::{Cluster, drover, eventually, free_port, job};
 
 /// A child process killed (and reaped) when dropped, so a failed test
 /// leaves none behind.
@@ -67,4 +67,39 @@ fn a_worker_with_more_slots_than_cpus_runs_that_many_jobs_at_once() {
     let id = cluster.submit(&cluster.project("wide", &format!("jobs:\n{jobs}"), &[]));
     let status = cluster.final_status(id);
     assert_eq!(status["state"], "succeeded", "{slots} jobs of one CPU at once on {cpus} CPUs: {status}");
+}
+
+/// The only worker that can run a job is restarted: a job submitted while
+/// it is away waits for it (the coordinator's `lost_worker_grace`), says
+/// which worker it waits for, and runs once the worker registers again,
+/// instead of failing as a job no worker could ever run.
+#[test]
+fn a_job_waits_for_its_only_capable_worker_to_come_back() {
+    let mut cluster = Cluster::new();
+    cluster.add_worker("plain", 1, &[]);
+    cluster.add_worker("gpu", 1, &["--labels", "gpu=yes"]);
+    cluster.kill_worker("gpu");
+    eventually("worker gpu to be lost", || {
+        let workers = cluster.workers_json();
+        let alive = workers.as_array()?.iter().any(|w| w["name"] == "gpu" && w["alive"] == true);
+        (!alive).then_some(())
+    });
+    let id = cluster.submit(&cluster.project(
+        "restart",
+        "jobs:\n  - name: train\n    labels: {gpu: \"yes\"}\n    run: [\"echo done > {{out}}/model\"]\n",
+        &[],
+    ));
+    let status = cluster.status(id);
+    let train = job(&status, "train");
+    assert_eq!(train["state"], "queued", "{status}");
+    let detail = train["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("no worker has label gpu=yes") && detail.contains("worker gpu could run it"),
+        "{status}"
+    );
+
+    cluster.add_worker("gpu", 1, &["--labels", "gpu=yes"]);
+    let status = cluster.final_status(id);
+    assert_eq!(status["state"], "succeeded", "{status}");
+    assert_eq!(job(&status, "train")["worker"], "gpu", "{status}");
 }
