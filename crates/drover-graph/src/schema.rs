@@ -37,6 +37,11 @@ const GANG_KEYS: &[&str] = &["name", "min_available", "on_failure"];
 /// grow a command when they are filled in.
 const MAX_COMMAND: usize = 126 * 1024;
 
+/// The most `env` a job may set in all: Linux passes at most a quarter of
+/// the stack limit (2 MiB by default) of arguments and environment
+/// together, and a command and the worker's own variables need room too.
+const MAX_ENV: usize = 1024 * 1024;
+
 /// Default CPU request: one core.
 const DEFAULT_CPU_MILLIS: u64 = 1000;
 /// Default number of reruns after a worker loss.
@@ -366,6 +371,17 @@ fn job_spec(node: &Node, diags: &mut Diagnostics) -> Option<JobSpec> {
                 }
                 job.env.push((entry.key.clone(), Located { value: text, line: entry.value.line }));
             }
+        }
+        let total: usize = job.env.iter().map(|(key, text)| key.len() + text.value.len() + 2).sum();
+        if total > MAX_ENV {
+            cx.error(
+                value.line,
+                format!(
+                    "env is {} KiB in all: at most 1 MiB of environment can be passed to a job \
+                     (Linux limits a command's arguments and environment together to 2 MiB)",
+                    total.div_ceil(1024)
+                ),
+            );
         }
     }
 

@@ -178,6 +178,28 @@ fn commands_and_env_entries_past_the_argument_limit() {
     );
 }
 
+/// Entries that fit one by one but not together: refused at the first.
+#[test]
+fn env_past_the_environment_limit_in_all() {
+    let dir = Dir::new();
+    let entry = "x".repeat(120 * 1024);
+    let env = |n: usize| (0..n).map(|i| format!("      E{i}: '{entry}'\n")).collect::<String>();
+    let yaml = format!(
+        "jobs:\n  - name: a\n    run: [env]\n    env:\n{}  - name: b\n    run: [env]\n    env:\n{}",
+        env(8),
+        env(9)
+    );
+    assert_eq!(
+        dir.errors(&yaml),
+        [at(
+            16,
+            Some("b"),
+            "env is 1081 KiB in all: at most 1 MiB of environment can be passed to a job (Linux limits a \
+             command's arguments and environment together to 2 MiB)"
+        )]
+    );
+}
+
 #[test]
 fn invalid_job_names() {
     let dir = Dir::new();
