@@ -972,7 +972,13 @@ impl Scheduler {
                     let why = self.unplaceable_reason(self.job(j).class);
                     self.give_up(j, FailReason::Unplaceable(why));
                 }
-                TimerSlot::Lease(w) => self.lose_worker(w),
+                TimerSlot::Lease(w) => {
+                    let how = format!(
+                        "missed its lease (nothing heard for {})",
+                        duration(self.config.lease_timeout.0)
+                    );
+                    self.lose_worker(w, &how);
+                }
             }
             // Timers due at the same instant all fire before workers draw,
             // so that what they release is picked in queue order.
@@ -1059,7 +1065,7 @@ impl Scheduler {
             }
             Event::WorkerLeft { worker } => {
                 let w = self.live_worker(worker)?;
-                self.lose_worker(w);
+                self.lose_worker(w, "left");
                 Ok(())
             }
             Event::WorkerDraining { worker } => {
@@ -1099,7 +1105,9 @@ impl Scheduler {
                 let name = self.workers[w as usize].name.clone();
                 self.update_hungry(w);
                 self.dirty.insert(w);
-                self.requeue_lost_run(r, &name);
+                let why =
+                    format!("its run on worker {name} was lost (the worker restarted, or lost track of it)");
+                self.requeue_lost_run(r, &name, &why);
                 Ok(())
             }
             Event::Tick | Event::Resumed => Ok(()),
@@ -2042,7 +2050,10 @@ impl Scheduler {
         }
     }
 
-    fn lose_worker(&mut self, w: WorkerIdx) {
+    /// Worker `w` is gone (`how` it went, for the reason its runs are
+    /// requeued with): its runs are requeued, its queues, reservation and
+    /// artifacts forgotten, and what it could run remembered for a while.
+    fn lose_worker(&mut self, w: WorkerIdx, how: &str) {
         let worker = &mut self.workers[w as usize];
         if !worker.alive {
             return;
@@ -2105,15 +2116,15 @@ impl Scheduler {
                 self.charge_suspension(r.tenant, r.class, false);
             }
             self.charge_run(r.tenant, r.class, false);
-            self.requeue_lost_run(r, &name);
+            self.requeue_lost_run(r, &name, &format!("worker {name} {how}"));
         }
         self.handle_uncapable_classes(&dropped);
     }
 
-    /// A run lost with its worker: its job goes back to the queues, or fails
-    /// once it has used all its attempts. (Resources were released by the
-    /// caller.)
-    fn requeue_lost_run(&mut self, r: Run, worker_name: &str) {
+    /// A run lost with its worker (`why`): its job goes back to the queues,
+    /// or fails once it has used all its attempts. (Resources were released
+    /// by the caller.)
+    fn requeue_lost_run(&mut self, r: Run, worker_name: &str, why: &str) {
         let Some(j) = r.job else { return };
         let job = self.job_mut(j);
         if job.attempts >= job.max_attempts {
@@ -2122,7 +2133,7 @@ impl Scheduler {
             self.give_up(j, FailReason::TooManyAttempts { attempts, last_worker });
         } else {
             let (job_id, attempts) = (job.id, job.attempts);
-            self.decisions.push(Decision::Requeued { job: job_id, attempts });
+            self.decisions.push(Decision::Requeued { job: job_id, attempts, reason: why.to_owned() });
             self.enqueue(j);
         }
     }
@@ -2378,7 +2389,7 @@ impl Scheduler {
                     if suspend {
                         self.suspend_run(run, by);
                     } else {
-                        self.evict(run);
+                        self.evict(run, j);
                     }
                 }
                 if let Some(old) = self.workers[w as usize].reserved.replace(j) {
@@ -2645,21 +2656,29 @@ impl Scheduler {
         }
     }
 
-    /// Evicts a run: its job goes back to the queues with its attempts, and
-    /// the worker is told to stop (or drop) the run.
-    fn evict(&mut self, run: RunId) {
+    /// Evicts a run for job `by`: its job goes back to the queues with its
+    /// attempts, and the worker is told to stop (or drop) the run.
+    fn evict(&mut self, run: RunId, by: JobIdx) {
+        let theirs = self.tenants[self.job(by).tenant as usize].queue;
         let r = self.runs.get_mut(&run).expect("victim in flight");
         let Some(j) = r.job.take() else { return };
+        let mine = self.tenants[r.tenant as usize].queue;
         let (worker, started) = (self.workers[r.worker as usize].id, r.started);
         self.decisions.push(if started {
             Decision::Stop { worker, run }
         } else {
             Decision::Drop { worker, run }
         });
+        let reason = if mine == theirs {
+            "evicted (preempted) for another job of its queue".to_owned()
+        } else {
+            let queue = &self.quotas.nodes[theirs as usize].name;
+            format!("evicted (reclaimed) for a job of queue {queue}, below its share")
+        };
         // The evicted run does not count against the job's attempts.
         let job = self.job_mut(j);
         job.attempts = job.attempts.saturating_sub(1);
-        let requeued = Decision::Requeued { job: job.id, attempts: job.attempts };
+        let requeued = Decision::Requeued { job: job.id, attempts: job.attempts, reason };
         self.decisions.push(requeued);
         self.enqueue(j);
     }

@@ -461,6 +461,9 @@ pub enum Decision {
         job: JobId,
         /// Attempts made so far.
         attempts: u32,
+        /// Why, for people: "worker w2 missed its lease (nothing heard for
+        /// 10s)", "worker w2 left", "evicted …".
+        reason: String,
     },
 }
 

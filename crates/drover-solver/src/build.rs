@@ -905,11 +905,11 @@ impl Build {
         self.event(now, EventKind::JobStarted { job, worker: name, attempt });
     }
 
-    pub(crate) fn requeued(&mut self, i: u32, attempts: u32, now: Millis) {
+    pub(crate) fn requeued(&mut self, i: u32, attempts: u32, reason: &str, now: Millis) {
         self.jobs[i as usize].state = JobState::Queued;
         self.jobs[i as usize].evicted = None;
         let job = self.name_of(i);
-        self.event(now, EventKind::JobRequeued { job, attempts, reason: None });
+        self.event(now, EventKind::JobRequeued { job, attempts, reason: Some(reason.to_owned()) });
     }
 
     pub(crate) fn finished(

@@ -1333,13 +1333,13 @@ impl Solver {
                 self.effects.push(Effect::WorkerLost { worker: worker.0 });
                 self.worker_lost(worker.0);
             }
-            Decision::Requeued { job, attempts } => {
+            Decision::Requeued { job, attempts, reason } => {
                 for (b, i) in self.job_waiters(&job) {
                     self.builds
                         .get_mut(&b)
                         .map(Arc::make_mut)
                         .expect("build exists")
-                        .requeued(i, attempts, self.now);
+                        .requeued(i, attempts, &reason, self.now);
                     self.effects.push(Effect::BuildChanged { build: b });
                 }
             }

@@ -768,8 +768,9 @@ impl Harness {
                     ex.requeue.insert(r.job);
                 }
             }
-            Decision::Requeued { job, attempts } => {
+            Decision::Requeued { job, attempts, reason } => {
                 let max = self.specs[job].max_attempts;
+                check!(self, !reason.is_empty(), WorkerLoss, "a requeue without a reason: {d:?}");
                 let ok = self.pending.get(job).is_some_and(|p| p.attempts == *attempts && *attempts < max);
                 check!(self, ex.requeue.remove(job) && ok, WorkerLoss, "unexpected {d:?}");
             }

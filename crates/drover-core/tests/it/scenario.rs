@@ -334,7 +334,9 @@ impl Runner {
             }
             Decision::Cancelled { job, stage } => format!("cancelled {job} ({stage:?})"),
             Decision::WorkerLost { worker } => format!("lost {}", self.names.worker_name(*worker)),
-            Decision::Requeued { job, attempts } => format!("requeued {job} after {attempts} attempt(s)"),
+            Decision::Requeued { job, attempts, reason } => {
+                format!("requeued {job} after {attempts} attempt(s): {reason}")
+            }
         }
     }
 }
