@@ -47,6 +47,7 @@ mod placeholder;
 mod schema;
 mod sources;
 mod suggest;
+mod unclosed;
 pub mod units;
 
 use std::collections::BTreeMap;

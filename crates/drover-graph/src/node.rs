@@ -128,6 +128,18 @@ pub(crate) fn parse_yaml(text: &str) -> Result<Node, SyntaxError> {
                     if let Some(at) = message.find(" at line ") {
                         message.truncate(at);
                     }
+                    // The parser notices a bracket left open only at a
+                    // later line: name the bracket's line instead.
+                    let reported = line.and_then(|l| usize::try_from(l).ok());
+                    if let Some(at) = reported
+                        && let Some((opened, bracket)) = crate::unclosed::unclosed_flow(text, at)
+                    {
+                        let message = format!(
+                            "YAML syntax error: this \"{bracket}\" is never closed (the parser stopped at \
+                             line {at}: {message})"
+                        );
+                        return Err(SyntaxError { line: Some(opened), message });
+                    }
                     format!("YAML syntax error: {message}")
                 }
             };

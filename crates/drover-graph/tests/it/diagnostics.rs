@@ -569,6 +569,24 @@ fn yaml_syntax_error_has_the_parser_line() {
     assert!(message.starts_with("YAML syntax error: "), "{message}");
 }
 
+/// A bracket left open is reported on its own line, not on the later line
+/// where the parser gave up.
+#[test]
+fn yaml_bracket_left_open_is_reported_where_it_was_opened() {
+    let dir = Dir::new();
+    let yaml = "jobs:\n  - name: a\n    run: [\"echo hi\"\n  - name: b\n    run: [x]\n";
+    let (line, job, message) = only(dir.errors(yaml));
+    assert_eq!((line, job), (Some(3), None));
+    assert!(
+        message.starts_with("YAML syntax error: this \"[\" is never closed (the parser stopped at line 4: "),
+        "{message}"
+    );
+    let yaml = "jobs:\n  - name: a\n    run: [x]\n    env: {A: \"1\"\n  - name: b\n    run: [x]\n";
+    let (line, _, message) = only(dir.errors(yaml));
+    assert_eq!(line, Some(4), "{message}");
+    assert!(message.contains("this \"{\" is never closed"), "{message}");
+}
+
 #[test]
 fn toml_syntax_error_has_the_parser_line() {
     let dir = Dir::new();
