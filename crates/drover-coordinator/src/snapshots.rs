@@ -29,9 +29,11 @@
 //! (written by another version of drover) is not read, and the coordinator
 //! says so instead of starting on a wrong state.
 //!
-//! **Settings.** A snapshot holds the core's settings of its day. If the
-//! coordinator now has others, it records [`Input::Configure`] after the
-//! replay; the core refuses new queues, tenants or tiers while it holds
+//! **Settings.** A snapshot holds the core's settings of its day, and a
+//! log that does not begin with one begins with an [`Input::Configure`]
+//! of the settings it was started under (recorded when the log was new),
+//! so a replay decides the past as it was decided. If the coordinator now
+//! has other settings, it records [`Input::Configure`] after the replay; the core refuses new queues, tenants or tiers while it holds
 //! jobs (`drover_core::Scheduler::reconfigure`), and the coordinator then
 //! does not start, saying why.
 

@@ -429,10 +429,15 @@ pub(crate) fn start(
     let (mut solver, after) = snapshots::restore(&store, fresh, &mut snapshots)?;
     let mut replayed = 0u64;
     let mut undecodable = 0u64;
+    // Whether the log says which settings it began under: a log that does
+    // not begin with a snapshot begins with them (see below), and is
+    // replayed under them, not under today's.
+    let mut settings_known = after > 0;
     store.replay(after, |rec| {
         snapshots.recorded(rec.body.len() as u64);
         match serde_json::from_slice::<Input>(&rec.body) {
             Ok(input) => {
+                settings_known |= replayed == 0 && matches!(input, Input::Configure { .. });
                 let _ = solver.handle(Millis(rec.at), input);
                 replayed += 1;
             }
@@ -441,6 +446,12 @@ pub(crate) fn start(
     })?;
     if undecodable > 0 {
         tracing::warn!(undecodable, "skipped log records this version cannot read");
+    }
+    if replayed > 0 && !settings_known {
+        tracing::warn!(
+            "the log does not say which scheduler settings it was recorded under (an older drover wrote it): \
+             it was replayed under the configured ones; if they changed since, builds may read differently"
+        );
     }
     solver.take_effects();
     // Recorded together once both are known to apply: a start refused for
@@ -452,6 +463,13 @@ pub(crate) fn start(
         let _ = solver.handle(Millis(now), Input::Restarted);
         records.push(record(&Input::Restarted));
         tracing::info!(snapshot = after, replayed, "recovered state from the log");
+    }
+    if replayed == 0 && after == 0 {
+        // A new log: its first record is the settings it is recorded under,
+        // so that a later start under other settings replays it as it was
+        // and then changes them (`snapshots::configure`), instead of
+        // deciding its past anew under the new ones.
+        records.push(record(&Input::Configure { core: Box::new(configured.clone()) }));
     }
     records.extend(snapshots::configure(&mut solver, &configured, now)?);
     store.append(records.iter().map(|body| (now, &body[..])))?;

@@ -199,14 +199,17 @@ struct SchedulerSection {
     spread: u32,
 }
 
+/// A setting's duration, read by `parse` (`units::wait` for the waits that
+/// zero turns off).
 fn millis(
     what: &str,
     text: &Option<String>,
     default: drover_core::Millis,
+    parse: fn(&str, &str) -> anyhow::Result<Duration>,
 ) -> anyhow::Result<drover_core::Millis> {
     match text {
         None => Ok(default),
-        Some(text) => Ok(drover_core::Millis(units::duration(what, text)?.as_millis() as u64)),
+        Some(text) => Ok(drover_core::Millis(parse(what, text)?.as_millis() as u64)),
     }
 }
 
@@ -221,11 +224,13 @@ fn coordinator_config(args: &ServeArgs) -> anyhow::Result<CoordinatorConfig> {
             toml::from_str(&text).with_context(|| format!("{}: invalid config", path.display()))?;
         let s = &file.scheduler;
         let core = &mut config.core;
-        core.cache_timeout = millis("cache_timeout", &s.cache_timeout, core.cache_timeout)?;
-        core.deps_timeout = millis("deps_timeout", &s.deps_timeout, core.deps_timeout)?;
-        core.lease_timeout = millis("lease_timeout", &s.lease_timeout, core.lease_timeout)?;
-        core.unplaceable_grace = millis("unplaceable_grace", &s.unplaceable_grace, core.unplaceable_grace)?;
-        core.lost_worker_grace = millis("lost_worker_grace", &s.lost_worker_grace, core.lost_worker_grace)?;
+        core.cache_timeout = millis("cache_timeout", &s.cache_timeout, core.cache_timeout, units::wait)?;
+        core.deps_timeout = millis("deps_timeout", &s.deps_timeout, core.deps_timeout, units::wait)?;
+        core.lease_timeout = millis("lease_timeout", &s.lease_timeout, core.lease_timeout, units::duration)?;
+        core.unplaceable_grace =
+            millis("unplaceable_grace", &s.unplaceable_grace, core.unplaceable_grace, units::wait)?;
+        core.lost_worker_grace =
+            millis("lost_worker_grace", &s.lost_worker_grace, core.lost_worker_grace, units::wait)?;
         core.seed = s.seed.unwrap_or(core.seed);
         core.preempt = s.preempt;
         core.reclaim = s.reclaim;
@@ -617,6 +622,32 @@ mod tests {
         assert_eq!(keep(""), Some(drover_coordinator::KEEP_FINISHED_BUILDS));
         assert_eq!(keep("[history]\nkeep_finished_builds = 5\n"), Some(5));
         assert_eq!(keep("[history]\nkeep_finished_builds = 0\n"), None);
+    }
+
+    /// The README's sample `serve --config` file is accepted as written,
+    /// and its values are the defaults it claims.
+    #[test]
+    fn the_readme_config_sample_reads_as_the_defaults() {
+        let readme = include_str!("../../../README.md");
+        let start = readme.find("`drover serve --config FILE` takes TOML:").expect("the sample's heading");
+        let block = &readme[start..];
+        let block = &block[block.find("```toml\n").expect("its block") + 8..];
+        let sample = &block[..block.find("```").expect("the block's end")];
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("config.toml");
+        std::fs::write(&path, sample).expect("config");
+        let args = ServeArgs {
+            listen: ([127, 0, 0, 1], 0).into(),
+            data: dir.path().join("data"),
+            config: Some(path),
+            token: None,
+        };
+        let config = coordinator_config(&args).expect("the README's sample reads");
+        let defaults = drover_core::Config::default();
+        assert_eq!(config.core.unplaceable_grace, defaults.unplaceable_grace);
+        assert_eq!(config.core.lost_worker_grace, defaults.lost_worker_grace);
+        assert_eq!(config.core.lease_timeout, defaults.lease_timeout);
+        assert_eq!(config.core.deps_timeout, defaults.deps_timeout);
     }
 
     #[test]

@@ -55,6 +55,17 @@ pub(crate) fn duration(what: &str, text: &str) -> anyhow::Result<Duration> {
         .with_context(|| format!("bad {what} {text:?}"))
 }
 
+/// A duration that may also be zero (`0`, `0s`, `0ms`): a wait that can be
+/// turned off.
+pub(crate) fn wait(what: &str, text: &str) -> anyhow::Result<Duration> {
+    let digits = text.trim().trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let unit = &text.trim()[digits.len()..];
+    if !digits.is_empty() && digits.chars().all(|c| c == '0') && ["", "ms", "s", "m", "h"].contains(&unit) {
+        return Ok(Duration::ZERO);
+    }
+    duration(what, text)
+}
+
 /// `a=1,b=2` (empty: none). Keys are unique.
 pub(crate) fn pairs(what: &str, text: &str) -> anyhow::Result<BTreeMap<String, String>> {
     let mut map = BTreeMap::new();
@@ -140,6 +151,18 @@ mod tests {
         assert_eq!(reserve("r", "0%").expect("valid"), Reserve::Nothing);
         for bad in ["101%", "1.5%", "-1%", "lots"] {
             assert!(reserve("--cache-keep-free", bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn waits_may_be_zero() {
+        for zero in ["0", "0s", "00ms", " 0m "] {
+            assert_eq!(wait("w", zero).expect("valid"), Duration::ZERO, "{zero}");
+        }
+        assert_eq!(wait("w", "5m").expect("valid"), Duration::from_secs(300));
+        assert!(duration("d", "0s").is_err(), "other durations may not");
+        for bad in ["0x", "", "0 s", "-1s"] {
+            assert!(wait("w", bad).is_err(), "{bad:?}");
         }
     }
 

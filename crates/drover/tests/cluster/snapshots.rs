@@ -139,3 +139,40 @@ fn new_queues_wait_until_no_job_is_in_the_scheduler() {
     assert!(queues.to_string().contains("\"ci\""), "{queues}");
     assert_eq!(cluster.status(id)["state"], "succeeded", "the history is kept");
 }
+
+/// A log with no snapshot, replayed at a start under new queue settings,
+/// is replayed under the settings it was recorded under: the past does not
+/// change (three jobs that ran at once stay run once each, on the same
+/// runs), and the new settings apply from then on.
+#[test]
+fn new_settings_do_not_rewrite_a_replayed_past() {
+    let capped = "[[queues]]\nname = \"capped\"\ncapability = { slots = 1 }\n[tenants]\nci = \"capped\"\n";
+    let mut cluster = Cluster::configured(None, "");
+    cluster.add_worker("w1", 3, &[]);
+    let started = cluster.scratch("started");
+    std::fs::create_dir(&started).expect("mkdir");
+    // Each job waits until all three have started: they ran at once.
+    let jobs: String = (0..3)
+        .map(|i| {
+            format!(
+                "  - name: j{i}\n    run: [\"touch {started}/{i}; while [ $(ls {started} | wc -l) -lt 3 ]; do sleep 0.02; done\"]\n"
+            )
+        })
+        .collect();
+    let file = cluster.project("together", &format!("jobs:\n{jobs}"), &[]);
+    let (code, before) = wait_json(&cluster, &file, &["--tenant", "ci"]);
+    assert_eq!(code, Some(0), "{before}");
+    cluster.kill_coordinator();
+    let (records, snapshot) = log(&cluster);
+    assert!(records > 0 && snapshot == 0, "a log with no snapshot: {records} records, snapshot {snapshot}");
+
+    write_config(cluster.dir.path(), &format!("[scheduler]\nlease_timeout = \"1500ms\"\n{capped}"));
+    cluster.start_coordinator();
+    let id = before["id"].as_u64().expect("build ID");
+    let after = cluster.status(id);
+    assert_eq!(after["state"], "succeeded", "{after}");
+    assert_eq!(after["jobs"], before["jobs"], "the same jobs, runs and workers after the restart");
+    let out = cluster.run(&["queues", "--json"]);
+    let queues: Value = serde_json::from_slice(&out.stdout).expect("queues JSON");
+    assert!(queues.to_string().contains("\"capped\""), "the new settings apply: {queues}");
+}
