@@ -968,9 +968,9 @@ pub(crate) async fn logs(args: LogsArgs) -> Result<(), Failure> {
                 args.build
             )
         })?;
-        stdout.write_all(&chunk).await.context("writing the log")?;
+        stdout.write_all(&chunk).await.map_err(crate::stdout_error)?;
     }
-    stdout.flush().await.context("writing the log")?;
+    stdout.flush().await.map_err(crate::stdout_error)?;
     Ok(())
 }
 

@@ -54,6 +54,15 @@ fn print_line(args: std::fmt::Arguments<'_>) {
     }
 }
 
+/// An error writing to standard output, for `?`: a reader that went away
+/// ends the process quietly with 141, as in [`print_line`].
+fn stdout_error(e: std::io::Error) -> anyhow::Error {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        std::process::exit(141);
+    }
+    anyhow::Error::new(e).context("cannot write to standard output")
+}
+
 /// How a command failed, and so which exit code it gets.
 #[derive(Debug)]
 enum Failure {

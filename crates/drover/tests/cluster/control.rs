@@ -199,20 +199,27 @@ fn preemption_suspends_the_victim_and_resumes_it_after_the_preemptor() {
 
 /// Output into a pipe nobody reads any more (`drover workers | head -1`
 /// once `head` is done) ends the command quietly with 141, as SIGPIPE
-/// would, instead of a panic and its backtrace.
+/// would, instead of a panic and its backtrace: lines (`workers`) and a
+/// streamed log (`logs`) alike.
 #[test]
 fn output_into_a_closed_pipe_ends_quietly() {
     let mut cluster = Cluster::new();
     cluster.add_worker("w1", 1, &[]);
-    let (reader, writer) = std::io::pipe().expect("pipe");
-    drop(reader);
-    let out = cluster
-        .client(&["workers"])
-        .stdout(writer)
-        .stderr(std::process::Stdio::piped())
-        .output()
-        .expect("run drover");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(141), "{stderr}");
-    assert!(!stderr.contains("panicked"), "{stderr}");
+    let id =
+        cluster.submit(&cluster.project("talk", "jobs:\n  - name: talk\n    run: [\"seq 100000\"]\n", &[]));
+    assert_eq!(cluster.final_status(id)["state"], "succeeded");
+    let id = id.to_string();
+    for args in [&["workers"][..], &["logs", &id, "talk"]] {
+        let (reader, writer) = std::io::pipe().expect("pipe");
+        drop(reader);
+        let out = cluster
+            .client(args)
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .expect("run drover");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(141), "{args:?}: {stderr}");
+        assert!(stderr.is_empty(), "{args:?}: {stderr}");
+    }
 }
