@@ -756,7 +756,7 @@ impl Scheduler {
                 queues.sort();
                 JobStatus::Queued { queues, reserved_on: job.reserved_on.map(wid) }
             }
-            JobState::Unplaceable => JobStatus::WaitingForWorker(self.unplaceable_reason(job.class)),
+            JobState::Unplaceable => JobStatus::WaitingForWorker(self.waiting_for_worker(j)),
             JobState::Assigned(run) => JobStatus::Assigned { worker: wid(self.run(run).worker), run },
             JobState::Running(run) => JobStatus::Running { worker: wid(self.run(run).worker), run },
         };
@@ -785,7 +785,7 @@ impl Scheduler {
         let queue_name = &self.quotas.nodes[queue as usize].name;
         let stage = match job.state {
             JobState::Queued(stage) => stage,
-            JobState::Unplaceable => return Some(self.unplaceable_reason(job.class)),
+            JobState::Unplaceable => return Some(self.waiting_for_worker(j)),
             JobState::Assigned(_) | JobState::Running(_) => return None,
         };
         if let Some(g) = job.gang {
@@ -2187,21 +2187,28 @@ impl Scheduler {
         why
     }
 
-    /// What the lost workers that could run the class have to do with its
-    /// wait, for people: the last one lost, and how much longer its jobs
-    /// wait for it (empty when none could).
+    /// The last lost worker that could run the class, for people (empty
+    /// when none could).
     fn lost_reason(&self, class: ClassIdx) -> String {
         let key = &self.classes[class as usize].key;
         let Some(last) = self.lost.iter().rev().find(|l| l.res.capable(key)) else { return String::new() };
         let ago = duration(self.now.0.saturating_sub(last.at.0));
         match self.lost_wait(class) {
-            Some(until) => format!(
-                "; worker {} could run it and was lost {ago} ago: waiting up to {} more for it or another capable worker to register",
-                last.name,
-                duration(until.0 - self.now.0)
-            ),
+            Some(_) => format!("; worker {} could run it and was lost {ago} ago", last.name),
             None => format!("; worker {} could run it, was lost {ago} ago and has not come back", last.name),
         }
+    }
+
+    /// Why job `j`, waiting for a capable worker, waits, and how much
+    /// longer it will, for people.
+    fn waiting_for_worker(&self, j: JobIdx) -> String {
+        let job = self.job(j);
+        let mut why = self.unplaceable_reason(job.class);
+        if let Some((at, TimerSlot::Unplaceable(_))) = job.timer {
+            let left = duration(at.0.saturating_sub(self.now.0));
+            why.push_str(&format!("; it waits up to {left} more for a capable worker to register, then fails"));
+        }
+        why
     }
 
     // ------------------------------------------------------------------
