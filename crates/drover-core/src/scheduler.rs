@@ -855,12 +855,21 @@ impl Scheduler {
             ));
         }
         if !room {
-            return Some(format!(
-                "no worker has room for it now (it needs {} slot(s), {}, {} of memory)",
-                class.key.slots,
-                cpu(class.key.cpu),
-                bytes(class.key.memory)
-            ));
+            let mut needs = vec![match class.key.slots {
+                1 => "a slot".to_owned(),
+                n => format!("{n} slots"),
+            }];
+            if class.key.cpu > 0 {
+                needs.push(cpu(class.key.cpu));
+            }
+            if class.key.memory > 0 {
+                needs.push(format!("{} of memory", bytes(class.key.memory)));
+            }
+            let needs = match needs.split_last() {
+                Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+                _ => needs.join(""),
+            };
+            return Some(format!("no worker has room for it now (it needs {needs})"));
         }
         Some(format!("waiting for its turn in queue {queue_name}"))
     }
@@ -2206,7 +2215,9 @@ impl Scheduler {
         let mut why = self.unplaceable_reason(job.class);
         if let Some((at, TimerSlot::Unplaceable(_))) = job.timer {
             let left = duration(at.0.saturating_sub(self.now.0));
-            why.push_str(&format!("; it waits up to {left} more for a capable worker to register, then fails"));
+            why.push_str(&format!(
+                "; it waits up to {left} more for a capable worker to register, then fails"
+            ));
         }
         why
     }

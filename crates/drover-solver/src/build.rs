@@ -12,6 +12,10 @@ use drover_proto::{
     SourceFile, SubmitRequest,
 };
 
+/// The most unfinished needs a waiting job's status names (the rest are
+/// counted): a job after a fan-out of hundreds would list them all.
+const LISTED_NEEDS: usize = 5;
+
 /// The expected duration of a job no earlier run tells about.
 const DEFAULT_DURATION_MS: u64 = 1_000;
 
@@ -1335,7 +1339,13 @@ impl Build {
             .filter(|n| !self.jobs[self.plan.index[*n] as usize].state.is_success())
             .map(String::as_str)
             .collect();
-        if waiting.is_empty() { String::new() } else { format!("waits for {}", waiting.join(", ")) }
+        match waiting.len() {
+            0 => String::new(),
+            n if n > LISTED_NEEDS => {
+                format!("waits for {} and {} more", waiting[..LISTED_NEEDS].join(", "), n - LISTED_NEEDS)
+            }
+            _ => format!("waits for {}", waiting.join(", ")),
+        }
     }
 
     /// The build without its jobs' details.

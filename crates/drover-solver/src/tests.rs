@@ -2006,6 +2006,21 @@ fn a_gang_that_fails_without_restart_fails_the_build_and_bad_gangs_are_refused()
     }
 }
 
+/// A job after a wide fan-out names its first unfinished needs and counts
+/// the rest.
+#[test]
+fn a_job_waiting_for_many_needs_names_a_few() {
+    let mut h = Harness::new();
+    h.input(register("w1", 1, vec![]));
+    let mut jobs: Vec<_> = (0..7).map(|i| job(&format!("n{i}"), &[])).collect();
+    let needs: Vec<String> = (0..7).map(|i| format!("n{i}")).collect();
+    jobs.push(job("after", &needs.iter().map(String::as_str).collect::<Vec<_>>()));
+    let b = build_id(h.input(submit_with(jobs, OnError::Quit, None)));
+    let status = h.solver.build_status(b).expect("build");
+    let after = status.jobs.iter().find(|j| j.name == "after").expect("job");
+    assert_eq!(after.detail, "waits for n0, n1, n2, n3, n4 and 2 more");
+}
+
 #[test]
 fn queued_jobs_say_why_they_wait() {
     let mut h = Harness::new();
@@ -2025,7 +2040,7 @@ fn queued_jobs_say_why_they_wait() {
     // finds no room.
     let runs = h.assigned();
     assert_eq!(runs.iter().map(|r| r.2.as_str()).collect::<Vec<_>>(), ["a"]);
-    let no_room = "no worker has room for it now (it needs 1 slot(s), 0 CPUs, 0 B of memory)";
+    let no_room = "no worker has room for it now (it needs a slot)";
     assert_eq!(detail(&h, "b"), no_room);
     // a ends: w1 takes b, and `after` reads a's output, which only w1 holds:
     // it waits for w1 a little before any worker may take it.
