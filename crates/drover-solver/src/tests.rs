@@ -2011,7 +2011,7 @@ fn a_gang_that_fails_without_restart_fails_the_build_and_bad_gangs_are_refused()
 #[test]
 fn a_job_waiting_for_many_needs_names_a_few() {
     let mut h = Harness::new();
-    h.input(register("w1", 1, vec![]));
+    h.input(register("w1", 1, vec![])).expect("w1 registers");
     let mut jobs: Vec<_> = (0..7).map(|i| job(&format!("n{i}"), &[])).collect();
     let needs: Vec<String> = (0..7).map(|i| format!("n{i}")).collect();
     jobs.push(job("after", &needs.iter().map(String::as_str).collect::<Vec<_>>()));
