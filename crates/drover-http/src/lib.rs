@@ -136,19 +136,53 @@ const WRITE_CHUNK: usize = 1 << 20;
 /// being filled and the one being sent, a body holds at most 6 MiB.
 const WRITE_QUEUE: usize = 4;
 
+/// How long the producer of a [`write_stream`] body waits for its reader
+/// to take a chunk before it takes the reader for gone: its writes then
+/// fail (`TimedOut`), and its blocking thread is free again. A peer that
+/// stops reading an artifact it asked for holds no thread for longer.
+pub const STALL_LIMIT: Duration = Duration::from_secs(60);
+
+/// [`write_stream`] bodies being produced at once, at most (each holds a
+/// blocking thread and up to 6 MiB): more wait their turn, holding neither.
+const MAX_PRODUCERS: usize = 32;
+
+/// The turns of [`MAX_PRODUCERS`].
+static PRODUCERS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(MAX_PRODUCERS);
+
 /// A body written by `produce` on a blocking thread (an artifact being
 /// packed, say), sent in chunks of 1 MiB that move to the connection
 /// without another copy. Memory stays bounded: `produce` blocks while
-/// [`WRITE_QUEUE`] chunks wait. If the body is dropped (the peer went
-/// away), its writes fail with `BrokenPipe`. The body ends when `produce`
-/// returns, whatever it wrote: a producer that fails leaves a short body,
-/// which the reader of a pack rejects.
+/// [`WRITE_QUEUE`] chunks wait, at most [`MAX_PRODUCERS`] bodies are
+/// produced at once (the others wait for a turn before they start), and a
+/// reader that takes nothing for [`STALL_LIMIT`] is given up on. If the
+/// body is dropped (the peer went away), its writes fail with
+/// `BrokenPipe`. The body ends when `produce` returns, whatever it wrote: a
+/// producer that fails leaves a short body, which the reader of a pack
+/// rejects. Call from within a Tokio runtime.
 pub fn write_stream(produce: impl FnOnce(&mut dyn std::io::Write) + Send + 'static) -> ByteStream {
+    write_stream_with(STALL_LIMIT, produce)
+}
+
+/// [`write_stream`] with another stall limit.
+fn write_stream_with(
+    stall: Duration,
+    produce: impl FnOnce(&mut dyn std::io::Write) + Send + 'static,
+) -> ByteStream {
     let (tx, mut rx) = tokio::sync::mpsc::channel(WRITE_QUEUE);
-    tokio::task::spawn_blocking(move || {
-        let mut writer = ChunkWriter { tx, buf: Vec::with_capacity(WRITE_CHUNK) };
-        produce(&mut writer);
-        let _ = std::io::Write::flush(&mut writer);
+    let runtime = tokio::runtime::Handle::current();
+    tokio::spawn(async move {
+        let Ok(turn) = PRODUCERS.acquire().await else { return };
+        if tx.is_closed() {
+            // Its reader left while it waited.
+            return;
+        }
+        let _ = tokio::task::spawn_blocking(move || {
+            let _turn = turn;
+            let mut writer = ChunkWriter { tx, buf: Vec::with_capacity(WRITE_CHUNK), runtime, stall };
+            produce(&mut writer);
+            let _ = std::io::Write::flush(&mut writer);
+        })
+        .await;
     });
     Box::pin(futures::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|chunk| chunk.map(Ok))))
 }
@@ -157,14 +191,24 @@ pub fn write_stream(produce: impl FnOnce(&mut dyn std::io::Write) + Send + 'stat
 struct ChunkWriter {
     tx: tokio::sync::mpsc::Sender<Bytes>,
     buf: Vec<u8>,
+    /// To wait for room with a limit, from the blocking thread.
+    runtime: tokio::runtime::Handle,
+    stall: Duration,
 }
 
 impl ChunkWriter {
     fn send(&mut self) -> std::io::Result<()> {
-        let chunk = std::mem::replace(&mut self.buf, Vec::with_capacity(WRITE_CHUNK));
-        self.tx
-            .blocking_send(Bytes::from(chunk))
-            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the body's reader went away"))
+        let chunk = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(WRITE_CHUNK)));
+        match self.runtime.block_on(tokio::time::timeout(self.stall, self.tx.send(chunk))) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => {
+                Err(std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the body's reader went away"))
+            }
+            Err(_) => Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("the body's reader took nothing for {}s", self.stall.as_secs()),
+            )),
+        }
     }
 }
 
@@ -413,7 +457,10 @@ impl Http {
     }
 
     /// GET an artifact in the pack format and commit it to `cas` as `job`,
-    /// verified as it arrives (against `tree` too, if known).
+    /// verified as it arrives (against `tree` too, if known). A sender that
+    /// sends nothing for the client's time limit (it stopped, or the
+    /// network between us broke) fails the download, so the caller can try
+    /// another holder instead of waiting for ever.
     pub async fn get_artifact(
         &self,
         url: &str,
@@ -421,7 +468,8 @@ impl Http {
         job: drover_cas::Key,
         tree: Option<drover_cas::Key>,
     ) -> Result<drover_cas::ArtifactInfo, HttpError> {
-        let mut reader = read_stream(self.get_stream(url).await?);
+        let stream = idle_limited(self.get_stream(url).await?, self.timeout);
+        let mut reader = read_stream(stream);
         let cas = cas.clone();
         let stored = tokio::task::spawn_blocking(move || cas.unpack(&job, tree.as_ref(), &mut reader))
             .await
@@ -443,6 +491,24 @@ impl Http {
     pub async fn get_reader(&self, url: &str) -> Result<impl AsyncRead + Send + Unpin + use<>, HttpError> {
         Ok(tokio_util::io::StreamReader::new(self.get_stream(url).await?))
     }
+}
+
+/// `stream`, failing (`TimedOut`) once no chunk has come for `idle`.
+fn idle_limited(stream: ByteStream, idle: Duration) -> ByteStream {
+    Box::pin(futures::stream::unfold(Some(stream), move |stream| async move {
+        let mut stream = stream?;
+        match tokio::time::timeout(idle, stream.next()).await {
+            Ok(Some(item)) => Some((item, Some(stream))),
+            Ok(None) => None,
+            Err(_) => {
+                let e = std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("the sender sent nothing for {}s", idle.as_secs()),
+                );
+                Some((Err(e), None))
+            }
+        }
+    }))
 }
 
 /// The first non-blank line of a body that is not drover's, at most 200
@@ -496,7 +562,8 @@ pub const MAX_CONNECTIONS: usize = 4_096;
 /// sends its headers first, and with Nagle on its first body bytes would
 /// wait for the client's delayed acknowledgement, 40 ms on Linux), at most
 /// [`MAX_CONNECTIONS`] at once, each closed if a request's headers take
-/// longer than `header_timeout` (see [`HEADER_TIMEOUT`]).
+/// longer than `header_timeout` (see [`HEADER_TIMEOUT`]), and a request
+/// failed if its body stalls that long ([`IdleBody`]).
 pub async fn serve(listener: tokio::net::TcpListener, router: axum::Router, header_timeout: Duration) {
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
@@ -512,7 +579,7 @@ pub async fn serve(listener: tokio::net::TcpListener, router: axum::Router, head
         };
         // Only a latency cost if it fails: nothing to report to anyone.
         let _ = tcp.set_nodelay(true);
-        let service = Routed(router.clone());
+        let service = Routed(router.clone(), header_timeout);
         tokio::spawn(async move {
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(header_timeout);
@@ -548,9 +615,10 @@ pub async fn json_errors(
     axum::response::IntoResponse::into_response((parts, axum::Json(drover_proto::ErrorBody { error })))
 }
 
-/// The router as a hyper service.
+/// The router as a hyper service, its requests' bodies limited by
+/// [`IdleBody`] to the given idle time.
 #[derive(Clone, Debug)]
-struct Routed(axum::Router);
+struct Routed(axum::Router, Duration);
 
 impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for Routed {
     type Response = axum::response::Response;
@@ -558,8 +626,61 @@ impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for Routed {
     type Future = axum::routing::future::RouteFuture<std::convert::Infallible>;
 
     fn call(&self, req: hyper::Request<hyper::body::Incoming>) -> Self::Future {
+        let idle = self.1;
+        let req = req.map(|body| axum::body::Body::new(IdleBody { inner: body, idle, deadline: None }));
         // A router is always ready: no need to poll it first.
-        tower_service::Service::call(&mut self.0.clone(), req.map(axum::body::Body::new))
+        tower_service::Service::call(&mut self.0.clone(), req)
+    }
+}
+
+/// A request's body that fails once its client has sent nothing of it for
+/// `idle` while the handler waited for more: a client that sends its
+/// headers and then a body slowly, or not at all, holds its connection
+/// (and what the handler gathered) no longer than one that is slow with
+/// its headers. The wait counts from the handler's first read.
+struct IdleBody {
+    inner: hyper::body::Incoming,
+    idle: Duration,
+    deadline: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl hyper::body::Body for IdleBody {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        use std::future::Future;
+        use std::task::Poll;
+        let this = &mut *self;
+        match std::pin::Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(frame) => {
+                this.deadline = None;
+                Poll::Ready(frame.map(|f| f.map_err(Into::into)))
+            }
+            Poll::Pending => {
+                let idle = this.idle;
+                let deadline = this.deadline.get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+                match deadline.as_mut().poll(cx) {
+                    Poll::Ready(()) => {
+                        let e =
+                            format!("the client sent nothing of its request's body for {}s", idle.as_secs());
+                        Poll::Ready(Some(Err(e.into())))
+                    }
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -645,6 +766,65 @@ mod tests {
         assert!(matches!(elsewhere, Err(HttpError::Connect { .. })), "{elsewhere:?}");
     }
 
+    /// A reader that takes nothing frees the producer's thread: its writes
+    /// fail once the stall limit has passed.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_producer_whose_reader_takes_nothing_is_given_up_on() {
+        let (done, result) = tokio::sync::oneshot::channel();
+        let body = write_stream_with(Duration::from_millis(50), move |out| {
+            let chunk = vec![0u8; WRITE_CHUNK];
+            let _ = done.send((0..100).try_for_each(|_| out.write_all(&chunk)));
+        });
+        let error = result.await.expect("the producer ends").expect_err("its writes fail");
+        assert_eq!(error.kind(), std::io::ErrorKind::TimedOut, "{error}");
+        drop(body);
+    }
+
+    /// A sender that stops in the middle of an artifact fails the download
+    /// once it has sent nothing for the client's time limit.
+    #[tokio::test]
+    async fn a_download_that_stalls_fails() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}/a", listener.local_addr().expect("addr"));
+        let server = tokio::spawn(async move {
+            let (mut tcp, _) = listener.accept().await.expect("accept");
+            let mut request = [0u8; 1024];
+            let _ = tokio::io::AsyncReadExt::read(&mut tcp, &mut request).await;
+            let head = b"HTTP/1.1 200 OK\r\ncontent-length: 100000\r\n\r\nDROVERPK";
+            tokio::io::AsyncWriteExt::write_all(&mut tcp, head).await.expect("write");
+            // Then nothing, with the connection open.
+            std::future::pending::<()>().await;
+        });
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cas = Arc::new(drover_cas::Cas::open(dir.path(), u64::MAX).expect("cas"));
+        let http = Http::new(None, Duration::from_millis(200));
+        let failed = http.get_artifact(&url, &cas, drover_cas::Key([1; 32]), None).await;
+        let error = failed.expect_err("the download fails").to_string();
+        assert!(error.contains("sent nothing for"), "{error}");
+        server.abort();
+    }
+
+    /// A request whose body stops coming is answered with an error once it
+    /// has sent nothing for the server's limit, instead of holding its
+    /// connection and handler.
+    #[tokio::test]
+    async fn a_request_body_that_stalls_is_refused() {
+        use axum::routing::post;
+        let router =
+            axum::Router::new().route("/x", post(|body: Bytes| async move { body.len().to_string() }));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let server = tokio::spawn(serve(listener, router, Duration::from_millis(200)));
+        let mut tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let request = b"POST /x HTTP/1.1\r\nhost: a\r\ncontent-length: 100\r\n\r\n0123456789";
+        tokio::io::AsyncWriteExt::write_all(&mut tcp, request).await.expect("write");
+        let mut answer = Vec::new();
+        let _ = tokio::io::AsyncReadExt::read_to_end(&mut tcp, &mut answer).await;
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 4"), "{answer}");
+        server.abort();
+    }
+
     #[tokio::test]
     async fn a_written_body_arrives_whole_in_bounded_chunks() {
         let data: Vec<u8> = (0..3_500_000u32).map(|i| (i % 251) as u8).collect();
@@ -704,13 +884,17 @@ mod tests {
         assert!(rx.await.is_err(), "the stream (and its sender) was dropped");
     }
 
-    #[tokio::test]
+    /// Dropped while its producer writes, a body fails the writes.
+    #[tokio::test(flavor = "multi_thread")]
     async fn dropping_a_written_body_stops_its_writer() {
+        let (started, running) = tokio::sync::oneshot::channel();
         let (tx, rx) = std::sync::mpsc::channel();
         let stream = write_stream(move |out| {
+            let _ = started.send(());
             let failed = (0..).try_for_each(|_: u64| out.write_all(&[0; 1 << 16]));
             tx.send(failed.map_err(|e| e.kind())).expect("report");
         });
+        running.await.expect("the producer starts");
         drop(stream);
         let outcome = tokio::task::spawn_blocking(move || rx.recv()).await.expect("join").expect("outcome");
         assert_eq!(outcome, Err(std::io::ErrorKind::BrokenPipe));
