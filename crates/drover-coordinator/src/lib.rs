@@ -7,6 +7,7 @@
 
 mod api;
 mod checks;
+mod journal;
 mod metrics;
 mod snapshots;
 mod specs;

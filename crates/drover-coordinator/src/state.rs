@@ -582,6 +582,7 @@ fn run(
                     answers.push(Answer::Report { worker, deliver, mail, reply });
                 }
                 Command::Submit { req, record: ahead, holder, reply } => {
+                    let (tenant, jobs) = (req.tenant.clone(), req.build.jobs.len());
                     // The build that holds this very spec, if one does (the
                     // spec cache hands identical specs over as one `Arc`).
                     let like = holder
@@ -599,7 +600,11 @@ fn run(
                         (Input::Submit(_), Some(ahead)) => ahead,
                         (input, _) => record(input),
                     };
-                    answers.push(Answer::Input(reply, apply(&mut solver, input, record)))
+                    let result = apply(&mut solver, input, record);
+                    if let Ok(Reply::Submitted(id)) = result {
+                        crate::journal::accepted(&solver, id, &tenant, jobs);
+                    }
+                    answers.push(Answer::Input(reply, result))
                 }
                 Command::Query(f) => queries.push(f),
                 Command::Snapshot(written) => snapshots.finish(&mut store, written),
@@ -632,6 +637,7 @@ fn run(
         let changed = {
             let mut boxes = shared.mailboxes.lock().expect("mailboxes");
             let effects = solver.take_effects();
+            crate::journal::effects(&solver, &effects, Millis(now));
             let mut renewed = shared.renewed.lock().expect("renewals");
             for effect in &effects {
                 if let Effect::WorkerForgotten { worker } = effect {

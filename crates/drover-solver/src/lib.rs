@@ -275,6 +275,19 @@ struct WorkerInfo {
     left: bool,
 }
 
+/// Where a build stands, in brief ([`Solver::build_outcome`]).
+#[derive(Debug)]
+pub struct BuildOutcome<'a> {
+    /// Its name.
+    pub name: &'a str,
+    /// Its state.
+    pub state: BuildState,
+    /// When it ended, if it has.
+    pub finished_at: Option<Millis>,
+    /// Its jobs that ended, by how.
+    pub ended: &'a BTreeMap<JobState, u64>,
+}
+
 /// How a run ended, as [`Metrics::runs_ended`] counts it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum RunEnd {
@@ -621,6 +634,24 @@ impl Solver {
             }
         }
         Some(status)
+    }
+
+    /// A build's name, state, when it ended (if it has) and how many of its
+    /// jobs ended in each state: for the coordinator's own log, cheap
+    /// enough to ask after every change of the build.
+    pub fn build_outcome(&self, id: u64) -> Option<BuildOutcome<'_>> {
+        let b = self.builds.get(&id)?;
+        Some(BuildOutcome {
+            name: &b.plan().spec().name,
+            state: b.state,
+            finished_at: b.finished_at,
+            ended: &b.ended,
+        })
+    }
+
+    /// A worker's name and URL, live or lost.
+    pub fn worker_name(&self, id: u64) -> Option<(&str, &str)> {
+        self.workers.get(&id).map(|w| (&*w.name, w.url.as_str()))
     }
 
     /// Every build kept, oldest first, without its jobs' details.

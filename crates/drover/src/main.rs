@@ -105,7 +105,7 @@ fn main() -> ExitCode {
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
     let cli = Cli::parse();
-    init_tracing(cli.verbose);
+    init_tracing(cli.verbose, matches!(cli.command, Command::Serve(_)));
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(e) => {
@@ -128,10 +128,13 @@ fn main() -> ExitCode {
 }
 
 /// Logs go to standard error, as `DROVER_LOG` (or `-v`) filters them,
-/// coloured only where [`colour_logs`] says.
-fn init_tracing(verbose: u8) {
+/// coloured only where [`colour_logs`] says: warnings, or more with
+/// `-v`/`-vv`; `drover serve` also says what its cluster does (builds
+/// accepted and ended, workers registered and lost) without `-v`.
+fn init_tracing(verbose: u8, serve: bool) {
     use std::io::IsTerminal;
     let default = match verbose {
+        0 if serve => "warn,drover_coordinator=info",
         0 => "warn",
         1 => "info,drover=info",
         _ => "debug",

@@ -223,3 +223,26 @@ fn output_into_a_closed_pipe_ends_quietly() {
         assert!(stderr.is_empty(), "{args:?}: {stderr}");
     }
 }
+
+/// `drover serve` says what its cluster does, without `-v`: a worker that
+/// registers, a build accepted and how it ended, a worker lost.
+#[test]
+fn the_coordinator_logs_builds_and_workers() {
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", 1, &[]);
+    let id = cluster.submit(&cluster.project(
+        "told",
+        "name: told\njobs:\n  - name: a\n    run: [\"true\"]\n",
+        &[],
+    ));
+    assert_eq!(cluster.final_status(id)["state"], "succeeded");
+    cluster.kill_worker("w1");
+    let has = |lines: &[String], words: &[&str]| lines.iter().any(|l| words.iter().all(|w| l.contains(w)));
+    let log = eventually("the coordinator to log the worker's loss", || {
+        let log = cluster.coordinator_log();
+        has(&log, &["worker lost or left", "w1"]).then_some(log)
+    });
+    assert!(has(&log, &["worker registered", "w1"]), "{log:#?}");
+    assert!(has(&log, &["build accepted", &format!("build={id}"), "jobs=1"]), "{log:#?}");
+    assert!(has(&log, &["build ended", &format!("build={id}"), "succeeded", "1 succeeded"]), "{log:#?}");
+}

@@ -35,6 +35,8 @@ pub(crate) struct Cluster {
     coordinator: Option<Child>,
     workers: Vec<(String, Child)>,
     token: Option<String>,
+    /// The coordinator's standard error after its "listening" line.
+    log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 /// Scheduler settings that make losses quick to notice in tests.
@@ -67,6 +69,7 @@ impl Cluster {
             coordinator: None,
             workers: Vec::new(),
             token: token.map(str::to_owned),
+            log: Default::default(),
         };
         cluster.start_coordinator();
         cluster
@@ -95,11 +98,23 @@ impl Cluster {
                 break url.to_owned();
             }
         };
-        // Keep draining its standard error so it never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
+        // Keep draining its standard error so it never blocks on a full
+        // pipe, keeping the lines for `coordinator_log`.
+        let log = self.log.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                log.lock().expect("log").push(line);
+            }
+        });
         self.port = url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
         self.url = url;
         self.coordinator = Some(child);
+    }
+
+    /// The lines the coordinator logged so far (after it said where it
+    /// listens).
+    pub(crate) fn coordinator_log(&self) -> Vec<String> {
+        self.log.lock().expect("log").clone()
     }
 
     /// Kills the coordinator with SIGKILL.
