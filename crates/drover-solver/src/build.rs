@@ -19,8 +19,10 @@ const LISTED_NEEDS: usize = 5;
 /// The expected duration of a job no earlier run tells about.
 const DEFAULT_DURATION_MS: u64 = 1_000;
 
-/// Most jobs one build may have.
-const MAX_JOBS: usize = 1_000_000;
+/// Most jobs one build may have: as many as a build file may hold
+/// (`drover_graph::MAX_JOBS`), so a submission made without one (straight
+/// to the API) cannot be ten times larger.
+const MAX_JOBS: usize = 100_000;
 /// Most times a gang with `on_failure: restart` is rerun.
 pub(crate) const MAX_GANG_RESTARTS: u32 = 3;
 /// Most times one job goes back to wait for needs whose outputs were lost
@@ -349,7 +351,7 @@ impl Plan {
             return Err("the build has no jobs".into());
         }
         if spec.jobs.len() > MAX_JOBS {
-            return Err(format!("the build has {} jobs; at most {MAX_JOBS} are allowed", spec.jobs.len()));
+            return Err(format!("the build has {} jobs; at most 100,000 are allowed", spec.jobs.len()));
         }
         for s in &spec.sources {
             if !valid_path(&s.path) {

@@ -2006,6 +2006,15 @@ fn a_gang_that_fails_without_restart_fails_the_build_and_bad_gangs_are_refused()
     }
 }
 
+/// A build larger than a build file may be is refused, whoever sends it.
+#[test]
+fn a_build_past_the_job_limit_is_refused() {
+    let mut h = Harness::new();
+    let jobs: Vec<JobDef> = (0..=100_000).map(|i| job(&format!("j{i}"), &[])).collect();
+    let refused = h.input(submit(jobs));
+    assert!(matches!(&refused, Err(e) if e.to_string().contains("at most 100,000")), "{refused:?}");
+}
+
 /// A job after a wide fan-out names its first unfinished needs and counts
 /// the rest.
 #[test]
