@@ -67,15 +67,30 @@ impl ArtifactWriter {
         self.commit_prepared(&manifest, info)
     }
 
+    /// [`commit`](Self::commit), returning the artifact pinned, for a
+    /// caller that still has to read it (to push it elsewhere, say): the
+    /// pin is taken in the same step as the artifact is put in place, so no
+    /// eviction (another commit's) can come in between. The artifact is
+    /// the most recently used entry then, but in a small cache whose other
+    /// entries are pinned it would be the next to go. (An artifact already
+    /// present is pinned likewise.)
+    pub fn commit_pinned(mut self) -> Result<ArtifactGuard, CasError> {
+        let manifest = manifest::scan_tree(&self.tree, true, self.inner.max_bytes)?;
+        let installed =
+            self.inner.install_artifact(&self.id, &self.wrapper, &manifest, manifest.info(), true)?;
+        self.installed = installed.placed;
+        installed.guard.ok_or(CasError::NotFound(self.id))
+    }
+
     /// Commits a tree whose manifest is already known (written by `unpack`).
     pub(crate) fn commit_prepared(
         mut self,
         manifest: &Manifest,
         info: ArtifactInfo,
     ) -> Result<ArtifactInfo, CasError> {
-        let (info, installed) = self.inner.install_artifact(&self.id, &self.wrapper, manifest, info)?;
-        self.installed = installed;
-        Ok(info)
+        let installed = self.inner.install_artifact(&self.id, &self.wrapper, manifest, info, false)?;
+        self.installed = installed.placed;
+        Ok(installed.info)
     }
 }
 

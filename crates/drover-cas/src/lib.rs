@@ -62,8 +62,11 @@
 //! recently used entries, blobs and artifacts alike, until it is back within
 //! `max_bytes`, never touching a pinned artifact (one with a live
 //! [`ArtifactGuard`]) or the entry just added; so the cache can stay above
-//! `max_bytes` while pins hold the space. A single blob or artifact larger
-//! than `max_bytes` is refused ([`CasError::TooLarge`]).
+//! `max_bytes` while pins hold the space. An artifact committed with
+//! [`ArtifactWriter::commit_pinned`] is pinned in the same step, for a
+//! caller that still has to read it: the next commit cannot take it first.
+//! A single blob or artifact larger than `max_bytes` is refused
+//! ([`CasError::TooLarge`]).
 //!
 //! A cache can also keep room on its filesystem ([`Cas::keep_free`]): the
 //! same eviction then goes on until what it frees covers the filesystem's
@@ -223,6 +226,18 @@ struct Trash {
     /// Of which evicted bytes (counted in `State::pending_free` until the
     /// files are deleted).
     evicted: u64,
+}
+
+/// What putting an artifact in place did.
+pub(crate) struct Installed {
+    /// The committed artifact's info (the present artifact's, if it was
+    /// there).
+    pub(crate) info: ArtifactInfo,
+    /// Whether the new entry was put in place (not if the artifact was
+    /// present already).
+    pub(crate) placed: bool,
+    /// The artifact, pinned, if a pin was asked for.
+    pub(crate) guard: Option<ArtifactGuard>,
 }
 
 /// A filesystem's size and the room left on it, in bytes.
@@ -455,7 +470,14 @@ impl Cas {
     /// above). Same atomicity and durability, and same answer if the
     /// artifact is already present.
     pub fn commit_empty_artifact(&self, id: &Key) -> Result<ArtifactInfo, CasError> {
-        self.inner.install_empty(id)
+        self.inner.install_empty(id, false).map(|installed| installed.info)
+    }
+
+    /// [`Cas::commit_empty_artifact`], returning the artifact pinned (see
+    /// [`ArtifactWriter::commit_pinned`]).
+    pub fn commit_empty_artifact_pinned(&self, id: &Key) -> Result<ArtifactGuard, CasError> {
+        let installed = self.inner.install_empty(id, true)?;
+        installed.guard.ok_or(CasError::NotFound(*id))
     }
 
     /// The info of every empty artifact (its `tree` is the empty tree's
@@ -618,7 +640,7 @@ impl Cas {
         let mut input = std::io::Cursor::new(&head[..got]).chain(input);
         if got == head.len() && pack::is_end_tag(head[pack::HEAD_LEN]) {
             pack::read_pack(&mut input, Path::new(""), self.inner.max_bytes, expected_tree)?;
-            return self.inner.install_empty(id);
+            return self.inner.install_empty(id, false).map(|installed| installed.info);
         }
         let writer = self.begin_artifact(id)?;
         let (manifest, info) =
@@ -836,15 +858,28 @@ impl Inner {
 
     fn pin(self: &Arc<Self>, id: &Key, used: bool) -> Option<ArtifactGuard> {
         let info = self.lock().index.pin(id, used)?;
-        if info == self.empty.info() {
-            // Its last use is not persisted (see the `empty` module).
-            return Some(ArtifactGuard::new(self.clone(), *id, self.empty.tree().to_path_buf(), info));
+        if used && info != self.empty.info() {
+            // (An empty artifact's last use is not persisted: see the
+            // `empty` module.)
+            touch(&self.artifact_dir(id).join(INFO_FILE));
         }
-        let dir = self.artifact_dir(id);
-        if used {
-            touch(&dir.join(INFO_FILE));
-        }
-        Some(ArtifactGuard::new(self.clone(), *id, dir.join(TREE_DIR), info))
+        Some(self.guard(id, info))
+    }
+
+    /// Pins a live artifact, with the state lock held (not marking it used).
+    fn pin_locked(self: &Arc<Self>, st: &mut State, id: &Key) -> Option<ArtifactGuard> {
+        let info = st.index.pin(id, false)?;
+        Some(self.guard(id, info))
+    }
+
+    /// The guard of a pin just taken on artifact `id`.
+    fn guard(self: &Arc<Self>, id: &Key, info: ArtifactInfo) -> ArtifactGuard {
+        let tree = if info == self.empty.info() {
+            self.empty.tree().to_path_buf()
+        } else {
+            self.artifact_dir(id).join(TREE_DIR)
+        };
+        ArtifactGuard::new(self.clone(), *id, tree, info)
     }
 
     pub(crate) fn unpin(&self, id: &Key) {
@@ -940,58 +975,60 @@ impl Inner {
     }
 
     /// Moves a complete artifact directory (`wrapper`, holding the tree and
-    /// whose manifest and info files are written here) into place. Returns
-    /// the committed info and whether `wrapper` was moved (if the artifact
-    /// was already present, it was not: the caller removes it).
+    /// whose manifest and info files are written here) into place, pinned
+    /// if `pin` (see [`Installed`]). If the artifact was already present,
+    /// `wrapper` was not moved: the caller removes it.
     pub(crate) fn install_artifact(
-        &self,
+        self: &Arc<Self>,
         id: &Key,
         wrapper: &Path,
         manifest: &Manifest,
         info: ArtifactInfo,
-    ) -> Result<(ArtifactInfo, bool), CasError> {
+        pin: bool,
+    ) -> Result<Installed, CasError> {
         if info.size > self.max_bytes {
             return Err(CasError::TooLarge { what: "artifact".into(), size: info.size, max: self.max_bytes });
         }
         if manifest.entries.is_empty() {
             // The compact form: `wrapper` is not used (the caller removes it).
-            return self.install_empty(id).map(|info| (info, false));
+            return self.install_empty(id, pin).map(|installed| Installed { placed: false, ..installed });
         }
-        if let Some(present) = self.present_artifact(id)? {
-            return Ok((present, false));
+        if let Some(present) = self.present_artifact(id, pin)? {
+            return Ok(present);
         }
         let tree = wrapper.join(TREE_DIR);
         seal::seal(&tree).ctx(|| format!("seal {}", tree.display()))?;
         write_json(&wrapper.join(MANIFEST_FILE), manifest)?;
         write_json(&wrapper.join(INFO_FILE), &info)?;
         manifest::sync_dir(wrapper)?;
-        self.install(id, info, |dest| {
+        self.install(id, info, pin, |dest| {
             fs::rename(wrapper, dest).ctx(|| format!("rename an artifact into {}", dest.display()))
         })
     }
 
     /// Adds `id` as an empty artifact: one hard link to the shared info
-    /// file. Returns the committed info (the present artifact's, if it was
-    /// there).
-    fn install_empty(&self, id: &Key) -> Result<ArtifactInfo, CasError> {
-        self.install(id, self.empty.info(), |dest| self.empty.link(dest)).map(|(info, _)| info)
+    /// file (the present artifact stays, if it was there); pinned if `pin`.
+    fn install_empty(self: &Arc<Self>, id: &Key, pin: bool) -> Result<Installed, CasError> {
+        self.install(id, self.empty.info(), pin, |dest| self.empty.link(dest))
     }
 
     /// Puts artifact `id` in place with `place` (given its path), under the
-    /// index lock, and records it as `info`; then fsyncs its directory
+    /// index lock, and records it as `info`, pinned if `pin` (under the same
+    /// lock: no eviction can come between); then fsyncs its directory
     /// (unless the cache's durability is [`Durability::ProcessCrash`]).
-    /// Returns the committed info and whether `place` ran: an artifact
-    /// already present is only marked used (`Pinned` if it is doomed).
+    /// An artifact already present is only marked used (and pinned if
+    /// `pin`), and `place` does not run; `Pinned` if it is doomed.
     fn install(
-        &self,
+        self: &Arc<Self>,
         id: &Key,
         info: ArtifactInfo,
+        pin: bool,
         place: impl FnOnce(&Path) -> Result<(), CasError>,
-    ) -> Result<(ArtifactInfo, bool), CasError> {
+    ) -> Result<Installed, CasError> {
         let dest = self.artifact_dir(id);
         let parent = dest.parent().unwrap_or(&self.artifacts).to_path_buf();
         let short = self.shortfall();
-        let trash = {
+        let (trash, guard) = {
             let mut st = self.lock();
             if let Some(e) = st.index.artifact_entry(id) {
                 if e.doomed {
@@ -999,7 +1036,8 @@ impl Inner {
                 }
                 let present = e.info;
                 st.index.touch_artifact(id);
-                return Ok((present, false));
+                let guard = pin.then(|| self.pin_locked(&mut st, id)).flatten();
+                return Ok(Installed { info: present, placed: false, guard });
             }
             let byte = usize::from(id.0[0]);
             let bit = 1u64 << (byte % 64);
@@ -1015,22 +1053,27 @@ impl Inner {
             st.index.insert_artifact(*id, info, None);
             let evicted = self.evict_locked(&mut st, Some(Slot::Artifact(*id)), short);
             st.evicted.extend(evicted);
-            std::mem::take(&mut st.trash)
+            let guard = pin.then(|| self.pin_locked(&mut st, id)).flatten();
+            (std::mem::take(&mut st.trash), guard)
         };
         self.drain(trash);
         if self.durability == Durability::PowerLoss {
             manifest::sync_dir(&parent)?;
         }
-        Ok((info, true))
+        Ok(Installed { info, placed: true, guard })
     }
 
-    /// The info of a present artifact (marking it used), `Pinned` if it is
-    /// doomed, `None` if absent.
-    fn present_artifact(&self, id: &Key) -> Result<Option<ArtifactInfo>, CasError> {
+    /// A present artifact (marked used, and pinned if `pin`), `Pinned` if
+    /// it is doomed, `None` if absent.
+    fn present_artifact(self: &Arc<Self>, id: &Key, pin: bool) -> Result<Option<Installed>, CasError> {
         let mut st = self.lock();
         match st.index.artifact_entry(id) {
             Some(e) if e.doomed => Err(CasError::Pinned(*id)),
-            Some(_) => Ok(st.index.touch_artifact(id)),
+            Some(_) => {
+                let info = st.index.touch_artifact(id);
+                let guard = pin.then(|| self.pin_locked(&mut st, id)).flatten();
+                Ok(info.map(|info| Installed { info, placed: false, guard }))
+            }
             None => Ok(None),
         }
     }

@@ -110,4 +110,10 @@ pub struct JobReport {
     /// still alive after the last command ended (daemons and other leftovers)
     /// or, for a terminated job, every process of the job at that moment.
     pub leftover_processes: usize,
+    /// Whether those processes (or some of them) ignored SIGTERM and had to
+    /// be SIGKILLed: how long after SIGTERM, in milliseconds (the kill
+    /// grace, unless a further stop request cut it short). `None` if every
+    /// process exited on SIGTERM, or none had to be stopped.
+    #[serde(default)]
+    pub killed_after_ms: Option<u64>,
 }

@@ -298,6 +298,7 @@ impl Process {
             current_status: None,
             no_children: false,
             grace: spec.kill_grace,
+            killed_after: None,
             logs,
         };
         let report = sup.run_job(&spec);
@@ -628,6 +629,9 @@ struct Supervisor<'p> {
     /// `waitpid` said we have no child at all.
     no_children: bool,
     grace: Duration,
+    /// How long after SIGTERM the processes of the job that outlived it
+    /// were SIGKILLed, if any did (see `JobReport::killed_after_ms`).
+    killed_after: Option<Duration>,
     logs: Logs,
 }
 
@@ -726,6 +730,8 @@ impl Supervisor<'_> {
         }
         // Whatever happened, leave no child (and so no descendant) behind.
         self.kill_all();
+        report.killed_after_ms =
+            self.killed_after.map(|after| u64::try_from(after.as_millis()).unwrap_or(u64::MAX));
         report
     }
 
@@ -752,8 +758,9 @@ impl Supervisor<'_> {
             }
             procfs::signal_descendants(self.me, signal);
         }
+        let terminated = Instant::now();
         // No deadline if the grace period is too long to represent.
-        let deadline = Instant::now().checked_add(self.grace);
+        let deadline = terminated.checked_add(self.grace);
         loop {
             self.reap();
             if self.no_children {
@@ -765,6 +772,7 @@ impl Supervisor<'_> {
             }
             self.pump(deadline.map_or(POLL_INTERVAL, |d| POLL_INTERVAL.min(d - now)));
         }
+        self.killed_after = Some(terminated.elapsed());
         self.kill_all();
         count
     }

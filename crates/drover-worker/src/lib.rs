@@ -81,7 +81,8 @@ pub struct WorkerConfig {
     pub supervisor: Supervisor,
     /// Between SIGTERM and SIGKILL when a job is stopped.
     pub kill_grace: Duration,
-    /// Logs of this many most recent runs are kept.
+    /// Logs of this many most recent runs are kept (also across a restart
+    /// on the same `dir`).
     pub keep_runs: usize,
     /// Bytes each of a run's logs keeps at most (`None`: all); see
     /// [`drover_exec::JobSpec::log_limit`].
@@ -399,6 +400,8 @@ impl Worker {
         while !self.shared.runs.lock().expect("runs").is_empty() && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        // The worker started again on this directory serves them.
+        job::save_logs(&self.shared);
         let Some(id) = *self.shared.outbox.session.borrow() else { return };
         let url = self.shared.coordinator(&format!("/v1/workers/{id}/leave"));
         match tokio::time::timeout(Duration::from_secs(5), self.shared.http.post(&url)).await {
@@ -410,7 +413,7 @@ impl Worker {
 }
 
 /// Takes the directory's lock file: a second worker on the same cache would
-/// delete the first one's run directories.
+/// delete the first one's run directories (their working directories).
 fn lock_dir(dir: &std::path::Path) -> Result<std::fs::File, WorkerError> {
     match drover_cas::try_lock_dir(dir) {
         Ok(Some(file)) => Ok(file),
@@ -450,11 +453,10 @@ pub async fn start(mut config: WorkerConfig) -> Result<Worker, WorkerError> {
     std::fs::create_dir_all(&config.dir).map_err(dir_err(&config.dir))?;
     let lock = lock_dir(&config.dir)?;
     let runs = config.dir.join("runs");
-    // Run directories of an earlier life are stale: their runs are gone.
-    if runs.exists() {
-        job::remove_tree(&runs).map_err(dir_err(&runs))?;
-    }
     std::fs::create_dir_all(&runs).map_err(dir_err(&runs))?;
+    // The logs of an earlier life's runs stay (under their run IDs, which
+    // the coordinator never gives twice); what those runs left going goes.
+    let kept = job::earlier_runs(&runs, config.keep_runs).map_err(dir_err(&runs))?;
     let cas = Arc::new(Cas::open_with(&config.dir.join("cache"), config.cache_bytes, config.durability)?);
     cas.make_fan_outs()?;
     cas.keep_free(config.cache_keep_free);
@@ -475,7 +477,7 @@ pub async fn start(mut config: WorkerConfig) -> Result<Worker, WorkerError> {
         cas,
         runs: Mutex::new(BTreeMap::new()),
         outbox: report::Outbox::default(),
-        kept: Mutex::new(VecDeque::new()),
+        kept: Mutex::new(kept),
         notes: Mutex::new(BTreeMap::new()),
         fetching: Mutex::new(BTreeSet::new()),
         fetched: tokio::sync::Notify::new(),
@@ -539,6 +541,40 @@ mod tests {
             builders: 1,
             pushers: 1,
         }
+    }
+
+    /// A worker that leaves and starts again on its directory knows the
+    /// runs whose logs it kept, also those that wrote no file (their stage
+    /// logs were in memory, or they wrote nothing), and serves the same
+    /// logs; a new run under a known ID (a coordinator that lost its state
+    /// numbers runs from 1 again) starts with logs of its own.
+    #[tokio::test]
+    async fn a_worker_started_again_keeps_the_logs_of_its_earlier_runs() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let worker = start(orphan(dir.path())).await.expect("start");
+        fn push(shared: &Shared, run: u64) -> job::StageLog<'_> {
+            job::StageLog { shared, run, stage: tokens::Stage::Push }
+        }
+        {
+            let shared = &worker.shared;
+            // As if runs 4 (silent) and 5 (pushed its output) had ended.
+            shared.kept.lock().expect("kept").extend([4, 5]);
+            push(shared, 5).line("pushed 5 to the shared cache");
+        }
+        let stdout = dir.path().join("runs/5/stdout.log");
+        std::fs::create_dir_all(stdout.parent().expect("run directory")).expect("mkdir");
+        std::fs::write(&stdout, "five\n").expect("log");
+        worker.leave().await;
+
+        let worker = start(orphan(dir.path())).await.expect("start again");
+        let shared = &worker.shared;
+        assert!(shared.knows_run(4) && shared.knows_run(5) && !shared.knows_run(6));
+        assert_eq!(push(shared, 5).read(0, usize::MAX).expect("read"), b"pushed 5 to the shared cache\n");
+        assert_eq!(std::fs::read_to_string(&stdout).expect("log"), "five\n");
+        job::forget_logs(shared, 5);
+        assert!(!shared.knows_run(5) && !stdout.exists(), "a new run 5's logs start empty");
+        assert_eq!(push(shared, 5).read(0, usize::MAX).expect("read"), b"");
+        worker.leave().await;
     }
 
     /// A drain whose runs have ended but whose coordinator never takes

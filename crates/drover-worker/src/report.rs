@@ -219,6 +219,8 @@ pub(crate) async fn run(shared: Arc<Shared>) {
     let outbox = &shared.outbox;
     let mut session = outbox.session.subscribe();
     let mut backoff = Duration::from_millis(50);
+    // Whether the cache was last seen holding more than its size.
+    let mut over_size = false;
     loop {
         let Some(id) = *session.borrow_and_update() else {
             let _ = session.changed().await;
@@ -237,6 +239,21 @@ pub(crate) async fn run(shared: Arc<Shared>) {
                 ),
                 Some(false) => tracing::info!("the cache's disk has the room it keeps free again"),
                 None => {}
+            }
+            let (used, size) = (shared.cas.used_bytes(), shared.cas.max_bytes());
+            if (used > size) != over_size {
+                over_size = used > size;
+                if over_size {
+                    tracing::warn!(
+                        "the cache is too small: what is in use in it (the inputs of the running jobs, the \
+                         outputs waiting to be pushed or being sent to other workers: {used} bytes) is more \
+                         than its --cache-size ({size} bytes), so every other entry is evicted at once (outputs \
+                         other workers still need too, which are then built again); give the worker a larger \
+                         --cache-size"
+                    );
+                } else {
+                    tracing::info!("the cache is within its --cache-size again");
+                }
             }
             pending.due()
         };

@@ -44,13 +44,15 @@ async fn require_token(State(shared): State<Arc<Shared>>, req: Request, next: Ne
 
 async fn artifact(State(shared): State<Arc<Shared>>, Path(job): Path<String>) -> Reply {
     let key: Key = job.parse().map_err(|_| (StatusCode::BAD_REQUEST, format!("not a job ID: {job:?}")))?;
-    if shared.cas.artifact_info(&key).is_none() {
+    // Pinned from now until it is sent: an eviction between this answer
+    // and the packing would cut the stream short.
+    let Some(artifact) = shared.cas.artifact(&key) else {
         return Err((StatusCode::NOT_FOUND, format!("no artifact {job} here")));
-    }
+    };
     let cas = shared.cas.clone();
     let body = Body::from_stream(drover_http::write_stream(move |out| {
         // A failure cuts the stream short, which the reader rejects.
-        if let Err(e) = cas.pack(&key, out) {
+        if let Err(e) = cas.pack(artifact.key(), out) {
             tracing::warn!("serving artifact {key}: {e}");
         }
     }));

@@ -65,6 +65,66 @@ fn pinned_artifacts_are_never_evicted() {
     assert_eq!(cas.used_bytes(), 200);
 }
 
+/// In a small cache whose other entries are pinned (a running job's
+/// inputs), the artifact just committed is the only one eviction may take,
+/// and the next commit takes it: a caller that still has to read it (to
+/// push it) commits it pinned, and it stays until the guard goes.
+#[test]
+fn an_artifact_committed_pinned_stays_until_its_guard_goes() {
+    let (_root, cas) = cas(250);
+    sized(&cas, 1, 100);
+    let input = cas.artifact(&key(1)).unwrap();
+    // Committed unpinned, the new output goes with the next commit.
+    sized(&cas, 2, 100);
+    sized(&cas, 3, 100);
+    assert_eq!(cas.take_evicted(), vec![key(2)], "the output just committed is the first to go");
+    // Committed pinned, it stays, whatever the next commits need.
+    let writer = cas.begin_artifact(&key(4)).unwrap();
+    write(&writer.dir().join("f"), &[4; 100], false);
+    let output = writer.commit_pinned().unwrap();
+    assert_eq!((*output.key(), output.info().size), (key(4), 100));
+    assert!(output.join("f").exists());
+    sized(&cas, 5, 100);
+    assert_eq!(cas.take_evicted(), vec![key(3)]);
+    sized(&cas, 6, 100);
+    assert_eq!(cas.take_evicted(), vec![key(5)], "not 4, pinned as 1 is");
+    assert_eq!(cas.used_bytes(), 300, "pins hold the cache above its bound");
+    let mut pack = Vec::new();
+    assert_eq!(cas.pack(&key(4), &mut pack).unwrap().size, 100);
+    // Without its guard it is an ordinary entry again.
+    drop(output);
+    drop(input);
+    sized(&cas, 7, 100);
+    assert_eq!(cas.take_evicted(), vec![key(1), key(6)]);
+    // Pinning what is present already pins it too.
+    let writer = cas.begin_artifact(&key(7)).unwrap();
+    write(&writer.dir().join("f"), &[7; 100], false);
+    let again = writer.commit_pinned().unwrap();
+    assert_eq!(again.info().size, 100);
+    sized(&cas, 8, 100);
+    sized(&cas, 9, 100);
+    assert!(cas.artifacts().contains(&key(7)) && !cas.artifacts().contains(&key(8)));
+    drop(again);
+    assert!(tmp_is_empty(&cas));
+}
+
+/// An empty output committed pinned is not evicted either (an empty
+/// artifact frees nothing, but an eviction pass takes it all the same).
+#[test]
+fn an_empty_artifact_committed_pinned_stays_until_its_guard_goes() {
+    let (_root, cas) = cas(150);
+    sized(&cas, 1, 100);
+    let input = cas.artifact(&key(1)).unwrap();
+    let output = cas.commit_empty_artifact_pinned(&key(2)).unwrap();
+    assert_eq!(*output.info(), cas.empty_info());
+    cas.commit_empty_artifact(&key(3)).unwrap();
+    sized(&cas, 4, 100);
+    assert_eq!(cas.take_evicted(), vec![key(3)], "the unpinned empty artifact goes, not 2");
+    assert_eq!(cas.artifacts(), vec![key(1), key(2), key(4)]);
+    drop(output);
+    drop(input);
+}
+
 #[test]
 fn blobs_and_artifacts_share_one_order() {
     let (_root, cas) = cas(250);

@@ -90,6 +90,26 @@ async fn processes_ignoring_sigterm_are_killed_after_the_grace_period() {
     job.terminate();
     assert_eq!(finish(&mut job).await, Outcome::Cancelled);
     assert_no_survivors(&fx);
+    let killed_after = job.report().expect("report").killed_after_ms.expect("SIGKILL was needed");
+    assert!(killed_after >= 300, "killed {killed_after} ms after SIGTERM, not after the grace");
+}
+
+/// A timed-out job that ignores SIGTERM holds on a kill grace longer; the
+/// report says so, and when.
+#[tokio::test]
+async fn a_timed_out_job_that_ignores_sigterm_is_reported_killed_after_the_grace() {
+    let fx = Fixture::new();
+    let mut spec = fx.spec(&["trap '' TERM; sleep 1000 & echo up > ready; wait"]);
+    // Time enough for the shell to set its trap first, however busy the
+    // machine.
+    spec.timeout = Some(Duration::from_secs(1));
+    spec.kill_grace = Duration::from_millis(300);
+    let mut job = supervisor().start(&spec).await.expect("start");
+    fx.wait_for_file("ready");
+    assert_eq!(finish(&mut job).await, Outcome::TimedOut);
+    assert_no_survivors(&fx);
+    let killed_after = job.report().expect("report").killed_after_ms.expect("SIGKILL was needed");
+    assert!(killed_after >= 300, "killed {killed_after} ms after SIGTERM, not after the grace");
 }
 
 #[tokio::test]
@@ -106,6 +126,7 @@ async fn sigterm_reaches_the_job_which_may_clean_up_within_the_grace_period() {
     assert_eq!(finish(&mut job).await, Outcome::Cancelled);
     assert_eq!(std::fs::read_to_string(&marker).expect("the trap ran"), "term\n");
     assert_no_survivors(&fx);
+    assert_eq!(job.report().expect("report").killed_after_ms, None, "SIGTERM was enough");
 }
 
 #[tokio::test]

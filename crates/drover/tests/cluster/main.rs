@@ -12,3 +12,4 @@ mod scenarios;
 mod snapshots;
 mod stages;
 mod worker;
+mod worker_restart;
