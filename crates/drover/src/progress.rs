@@ -1,7 +1,12 @@
 //! Progress of a build on standard error: on a terminal, a bar of jobs done
 //! out of the total and a line per running job (its worker and elapsed
 //! time); otherwise one plain line per event, for logs and CI.
+//!
+//! Text from elsewhere (names from submissions and workers, what a failed
+//! job wrote) goes to people's terminals through [`printable`], here and in
+//! the commands' tables.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{IsTerminal, Write};
 use std::time::Duration;
@@ -91,7 +96,7 @@ impl Bars {
                         .unwrap_or_else(|_| ProgressStyle::default_spinner()),
                 );
                 let retry = if *attempt > 1 { format!(" (attempt {attempt})") } else { String::new() };
-                bar.set_message(format!("{job} on {worker}{retry}"));
+                bar.set_message(format!("{} on {}{retry}", printable(job), printable(worker)));
                 bar.enable_steady_tick(Duration::from_millis(200));
                 self.running.insert(job.clone(), bar);
             }
@@ -153,10 +158,10 @@ fn line(event: &BuildEvent) -> Option<String> {
         EventKind::BuildQueued { .. } | EventKind::JobQueued { .. } => return None,
         EventKind::JobStarted { job, worker, attempt } => {
             let retry = if *attempt > 1 { format!(" (attempt {attempt})") } else { String::new() };
-            format!("started   {job} on {worker}{retry}")
+            format!("started   {} on {}{retry}", printable(job), printable(worker))
         }
         EventKind::JobFinished { job, state, exit_code, detail } => {
-            let mut text = format!("{state:<9} {job}");
+            let mut text = format!("{state:<9} {}", printable(job));
             if let Some(code) = exit_code.filter(|_| *state == JobState::Failed) {
                 text.push_str(&format!(" (exit code {code})"));
             }
@@ -169,23 +174,52 @@ fn line(event: &BuildEvent) -> Option<String> {
                     .map_or(detail.as_str(), |rest| rest.strip_prefix("; ").unwrap_or(rest));
                 for l in detail.lines() {
                     text.push_str("\n    ");
-                    text.push_str(l);
+                    text.push_str(&printable(l));
                 }
             }
             text
         }
-        EventKind::JobRequeued { job, attempts, reason: None } => {
-            format!("requeued  {job} ({attempts} attempt(s) so far: worker lost, evicted or gang restarted)")
+        EventKind::JobRequeued { job, attempts, reason: None } => format!(
+            "requeued  {} ({attempts} attempt(s) so far: worker lost, evicted or gang restarted)",
+            printable(job)
+        ),
+        EventKind::JobRequeued { job, reason: Some(reason), .. } => {
+            format!("requeued  {}: {}", printable(job), printable(reason))
         }
-        EventKind::JobRequeued { job, reason: Some(reason), .. } => format!("requeued  {job}: {reason}"),
-        EventKind::JobSuspended { job, evicted_by: None } => format!("suspended {job}"),
-        EventKind::JobSuspended { job, evicted_by: Some(by) } => format!("suspended {job} (evicted by {by})"),
-        EventKind::JobResumed { job } => format!("resumed   {job}"),
-        EventKind::JobSkipped { job, reason } => format!("skipped   {job}: {reason}"),
-        EventKind::JobCancelled { job } => format!("cancelled {job}"),
+        EventKind::JobSuspended { job, evicted_by: None } => format!("suspended {}", printable(job)),
+        EventKind::JobSuspended { job, evicted_by: Some(by) } => {
+            format!("suspended {} (evicted by {})", printable(job), printable(by))
+        }
+        EventKind::JobResumed { job } => format!("resumed   {}", printable(job)),
+        EventKind::JobSkipped { job, reason } => {
+            format!("skipped   {}: {}", printable(job), printable(reason))
+        }
+        EventKind::JobCancelled { job } => format!("cancelled {}", printable(job)),
         EventKind::BuildFinished { state, .. } => format!("build {state}"),
         EventKind::BuildRetried { jobs } => format!("retrying {jobs} job(s)"),
     })
+}
+
+/// `text` as it may be printed to people: every control character but the
+/// tab written as an escape (`\n`, `\r`, `\x1b`), so that a name from a
+/// submission or a worker, or what a failed job wrote, cannot move the
+/// cursor, clear the screen, set the terminal's title or start a line of
+/// its own. Text of several lines is shown a line at a time
+/// ([`str::lines`]); `--json` and logs are printed as they are.
+pub(crate) fn printable(text: &str) -> Cow<'_, str> {
+    if !text.contains(|c: char| c.is_control() && c != '\t') {
+        return text.into();
+    }
+    let mut shown = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        match c {
+            '\n' => shown.push_str("\\n"),
+            '\r' => shown.push_str("\\r"),
+            c if c.is_control() && c != '\t' => shown.push_str(&format!("\\x{:02x}", u32::from(c))),
+            c => shown.push(c),
+        }
+    }
+    shown.into()
 }
 
 #[cfg(test)]
@@ -215,5 +249,31 @@ mod tests {
             line(&finished(None, "killed by signal 9")).unwrap(),
             "failed    cc\n    killed by signal 9"
         );
+    }
+
+    /// What a failed job wrote keeps its lines, but no control character
+    /// of it reaches the terminal: not a title-setting escape, not a clear
+    /// screen, not a carriage return that would write over the line.
+    #[test]
+    fn a_failures_detail_reaches_the_terminal_escaped() {
+        let detail = "exit code 2; stderr:\n\u{1b}]0;owned\u{7}boom\r\n\u{1b}[2J\tgone\u{9b}31m\rfake ok";
+        assert_eq!(
+            line(&finished(Some(2), detail)).unwrap(),
+            "failed    cc (exit code 2)\n    stderr:\n    \\x1b]0;owned\\x07boom\n    \\x1b[2J\tgone\\x9b31m\\rfake ok"
+        );
+    }
+
+    /// Names in an event (a job's, a worker's, a reason naming others) are
+    /// one line each: a line break in one is shown, not made.
+    #[test]
+    fn names_in_progress_lines_are_one_line() {
+        let kind =
+            EventKind::JobStarted { job: "a\nfailed    b".into(), worker: "w\u{1b}[1A".into(), attempt: 1 };
+        let started = line(&BuildEvent { seq: 1, at: 0, kind }).unwrap();
+        assert_eq!(started, "started   a\\nfailed    b on w\\x1b[1A");
+        let kind = EventKind::JobSkipped { job: "c".into(), reason: "needs \u{1b}[2Jb".into() };
+        assert_eq!(line(&BuildEvent { seq: 2, at: 0, kind }).unwrap(), "skipped   c: needs \\x1b[2Jb");
+        assert_eq!(printable("plain, ünïcode\ttabbed"), "plain, ünïcode\ttabbed");
+        assert!(matches!(printable("plain"), Cow::Borrowed(_)));
     }
 }
