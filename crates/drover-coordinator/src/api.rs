@@ -32,10 +32,6 @@ use tokio::time::Instant;
 use crate::specs::{Cached, SpecCache};
 use crate::state::{Delivery, Follow, Live, Shared, Stopped, Update};
 
-/// Bytes per chunk of a streamed artifact (4 KiB chunks cost more in
-/// HTTP framing than in copying).
-const STREAM_CHUNK: usize = 256 * 1024;
-
 /// Everything a handler needs.
 #[derive(Clone, Debug)]
 pub(crate) struct App {
@@ -686,23 +682,23 @@ async fn get_cached(State(app): State<App>, Path(job): Path<String>) -> ApiResul
     if app.cache.artifact_info(&key).is_none() {
         return Err(ApiError(StatusCode::NOT_FOUND, format!("output {job} is not in the shared cache")));
     }
-    let (reader, writer) = tokio::io::duplex(256 * 1024);
     let cache = app.cache.clone();
     let shared = app.shared.clone();
-    tokio::task::spawn_blocking(move || {
-        let mut sync = tokio_util::io::SyncIoBridge::new(writer);
-        if let Err(e) = cache.pack(&key, &mut sync) {
+    let runtime = tokio::runtime::Handle::current();
+    // Packed on a blocking thread, which a reader that stops reading holds
+    // no longer than `drover_http::STALL_LIMIT`.
+    let body = Body::from_stream(drover_http::write_stream(move |out| {
+        if let Err(e) = cache.pack(&key, out) {
             tracing::warn!("serving cached output {key}: {e}");
         }
         let evicted: Vec<Hash32> = cache.take_evicted().into_iter().map(|k| Hash32(k.0)).collect();
         if !evicted.is_empty() {
             // Best effort: the solver then stops offering these.
-            tokio::runtime::Handle::current().spawn(async move {
+            runtime.spawn(async move {
                 let _ = shared.input(Input::Uncached { jobs: evicted }).await;
             });
         }
-    });
-    let body = Body::from_stream(tokio_util::io::ReaderStream::with_capacity(reader, STREAM_CHUNK));
+    }));
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], body).into_response())
 }
 
@@ -711,8 +707,11 @@ async fn artifact_location(
     Path(job): Path<String>,
 ) -> ApiResult<Json<ArtifactLocation>> {
     let job = parse_hash(&job)?;
-    let (holders, tree) = app.shared.query(move |s| (s.artifact_holders(job), s.output_tree(job))).await?;
-    Ok(Json(ArtifactLocation { tree, holders }))
+    let (holders, tree, artifact) = app
+        .shared
+        .query(move |s| (s.artifact_holders(job), s.output_tree(job), s.artifact_alias(job)))
+        .await?;
+    Ok(Json(ArtifactLocation { tree, holders, artifact }))
 }
 
 async fn workers(State(app): State<App>) -> ApiResult<Json<Vec<WorkerStatus>>> {
@@ -728,9 +727,6 @@ async fn register(
     JsonBody(req): JsonBody<RegisterRequest>,
 ) -> ApiResult<Json<drover_proto::RegisterReply>> {
     crate::checks::registration(&req).map_err(bad)?;
-    if req.capacity.slots == 0 {
-        return Err(bad("a worker needs at least one slot"));
-    }
     // Two workers under one name would act as one (each reporting for the
     // other's runs, each taking the other's mail): a live worker's name is
     // only for that worker again (at its URL, as after a restart of either

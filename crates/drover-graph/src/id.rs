@@ -64,10 +64,9 @@ pub(crate) struct JobKey<'a> {
 }
 
 impl JobKey<'_> {
-    pub(crate) fn id(mut self) -> Digest {
-        let mut out = Encoder(blake3::Hasher::new());
-        out.str(VERSION);
-
+    /// The job's content without its dependencies (the early cutoff's part
+    /// of a job's key, see [`Self::own`]).
+    fn content(&self, out: &mut Encoder) {
         out.str("commands");
         out.len(self.commands.len());
         for command in self.commands {
@@ -104,6 +103,28 @@ impl JobKey<'_> {
 
         out.str("sources");
         out.0.update(&self.sources.0);
+    }
+
+    /// What the job's output depends on but for its dependencies' outputs,
+    /// under the tag `drover-own-v1`: the encoding of the ID up to its
+    /// dependencies. With the digests of those outputs it makes the key
+    /// of the early cutoff (a job whose dependencies ran again and wrote
+    /// what they wrote before takes its earlier output). `None` for a gang
+    /// member, which runs with its gang.
+    pub(crate) fn own(&self) -> Option<Digest> {
+        if self.gang.is_some() {
+            return None;
+        }
+        let mut out = Encoder(blake3::Hasher::new());
+        out.str("drover-own-v1");
+        self.content(&mut out);
+        Some(out.0.finalize().into())
+    }
+
+    pub(crate) fn id(mut self) -> Digest {
+        let mut out = Encoder(blake3::Hasher::new());
+        out.str(VERSION);
+        self.content(&mut out);
 
         out.str("deps");
         self.deps.sort_unstable();

@@ -115,6 +115,10 @@ pub struct Job {
     /// priority or line: a renamed job, or the same job in another build
     /// file, keeps its ID.
     pub id: Digest,
+    /// What the job's output depends on but for its dependencies' outputs
+    /// (`drover-own-v1`: the ID's encoding up to the dependencies), the
+    /// early cutoff's half of its key; `None` for a gang member.
+    pub own: Option<Digest>,
     /// Shell commands run in order, placeholders not yet substituted (see
     /// [`render`]).
     pub commands: Vec<String>,
@@ -363,7 +367,7 @@ fn resolve_jobs(
         // Dependencies come first in the order, so their IDs are known.
         let deps: Vec<(&str, Digest)> =
             edges[i].iter().filter_map(|&dep| bases[dep].map(|id| (names[dep].as_str(), id))).collect();
-        let base = id::JobKey {
+        let key = id::JobKey {
             commands: &commands,
             env: &env,
             cpu_millis: spec.cpu_millis,
@@ -374,13 +378,15 @@ fn resolve_jobs(
             sources: seen,
             deps,
             gang: gangs[i].as_ref().map(|gang| (gang, names[i].as_str())),
-        }
-        .id();
+        };
+        let own = key.own();
+        let base = key.id();
         bases[i] = Some(base);
         let id = id::with_limits(base, spec.timeout_ms, spec.retries, schema::DEFAULT_RETRIES);
         jobs.push(Job {
             name: names[i].clone(),
             id,
+            own,
             commands,
             env,
             needs: spec.needs.into_iter().map(|need| need.value).collect(),

@@ -167,6 +167,13 @@ pub struct JobDef {
     /// Content ID (blake3 of commands, environment, resources, sources and
     /// dependency IDs).
     pub id: Hash32,
+    /// The same but for the dependencies (`drover-own-v1`): with the
+    /// digests of its dependencies' outputs, the key under which a job
+    /// whose dependencies ran again but wrote what they wrote before finds
+    /// its earlier output (early cutoff). `None`: no early cutoff (a gang
+    /// member, or an older client).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub own: Option<Hash32>,
     /// Shell commands, run in order with `sh -c` (a plain one without the
     /// shell: see drover-exec); placeholders unrendered.
     pub commands: Vec<String>,
@@ -222,6 +229,7 @@ impl JobDef {
         JobDef {
             name: name.into(),
             id,
+            own: None,
             commands: Vec::new(),
             env: BTreeMap::new(),
             needs: Vec::new(),
@@ -765,6 +773,18 @@ pub struct DepInput {
     pub tree: Option<Hash32>,
     /// Base URLs of workers holding it, best first.
     pub holders: Vec<String>,
+    /// The job whose artifact holds this output, when it is not `job`'s
+    /// own: the dependency's inputs were those of an earlier run of another
+    /// job (early cutoff), and that run's output is fetched and read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifact: Option<Hash32>,
+}
+
+impl DepInput {
+    /// The key of the artifact that holds the dependency's output.
+    pub fn artifact(&self) -> Hash32 {
+        self.artifact.unwrap_or(self.job)
+    }
 }
 
 /// Work sent to a worker.
@@ -954,6 +974,10 @@ pub struct ArtifactLocation {
     pub tree: Option<Hash32>,
     /// Base URLs of live workers holding it.
     pub holders: Vec<String>,
+    /// The job whose artifact holds it, when that is another job's (early
+    /// cutoff): fetch that one (from the holders, or the shared cache).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifact: Option<Hash32>,
 }
 
 /// An error body: every non-2xx reply carries one.

@@ -43,6 +43,15 @@ const FORGET_AFTER: Millis = Millis(60_000);
 /// for those of outputs held nowhere.
 const SWEEP_OUTPUTS_AT: usize = 4096;
 
+/// What a job's output is made from but its dependencies' IDs: its own
+/// content (`JobDef::own`) and, by name, the trees of its dependencies'
+/// outputs (see [`Solver::input_key`]).
+type InputKey = (Hash32, Vec<(String, Hash32)>);
+
+/// The detail of a job cached by early cutoff.
+const CUTOFF_DETAIL: &str =
+    "its dependencies' outputs are what an earlier run read: that run's output is used (early cutoff)";
+
 /// An input to the solver. The coordinator records each one, with the time it
 /// was handled, before acting on what it caused.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -382,6 +391,15 @@ pub struct Solver {
     outputs: BTreeMap<JobId, Hash32>,
     /// How many output trees the last sweep kept.
     outputs_swept: usize,
+    /// Early cutoff: the key of a job's inputs ([`Solver::input_key`]: its
+    /// own content and its dependencies' output trees) → a job whose
+    /// successful run read those inputs. Swept with the outputs.
+    #[serde(default)]
+    cutoffs: BTreeMap<InputKey, JobId>,
+    /// Jobs whose output is another job's, by early cutoff → that job.
+    /// Dropped when the job's own output turns up, or the other's is gone.
+    #[serde(default)]
+    aliases: BTreeMap<JobId, JobId>,
     /// Outputs the coordinator's shared cache holds.
     remote: std::collections::BTreeSet<JobId>,
     /// Build jobs whose result is known and held: they finish as cached.
@@ -425,6 +443,8 @@ impl Solver {
             losses: 0,
             outputs: BTreeMap::new(),
             outputs_swept: 0,
+            cutoffs: BTreeMap::new(),
+            aliases: BTreeMap::new(),
             remote: std::collections::BTreeSet::new(),
             cache_hits: Vec::new(),
             runs_ended: BTreeMap::new(),
@@ -497,6 +517,43 @@ impl Solver {
         let (core, remote) = (&self.core, &self.remote);
         self.outputs.retain(|job, _| remote.contains(job) || core.locate_artifact(job).is_some());
         self.outputs_swept = self.outputs.len();
+        let outputs = &self.outputs;
+        self.cutoffs.retain(|_, job| outputs.contains_key(job));
+        self.aliases.retain(|_, job| outputs.contains_key(job));
+    }
+
+    /// The job whose artifact holds `job`'s output: `job`, or the job its
+    /// early cutoff took the output of.
+    fn artifact_of(&self, job: JobId) -> JobId {
+        self.aliases.get(&job).copied().unwrap_or(job)
+    }
+
+    /// The key of build job `i`'s inputs for the early cutoff: its own
+    /// content (`JobDef::own`) and, by name, the output trees of its
+    /// dependencies. `None` when the job has no `own` or a dependency's
+    /// tree is unknown.
+    fn input_key(&self, b: u64, i: u32) -> Option<InputKey> {
+        let build = &self.builds[&b];
+        let def = build.def(i);
+        let own = def.own?;
+        let mut needs = Vec::with_capacity(def.needs.len());
+        for (name, &d) in def.needs.iter().zip(build.needs_of(i)) {
+            let dep = self.artifact_of(JobId::from(build.def(d).id));
+            needs.push((name.clone(), *self.outputs.get(&dep)?));
+        }
+        needs.sort_unstable();
+        Some((own, needs))
+    }
+
+    /// Job `job` succeeded with an output of its own: it is nobody's alias
+    /// any more, and its inputs' key leads to it.
+    fn learn_cutoff(&mut self, job: JobId) {
+        self.aliases.remove(&job);
+        if let Some(&(b, i)) = self.job_waiters(&job).first()
+            && let Some(key) = self.input_key(b, i)
+        {
+            self.cutoffs.insert(key, job);
+        }
     }
 
     /// The core's settings.
@@ -827,7 +884,7 @@ impl Solver {
     /// Base URLs of live workers holding a job's output.
     pub fn artifact_holders(&self, job: Hash32) -> Vec<String> {
         self.core
-            .artifact_holders(&job.into())
+            .artifact_holders(&self.artifact_of(job.into()))
             .into_iter()
             .filter_map(|w| self.workers.get(&w.0).map(|i| i.url.clone()))
             .collect()
@@ -835,7 +892,13 @@ impl Solver {
 
     /// The output tree digest of a job that succeeded, if known.
     pub fn output_tree(&self, job: Hash32) -> Option<Hash32> {
-        self.outputs.get(&JobId::from(job)).copied()
+        self.outputs.get(&self.artifact_of(job.into())).copied()
+    }
+
+    /// The job whose artifact holds `job`'s output, when that is another
+    /// job's (early cutoff).
+    pub fn artifact_alias(&self, job: Hash32) -> Option<Hash32> {
+        self.aliases.get(&JobId::from(job)).map(|&other| Hash32::from(other))
     }
 
     /// Is this worker registered and holding its lease?
@@ -973,6 +1036,9 @@ impl Solver {
             }
             if let Some(out) = &r.output {
                 self.outputs.insert(out.job.into(), out.tree);
+                if r.success {
+                    self.learn_cutoff(out.job.into());
+                }
             }
             let again = if !r.success && !r.lost_inputs.is_empty() {
                 self.rewind_lost(r.run, &r.lost_inputs)
@@ -1070,7 +1136,7 @@ impl Solver {
                 again.push((b, i));
                 continue;
             }
-            let available = availability(&self.core, &self.outputs, &self.remote);
+            let available = availability(&self.core, &self.outputs, &self.remote, &self.aliases);
             let build = self.builds.get_mut(&b).map(Arc::make_mut).expect("build exists");
             let Some((cancel, ready)) = build.rewind(i, &lost, available, self.now) else { continue };
             self.effects.push(Effect::BuildChanged { build: b });
@@ -1099,7 +1165,7 @@ impl Solver {
         let build = self.builds.get_mut(&id).map(Arc::make_mut).ok_or(SolverError::UnknownBuild(id))?;
         // A succeeded job's output is gone once no live worker and not the
         // shared cache holds it: a retried job that needs it runs it again.
-        let available = availability(&self.core, &self.outputs, &self.remote);
+        let available = availability(&self.core, &self.outputs, &self.remote, &self.aliases);
         let ready = build.retry(self.now, available).map_err(SolverError::CannotRetry)?;
         self.effects.push(Effect::BuildChanged { build: id });
         for i in ready {
@@ -1137,7 +1203,7 @@ impl Solver {
             self.release_gangs(build);
             return;
         }
-        if self.cache_hit(build, job) {
+        if self.cache_hit(build, job) || self.cutoff_hit(build, job) {
             self.cache_hits.push((build, job));
             return;
         }
@@ -1157,6 +1223,28 @@ impl Solver {
         // The core's hashed lookup first: most jobs scheduled are not held
         // anywhere yet.
         !b.must_run(job) && self.core.locate_artifact(&id).is_some() && self.outputs.contains_key(&id)
+    }
+
+    /// Early cutoff: do build job `job`'s inputs (its own content and its
+    /// dependencies' outputs) match those of an earlier successful run of
+    /// another job whose output can still be had? Then that output is its
+    /// own (an alias), and it is cached: a dependency that ran again and
+    /// wrote what it wrote before runs none of its dependents again.
+    fn cutoff_hit(&mut self, build: u64, job: u32) -> bool {
+        let b = &self.builds[&build];
+        if b.must_run(job) {
+            return false;
+        }
+        let id = JobId::from(b.def(job).id);
+        let Some(earlier) = self.input_key(build, job).and_then(|key| self.cutoffs.get(&key).copied()) else {
+            return false;
+        };
+        let held = self.remote.contains(&earlier) || self.core.locate_artifact(&earlier).is_some();
+        if earlier == id || !held || !self.outputs.contains_key(&earlier) {
+            return false;
+        }
+        self.aliases.insert(id, earlier);
+        true
     }
 
     /// Gangs whose members are all ready or over go on together: members
@@ -1249,7 +1337,12 @@ impl Solver {
         let event = if joined {
             Event::Join { job: id, waiter }
         } else {
-            Event::Schedule { spec: self.builds[&build].core_spec(job), waiter }
+            let mut spec = self.builds[&build].core_spec(job);
+            // Locality: a dependency's output may be another job's artifact.
+            for dep in &mut spec.deps {
+                *dep = self.artifact_of(*dep);
+            }
+            Event::Schedule { spec, waiter }
         };
         let _ = self.core.handle(self.now, event);
         // Joined to a run already under way for another build: this build
@@ -1276,8 +1369,12 @@ impl Solver {
             // Cache hits finish here, in a loop rather than recursively: a long
             // chain of cached jobs must not grow the stack.
             while let Some((b, i)) = self.cache_hits.pop() {
-                let cached =
-                    JobResult { success: true, exit_code: Some(0), cached: true, detail: String::new() };
+                let id = JobId::from(self.builds[&b].def(i).id);
+                let detail = match self.aliases.get(&id) {
+                    Some(_) => CUTOFF_DETAIL.to_owned(),
+                    None => String::new(),
+                };
+                let cached = JobResult { success: true, exit_code: Some(0), cached: true, detail };
                 self.finished(b, i, &Completion::Ran(cached));
             }
             let decisions = self.core.take_decisions();
@@ -1394,9 +1491,9 @@ impl Solver {
     fn finished(&mut self, b: u64, i: u32, completion: &Completion) {
         let build = self.builds.get_mut(&b).map(Arc::make_mut).expect("build exists");
         let (state, exit_code, detail) = match completion {
-            Completion::Ran(r) if r.success => {
-                (if r.cached { JobState::Cached } else { JobState::Succeeded }, r.exit_code, String::new())
-            }
+            // A cached job may say where its output came from.
+            Completion::Ran(r) if r.success && r.cached => (JobState::Cached, r.exit_code, r.detail.clone()),
+            Completion::Ran(r) if r.success => (JobState::Succeeded, r.exit_code, String::new()),
             Completion::Ran(r) => (JobState::Failed, r.exit_code, r.detail.clone()),
             Completion::GaveUp(reason) => (JobState::Failed, None, reason.to_string()),
         };
@@ -1451,8 +1548,9 @@ impl Solver {
                 DepInput {
                     name: name.clone(),
                     job: dep.id,
-                    tree: self.outputs.get(&JobId::from(dep.id)).copied(),
+                    tree: self.output_tree(dep.id),
                     holders: self.artifact_holders(dep.id),
+                    artifact: self.artifact_alias(dep.id),
                 }
             })
             .collect();
@@ -1480,9 +1578,11 @@ fn availability<'a>(
     core: &'a Scheduler,
     outputs: &'a BTreeMap<JobId, Hash32>,
     remote: &'a std::collections::BTreeSet<JobId>,
+    aliases: &'a BTreeMap<JobId, JobId>,
 ) -> impl Fn(&JobDef) -> bool + 'a {
     move |def| {
         let id = JobId::from(def.id);
+        let id = aliases.get(&id).copied().unwrap_or(id);
         remote.contains(&id) || (outputs.contains_key(&id) && core.locate_artifact(&id).is_some())
     }
 }

@@ -1506,7 +1506,10 @@ mod random {
         let def = JobDef { id: job_id(u, i, salt), ..job(&format!("j{i}"), &needs) };
         match u.gang_of(i) {
             Some((k, g)) => in_gang(def, &format!("g{k}"), g.members.len() as u32, g.restart),
-            None => def,
+            // The same content in every build, whatever its ID: a private
+            // job whose needs wrote the same outputs (every output here has
+            // one tree) takes another build's output by early cutoff.
+            None => JobDef { own: Some(Hash32([i as u8 + 1; 32])), ..def },
         }
     }
 
@@ -2465,5 +2468,89 @@ fn a_worker_registering_while_jobs_wait_takes_one_without_losing_it() {
     let status = h.solver.build_status(b).expect("build");
     let once = status.jobs.iter().find(|j| j.name == "once").expect("once");
     assert_eq!((once.state, once.attempts), (JobState::Succeeded, 1), "no retry spent, and none was allowed");
+    h.assert_replays();
+}
+
+/// Early cutoff: a dependency that runs again (its ID changed) and writes
+/// what it wrote before leaves its dependents cached, with the earlier
+/// outputs: `app` and `test` after a `lib` whose command changed but whose
+/// output did not. A job after them reads the earlier artifacts; a `lib`
+/// whose output changed runs its dependents.
+#[test]
+fn a_dependency_that_writes_what_it_wrote_before_runs_none_of_its_dependents() {
+    let mut h = Harness::new();
+    let w = worker_id(h.input(register("w1", 1, vec![])));
+    // A job with ID `id`, own content `own` and needs.
+    let def = |name: &str, id: u8, own: u8, needs: &[&str]| JobDef {
+        own: Some(Hash32([own; 32])),
+        needs: needs.iter().map(|n| n.to_string()).collect(),
+        commands: vec![format!("make {name}")],
+        ..JobDef::new(name, Hash32([id; 32]))
+    };
+    let made = |run: u64, id: u8, tree: u8| RunResult {
+        output: Some(HeldArtifact { job: Hash32([id; 32]), tree: Hash32([tree; 32]), size: 1 }),
+        ..ok(run, "x")
+    };
+    let assignments = |h: &mut Harness| -> Vec<drover_proto::Assignment> {
+        h.solver
+            .take_effects()
+            .into_iter()
+            .filter_map(|e| match e {
+                Effect::Assign { assignment, .. } => Some(*assignment),
+                _ => None,
+            })
+            .collect()
+    };
+    // Build 1 runs lib → app → test.
+    let jobs = vec![def("lib", 1, 10, &[]), def("app", 2, 20, &["lib"]), def("test", 3, 30, &["app"])];
+    let b1 = build_id(h.input(submit(jobs)));
+    for (id, tree) in [(1, 7), (2, 8), (3, 9)] {
+        h.later();
+        let run = assignments(&mut h);
+        assert_eq!(run.len(), 1, "one job at a time");
+        h.report(w, Report { finished: vec![made(run[0].run, id, tree)], ..Report::default() });
+    }
+    assert_eq!(h.solver.build_status(b1).expect("build").state, BuildState::Succeeded);
+
+    // Build 2: lib's command changed (new IDs all down the chain), and it
+    // writes the same output: app and test are cached, with build 1's
+    // artifacts; pkg, new, runs and reads test's output from build 1's.
+    let jobs = vec![
+        def("lib", 11, 110, &[]),
+        def("app", 12, 20, &["lib"]),
+        def("test", 13, 30, &["app"]),
+        def("pkg", 14, 40, &["test"]),
+    ];
+    let b2 = build_id(h.input(submit(jobs)));
+    h.later();
+    let run = assignments(&mut h);
+    assert_eq!(run.iter().map(|a| a.name.as_str()).collect::<Vec<_>>(), ["lib"]);
+    h.report(w, Report { finished: vec![made(run[0].run, 11, 7)], ..Report::default() });
+    h.later();
+    let run = assignments(&mut h);
+    assert_eq!(run.iter().map(|a| a.name.as_str()).collect::<Vec<_>>(), ["pkg"], "app and test did not run");
+    let dep = &run[0].deps[0];
+    assert_eq!(
+        (dep.job, dep.artifact, dep.tree),
+        (Hash32([13; 32]), Some(Hash32([3; 32])), Some(Hash32([9; 32])))
+    );
+    assert_eq!(h.solver.artifact_alias(Hash32([13; 32])), Some(Hash32([3; 32])));
+    h.report(w, Report { finished: vec![made(run[0].run, 14, 5)], ..Report::default() });
+    let status = h.solver.build_status(b2).expect("build");
+    assert_eq!(status.state, BuildState::Succeeded);
+    let app = status.jobs.iter().find(|j| j.name == "app").expect("app");
+    assert_eq!(app.state, JobState::Cached);
+    assert!(app.detail.contains("early cutoff"), "{}", app.detail);
+
+    // Build 3: lib changes again, and so does its output: app runs.
+    let jobs = vec![def("lib", 21, 210, &[]), def("app", 22, 20, &["lib"])];
+    h.input(submit(jobs)).expect("submitted");
+    h.later();
+    let run = assignments(&mut h);
+    h.report(w, Report { finished: vec![made(run[0].run, 21, 6)], ..Report::default() });
+    h.later();
+    let run = assignments(&mut h);
+    assert_eq!(run.iter().map(|a| a.name.as_str()).collect::<Vec<_>>(), ["app"], "a new input runs it");
+    assert_eq!(run[0].deps[0].artifact, None, "its own dependency's artifact");
     h.assert_replays();
 }

@@ -18,11 +18,12 @@
 //! log once its lines pass 4 KiB (the worker holds fewer in memory, see
 //! [`StageLog`]), so a job that has no source and prints nothing touches no
 //! directory, even when its output is pushed. `src/` is removed when the
-//! run ends; the logs stay for the most recent runs. Likewise a job whose commands never mention `{{out}}`
+//! run ends; the logs stay for the most recent runs, also across a restart
+//! of the worker (see [`earlier_runs`]). Likewise a job whose commands never mention `{{out}}`
 //! gets no output directory: its output is the empty tree, committed
 //! without one.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -48,37 +49,45 @@ const RETRY_PAUSE: Duration = Duration::from_millis(250);
 /// Runs one assignment and reports it.
 pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, control: RunControl) {
     let run = assignment.run;
+    forget_logs(&shared, run);
     shared.outbox.started(run);
     let start = Instant::now();
     let cancel = &control.cancel;
     let result = execute(&shared, &assignment, &control).await;
     let duration_ms = start.elapsed().as_millis() as u64;
-    let result = match result {
-        Ok(mut result) => {
+    let (result, output) = match result {
+        Ok((mut result, output)) => {
             result.duration_ms = duration_ms;
-            result
+            (result, output)
         }
-        Err(detail) => RunResult {
-            run,
-            success: false,
-            exit_code: None,
-            cached: false,
-            detail: if cancel.is_cancelled() { "cancelled".into() } else { detail },
-            output: None,
-            duration_ms,
-            stages: Default::default(),
-            lost_inputs: control.take_lost_inputs(),
-        },
+        Err(detail) => (
+            RunResult {
+                run,
+                success: false,
+                exit_code: None,
+                cached: false,
+                detail: if cancel.is_cancelled() { "cancelled".into() } else { detail },
+                output: None,
+                duration_ms,
+                stages: Default::default(),
+                lost_inputs: control.take_lost_inputs(),
+            },
+            None,
+        ),
     };
     if result.success {
         tracing::debug!(run, job = %assignment.name, cached = result.cached, "run succeeded");
         // Push stage: a new output goes to the coordinator's shared cache in
-        // the background, so a slow push never holds a slot.
-        if shared.config.push && !result.cached && result.output.is_some() {
-            tokio::spawn(push(shared.clone(), assignment.job, run));
+        // the background, so a slow push never holds a slot. It stays
+        // pinned until it is pushed: in a busy or small cache, the next
+        // commit would evict it first (the others are pinned, or older).
+        if let Some(output) = output
+            && shared.config.push
+        {
+            tokio::spawn(push(shared.clone(), output, run));
         }
     } else {
-        tracing::info!(run, job = %assignment.name, detail = %result.detail, "run failed");
+        tracing::info!(run, job = %assignment.name, detail = %one_line(&result.detail), "run failed");
     }
     // Kept before it stops running, so its logs are never unknown.
     let old = keep_logs(&shared, run);
@@ -113,7 +122,7 @@ pub(crate) struct StageLog<'a> {
 }
 
 impl StageLog<'_> {
-    fn line(&self, text: impl std::fmt::Display) {
+    pub(crate) fn line(&self, text: impl std::fmt::Display) {
         if !self.shared.knows_run(self.run) {
             return;
         }
@@ -142,9 +151,16 @@ impl StageLog<'_> {
 fn hold(held: &mut Vec<u8>, path: &Path, text: std::fmt::Arguments<'_>) {
     use std::io::Write;
     let _ = writeln!(held, "{text}");
-    if held.len() <= NOTES_IN_MEMORY {
-        return;
+    if held.len() > NOTES_IN_MEMORY {
+        spill(held, path);
     }
+}
+
+/// Appends a stage log's bytes in memory to its file at `path` (made with
+/// its directory if need be) and empties them; bytes that cannot be
+/// written are dropped with a warning.
+fn spill(held: &mut Vec<u8>, path: &Path) {
+    use std::io::Write;
     let written = std::fs::create_dir_all(path.parent().unwrap_or(path))
         .and_then(|()| std::fs::OpenOptions::new().create(true).append(true).open(path)?.write_all(held));
     if let Err(e) = written {
@@ -208,34 +224,65 @@ async fn enter(
 }
 
 /// Push stage: sends an output to the coordinator's shared cache (`PUT
-/// /v1/cache/{job}`, the pack format, streamed). Best effort: a failure is
-/// logged.
-async fn push(shared: Arc<Shared>, job: Hash32, run: u64) {
+/// /v1/cache/{job}`, the pack format, streamed), holding its pin until it
+/// is sent. Best effort: a failure is logged.
+async fn push(shared: Arc<Shared>, output: ArtifactGuard, run: u64) {
     let log = StageLog { shared: &shared, run, stage: Stage::Push };
     let Ok(_grant) = shared.tokens.acquire(Request::stage(Stage::Push), || {}).await else { return };
+    let job = Hash32(output.key().0);
     let started = Instant::now();
     let (reader, writer) = tokio::io::duplex(256 * 1024);
+    let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = PackReader { inner: reader, failed: failed.clone() };
     let cas = shared.cas.clone();
-    let key = Key(job.0);
     let packing = tokio::task::spawn_blocking(move || {
         let mut sync = tokio_util::io::SyncIoBridge::new(writer);
-        cas.pack(&key, &mut sync)
+        let packed = cas.pack(output.key(), &mut sync);
+        // Before the stream ends (`sync` is dropped on return).
+        failed.store(packed.is_err(), std::sync::atomic::Ordering::SeqCst);
+        packed
     });
     let url = shared.coordinator(&format!("/v1/cache/{job}"));
     let sent = shared.http.put_reader(&url, reader).await;
     let packed = packing.await;
-    let failed = match (sent, packed) {
-        (Ok(()), Ok(Ok(info))) => {
+    // A failed pack breaks the request off: its error is the cause.
+    let failed = match (packed, sent) {
+        (Ok(Ok(info)), Ok(())) => {
             tracing::debug!(%job, "output pushed to the shared cache");
             log.line(format_args!("pushed {job} to the shared cache: {}", rate(info.size, started)));
             return;
         }
-        (Err(e), _) => format!("cannot push the output to the shared cache: {e}"),
-        (_, Ok(Err(e))) => format!("cannot pack the output for the shared cache: {e}"),
-        (_, Err(e)) => format!("cannot pack the output for the shared cache: {e}"),
+        (Ok(Err(e)), _) => format!("cannot pack the output for the shared cache: {e}"),
+        (Err(e), _) => format!("cannot pack the output for the shared cache: {e}"),
+        (Ok(Ok(_)), Err(e)) => format!("cannot push the output to the shared cache: {e}"),
     };
-    tracing::warn!(%job, "{failed}");
+    tracing::warn!(%job, "{}", one_line(&failed));
     log.line(failed);
+}
+
+/// The reading end of a pack that another task writes: where the writer
+/// failed, the stream ends in an error rather than simply ending, so the
+/// request carrying it breaks off instead of delivering a truncated pack.
+struct PackReader {
+    inner: tokio::io::DuplexStream,
+    /// Set by the writer, before its end of the stream closes, if it failed.
+    failed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl tokio::io::AsyncRead for PackReader {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        std::task::ready!(std::pin::Pin::new(&mut self.inner).poll_read(cx, buf))?;
+        let ended = buf.filled().len() == before && buf.remaining() > 0;
+        if ended && self.failed.load(std::sync::atomic::Ordering::SeqCst) {
+            return std::task::Poll::Ready(Err(io::Error::other("the output could not be packed")));
+        }
+        std::task::Poll::Ready(Ok(()))
+    }
 }
 
 /// Fetches an artifact (pack format) from `url` into this worker's cache.
@@ -286,13 +333,16 @@ fn succeeded(a: &Assignment, info: &drover_cas::ArtifactInfo, cached: bool) -> R
     }
 }
 
+/// The result of a run, with its new output (pinned) if it made one.
+type Ran = (RunResult, Option<ArtifactGuard>);
+
 /// Does the work of a run; `Err` is a failure before the commands ran.
-async fn execute(shared: &Arc<Shared>, a: &Assignment, control: &RunControl) -> Result<RunResult, String> {
+async fn execute(shared: &Arc<Shared>, a: &Assignment, control: &RunControl) -> Result<Ran, String> {
     let key = Key(a.job.0);
     if !a.no_cache
         && let Some(guard) = shared.cas.artifact(&key)
     {
-        return Ok(succeeded(a, guard.info(), true));
+        return Ok((succeeded(a, guard.info(), true), None));
     }
     let mut stages = BTreeMap::new();
     let mut waited = 0;
@@ -314,11 +364,13 @@ async fn execute(shared: &Arc<Shared>, a: &Assignment, control: &RunControl) -> 
                 ));
                 let mut result = succeeded(a, &info, true);
                 result.stages = stages;
-                return Ok(result);
+                return Ok((result, None));
             }
             // Gone from the shared cache meanwhile, or damaged: run it.
             Err(e) => {
-                tracing::info!(job = %a.name, "cannot pull from the shared cache, running it: {e}");
+                let why = e.to_string();
+                let why = one_line(&why);
+                tracing::info!(job = %a.name, "cannot pull from the shared cache, running it: {why}");
                 log.line(format_args!("cannot pull {} from the shared cache, running it: {e}", a.job));
             }
         }
@@ -343,13 +395,13 @@ async fn execute(shared: &Arc<Shared>, a: &Assignment, control: &RunControl) -> 
         let result = run_commands(shared, a, &dir, &src, &deps, control).await;
         // Its tokens go back whether or not the commands succeeded.
         control.built();
-        let mut result = result?;
+        let (mut result, output) = result?;
         stages.insert("build".to_owned(), ms(build_started));
         if waited > 0 {
             stages.insert("wait".to_owned(), waited);
         }
         result.stages = stages;
-        Ok(result)
+        Ok((result, output))
     }
     .await;
     if own_src {
@@ -425,7 +477,7 @@ async fn fetch(
         return Ok(BTreeMap::new());
     }
     let remote = a.sources.iter().any(|f| !shared.cas.has_blob(&Key(f.digest.0)))
-        || a.deps.iter().any(|d| shared.cas.artifact_info(&Key(d.job.0)).is_none());
+        || a.deps.iter().any(|d| shared.cas.artifact_info(&Key(d.artifact().0)).is_none());
     // Everything is here: only the cache is used.
     let request = if remote { Request::stage(Stage::Fetch) } else { Request::local(Stage::Fetch) };
     let (_grant, wait) = enter(shared, a.run, control, request).await?;
@@ -616,7 +668,7 @@ async fn ensure_artifact(
     dep: &DepInput,
     log: &StageLog<'_>,
 ) -> Result<ArtifactGuard, Missing> {
-    let key = Key(dep.job.0);
+    let key = Key(dep.artifact().0);
     loop {
         if let Some(guard) = shared.cas.artifact(&key) {
             return Ok(guard);
@@ -645,16 +697,19 @@ async fn ensure_artifact(
 /// `worth_retrying`), so a holder's passing trouble does not cost a
 /// rebuild of the output.
 async fn fetch_artifact(shared: &Arc<Shared>, dep: &DepInput, log: &StageLog<'_>) -> Result<(), Missing> {
+    // The artifact that holds the output: the dependency's own, or another
+    // job's whose output it is (early cutoff), kept here under that key.
+    let artifact = dep.artifact();
     // An output known to be empty (its tree digest says so) is made here:
     // there is nothing to transfer.
     let empty = shared.cas.empty_info();
     if dep.tree == Some(Hash32(empty.tree.0)) {
-        let (cas, key) = (shared.cas.clone(), Key(dep.job.0));
+        let (cas, key) = (shared.cas.clone(), Key(artifact.0));
         let info = tokio::task::spawn_blocking(move || cas.commit_empty_artifact(&key))
             .await
             .map_err(|e| Missing::Failed(e.to_string()))?
             .map_err(|e| Missing::Failed(format!("cannot store the empty output of {}: {e}", dep.name)))?;
-        shared.outbox.added(held(&dep.job, &info));
+        shared.outbox.added(held(&artifact, &info));
         return Ok(());
     }
     // Holders tried, and whether each may be tried once more (see
@@ -672,7 +727,7 @@ async fn fetch_artifact(shared: &Arc<Shared>, dep: &DepInput, log: &StageLog<'_>
             if tried.iter().any(|(_, again)| *again) {
                 tokio::time::sleep(RETRY_PAUSE).await;
             }
-            let url = shared.coordinator(&format!("/v1/artifacts/{}", dep.job));
+            let url = shared.coordinator(&format!("/v1/artifacts/{}", artifact));
             match shared.http.get_json::<drover_proto::ArtifactLocation>(&url).await {
                 Ok(location) => {
                     holders = location.holders;
@@ -700,15 +755,16 @@ async fn fetch_artifact(shared: &Arc<Shared>, dep: &DepInput, log: &StageLog<'_>
                 }
             };
             let started = Instant::now();
-            let url = format!("{}/v1/artifacts/{}", holder.trim_end_matches('/'), dep.job);
-            match get_artifact(shared, &url, &dep.job, tree).await {
+            let url = format!("{}/v1/artifacts/{}", holder.trim_end_matches('/'), artifact);
+            match get_artifact(shared, &url, &artifact, tree).await {
                 Ok(info) => {
                     log.line(format_args!("dependency {name} from {holder}: {}", rate(info.size, started)));
-                    shared.outbox.added(held(&dep.job, &info));
+                    shared.outbox.added(held(&artifact, &info));
                     return Ok(());
                 }
                 Err(e) => {
-                    tracing::warn!(dep = %name, %holder, "artifact fetch failed: {e}");
+                    let why = e.to_string();
+                    tracing::warn!(dep = %name, %holder, "artifact fetch failed: {}", one_line(&why));
                     log.line(format_args!("dependency {name} from {holder} failed: {e}"));
                     errors.push(format!("{holder}: {e}"));
                     if let Some(i) = first
@@ -724,11 +780,11 @@ async fn fetch_artifact(shared: &Arc<Shared>, dep: &DepInput, log: &StageLog<'_>
     // Last, the coordinator's shared cache (the workers that built it may be
     // gone).
     let started = Instant::now();
-    let url = shared.coordinator(&format!("/v1/cache/{}", dep.job));
-    match get_artifact(shared, &url, &dep.job, tree).await {
+    let url = shared.coordinator(&format!("/v1/cache/{}", artifact));
+    match get_artifact(shared, &url, &artifact, tree).await {
         Ok(info) => {
             log.line(format_args!("dependency {name} from the shared cache: {}", rate(info.size, started)));
-            shared.outbox.added(held(&dep.job, &info));
+            shared.outbox.added(held(&artifact, &info));
             return Ok(());
         }
         Err(e) => errors.push(format!("shared cache: {e}")),
@@ -740,7 +796,7 @@ async fn fetch_artifact(shared: &Arc<Shared>, dep: &DepInput, log: &StageLog<'_>
     )))
 }
 
-/// Runs the commands and commits the output.
+/// Runs the commands and commits the output (returned pinned).
 async fn run_commands(
     shared: &Arc<Shared>,
     a: &Assignment,
@@ -748,7 +804,7 @@ async fn run_commands(
     src: &Path,
     deps: &BTreeMap<String, ArtifactGuard>,
     control: &RunControl,
-) -> Result<RunResult, String> {
+) -> Result<Ran, String> {
     let cancel = &control.cancel;
     let dep_paths: BTreeMap<String, PathBuf> =
         deps.iter().map(|(n, g)| (n.clone(), g.path().to_owned())).collect();
@@ -793,7 +849,7 @@ async fn run_commands(
     // cache now instead of failing the next reader.)
     let changed = changed_dependency(shared, deps).await.filter(|_| !matches!(outcome, Outcome::Cancelled));
     let failed = |exit_code, detail: String| {
-        Ok(RunResult {
+        let result = RunResult {
             run: a.run,
             success: false,
             exit_code,
@@ -803,7 +859,8 @@ async fn run_commands(
             duration_ms: 0,
             stages: Default::default(),
             lost_inputs: Vec::new(),
-        })
+        };
+        Ok((result, None))
     };
     if let Some((name, path)) = changed {
         return failed(
@@ -820,14 +877,14 @@ async fn run_commands(
         Outcome::Succeeded => {
             let cas = shared.cas.clone();
             let key = Key(a.job.0);
-            let info = tokio::task::spawn_blocking(move || match writer {
-                Some(writer) => writer.commit(),
-                None => cas.commit_empty_artifact(&key),
+            let output = tokio::task::spawn_blocking(move || match writer {
+                Some(writer) => writer.commit_pinned(),
+                None => cas.commit_empty_artifact_pinned(&key),
             })
             .await
             .map_err(|e| e.to_string())?
-            .map_err(|e| format!("cannot store the output: {e}"))?;
-            Ok(succeeded(a, &info, false))
+            .map_err(|e| cannot_store(&e))?;
+            Ok((succeeded(a, output.info(), false), Some(output)))
         }
         Outcome::Failed { exit_code } => {
             failed(Some(exit_code), with_tail(format!("exit code {exit_code}"), &spec.stderr, &spec.stdout))
@@ -835,13 +892,23 @@ async fn run_commands(
         Outcome::Signaled { signal } => {
             failed(None, with_tail(format!("killed by signal {signal}"), &spec.stderr, &spec.stdout))
         }
-        Outcome::TimedOut => {
-            failed(None, format!("timed out after {}", humane(spec.timeout.unwrap_or_default())))
-        }
+        Outcome::TimedOut => failed(None, timed_out(spec.timeout.unwrap_or_default(), running.report())),
         Outcome::Cancelled => failed(None, "cancelled".into()),
         // The message says what failed: starting a command, writing a log
         // (say a full disk, after the commands ran), or the supervisor.
         Outcome::SpawnFailed(message) => failed(None, message),
+    }
+}
+
+/// Why a job's output could not be stored: in words about the cache's
+/// size when it is larger than the whole cache.
+fn cannot_store(e: &drover_cas::CasError) -> String {
+    match e {
+        drover_cas::CasError::TooLarge { what, size, max } if what == "artifact" => format!(
+            "cannot store the output: it is larger than this worker's whole cache (at least {size} bytes, \
+             --cache-size is {max} bytes): give the worker a larger cache"
+        ),
+        e => format!("cannot store the output: {e}"),
     }
 }
 
@@ -902,6 +969,28 @@ fn humane(d: Duration) -> String {
     if ms.is_multiple_of(1000) { format!("{}s", ms / 1000) } else { format!("{ms}ms") }
 }
 
+/// Why a job that ran past its `timeout` failed, and what it took to stop
+/// it: a job that ignored SIGTERM held its slot a kill grace longer.
+fn timed_out(timeout: Duration, report: Option<&drover_exec::JobReport>) -> String {
+    match report.and_then(|report| report.killed_after_ms) {
+        Some(after) => format!(
+            "timed out after {} (it ignored SIGTERM and was killed {} later)",
+            humane(timeout),
+            seconds(Duration::from_millis(after))
+        ),
+        None => format!("timed out after {}", humane(timeout)),
+    }
+}
+
+/// A measured duration for people: "850ms", "10s", "12.3s".
+fn seconds(d: Duration) -> String {
+    if d < Duration::from_secs(1) {
+        return format!("{}ms", d.as_millis());
+    }
+    let text = format!("{:.1}", d.as_secs_f64());
+    format!("{}s", text.strip_suffix(".0").unwrap_or(&text))
+}
+
 /// `summary`, then the last lines of the job's standard error, or of its
 /// standard output when it wrote nothing to standard error (test runners
 /// such as pytest report their failures there).
@@ -912,6 +1001,30 @@ fn with_tail(summary: String, stderr: &Path, stdout: &Path) -> String {
         }
     }
     summary
+}
+
+/// `text` on one line, for the worker's own log, which has a line per
+/// event: a line break becomes ` ⏎ ` and other control characters are
+/// escaped (`\u{1b}`), so that what a job (the tail of its standard error
+/// in a failure's detail) or a peer wrote starts no line of its own. What
+/// goes to the coordinator keeps its lines.
+fn one_line(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.contains(char::is_control) {
+        return text.into();
+    }
+    let mut line = String::with_capacity(text.len() + 16);
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\n' => line.push_str(" ⏎ "),
+            // A Windows line end is one break.
+            '\r' if chars.peek() == Some(&'\n') => {}
+            '\t' => line.push(c),
+            c if c.is_control() => line.extend(c.escape_default()),
+            c => line.push(c),
+        }
+    }
+    line.into()
 }
 
 /// The last whole lines of a log, at most [`LOG_TAIL`] bytes of them
@@ -946,6 +1059,93 @@ fn keep_logs(shared: &Shared, run: u64) -> Vec<u64> {
     kept.push_back(run);
     let excess = kept.len().saturating_sub(shared.config.keep_runs);
     kept.drain(..excess).collect()
+}
+
+/// Forgets the logs kept under run ID `run` and removes them, if any: a
+/// new run under a known ID means that the coordinator lost its state
+/// and counts its runs from 1 again, so those logs are another run's, and
+/// the new run's logs (appended to) must not start with them.
+pub(crate) fn forget_logs(shared: &Shared, run: u64) {
+    let known = {
+        let mut kept = shared.kept.lock().expect("kept");
+        kept.iter().position(|r| *r == run).and_then(|i| kept.remove(i)).is_some()
+    };
+    if !known {
+        return;
+    }
+    let mut notes = shared.notes.lock().expect("notes");
+    for stage in [Stage::Pull, Stage::Fetch, Stage::Push] {
+        notes.remove(&(run, stage.name()));
+    }
+    drop(notes);
+    if let Err(e) = remove_tree(&shared.runs_dir().join(run.to_string())) {
+        tracing::warn!(run, "cannot remove the logs of an earlier run under the same ID: {e}");
+    }
+}
+
+/// The file under `runs/` that lists the runs whose logs a worker keeps,
+/// written as it leaves ([`save_logs`]): a run that wrote no log has no
+/// directory, and is known again after a restart only through it.
+const KEPT_LIST: &str = "kept";
+
+/// The runs of an earlier life of the worker on this directory whose logs
+/// it keeps, oldest first (by run ID: the coordinator numbers runs in the
+/// order it assigns them, never twice), at most `keep` of them: those
+/// [`save_logs`] listed and those with a directory under `runs`. What
+/// else is under `runs` goes: the working directories of runs that were
+/// going when the worker stopped (`<run>/src/`: their runs are over), the
+/// empty working directories (`empty-N/`, made again as needed), the
+/// oldest logs beyond `keep`, and anything that is not a run's.
+pub(crate) fn earlier_runs(runs: &Path, keep: usize) -> io::Result<VecDeque<u64>> {
+    let mut found = BTreeSet::new();
+    match std::fs::read_to_string(runs.join(KEPT_LIST)) {
+        Ok(list) => found.extend(list.lines().filter_map(|line| line.parse::<u64>().ok())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    for entry in std::fs::read_dir(runs)? {
+        let entry = entry?;
+        let path = entry.path();
+        let is_dir = entry.file_type()?.is_dir();
+        let name = entry.file_name();
+        let run =
+            name.to_str().and_then(|name| name.parse::<u64>().ok().filter(|run| run.to_string() == name));
+        match run {
+            Some(run) if is_dir => {
+                remove_tree(&path.join("src"))?;
+                found.insert(run);
+            }
+            // The list too: it is written again when the worker leaves.
+            _ if is_dir => remove_tree(&path)?,
+            _ => std::fs::remove_file(&path)?,
+        }
+    }
+    let excess = found.len().saturating_sub(keep);
+    for run in found.iter().take(excess) {
+        remove_tree(&runs.join(run.to_string()))?;
+    }
+    Ok(found.into_iter().skip(excess).collect())
+}
+
+/// Makes the kept runs' logs outlast the worker (see [`earlier_runs`]):
+/// writes the lines of their stage logs still in memory to their files,
+/// and the list of kept runs. A failure is logged: the logs it concerns
+/// are lost with the worker, as they were before.
+pub(crate) fn save_logs(shared: &Shared) {
+    let runs = shared.runs_dir();
+    for ((run, stage), held) in shared.notes.lock().expect("notes").iter_mut() {
+        if !held.is_empty() {
+            spill(held, &runs.join(run.to_string()).join(format!("{stage}.log")));
+        }
+    }
+    let list: String = shared.kept.lock().expect("kept").iter().map(|run| format!("{run}\n")).collect();
+    let path = runs.join(KEPT_LIST);
+    if let Err(e) = std::fs::write(&path, list) {
+        tracing::warn!(
+            "cannot write {}: {e} (the logs of runs that wrote none are forgotten)",
+            path.display()
+        );
+    }
 }
 
 #[cfg(test)]
@@ -1012,6 +1212,87 @@ mod tests {
             }
         }
         assert_eq!(read_held(&dir.path().join("none.log"), b"x\n", 0, 10).unwrap(), b"x\n");
+    }
+
+    /// What a worker finds under `runs/` when it starts: the logs of its
+    /// earlier runs stay (the newest `keep`, those listed without a
+    /// directory too); what those runs left going, and anything else, goes.
+    #[test]
+    fn a_worker_starting_again_keeps_the_logs_of_its_earlier_runs_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let runs = dir.path();
+        let file = |path: &str, text: &str| {
+            let path = runs.join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        };
+        file("3/stdout.log", "oldest\n");
+        file("5/stdout.log", "five\n");
+        file("5/fetch.log", "fetched\n");
+        // Run 7 was going when the worker stopped: its sources, read-only.
+        file("7/stderr.log", "seven\n");
+        file("7/src/a/b.c", "int x;\n");
+        for path in ["7/src/a/b.c", "7/src/a", "7/src"] {
+            std::fs::set_permissions(runs.join(path), std::fs::Permissions::from_mode(0o555)).unwrap();
+        }
+        // Run 9 wrote no log: only the list knows it; 0012 is no run's name.
+        file(KEPT_LIST, "3\n5\n7\n9\n");
+        file("0012/stdout.log", "x\n");
+        file("stray", "x");
+        EmptyDirs::default().take(runs).unwrap();
+        let kept = earlier_runs(runs, 3).unwrap();
+        assert_eq!(kept, [5, 7, 9], "the newest three, oldest first");
+        let mut left: Vec<String> = walk(runs);
+        left.sort();
+        assert_eq!(left, ["5", "5/fetch.log", "5/stdout.log", "7", "7/stderr.log"]);
+        assert_eq!(
+            earlier_runs(runs, 3).unwrap(),
+            [5, 7],
+            "the list is read once: it is written again on leaving"
+        );
+        assert!(earlier_runs(runs, 0).unwrap().is_empty());
+        assert!(walk(runs).is_empty());
+    }
+
+    /// Every path under `root`, relative to it.
+    fn walk(root: &Path) -> Vec<String> {
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir(root).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.strip_prefix(root).unwrap().to_str().unwrap().to_owned();
+            if path.is_dir() {
+                found.extend(walk(&path).into_iter().map(|p| format!("{name}/{p}")));
+            }
+            found.push(name);
+        }
+        found
+    }
+
+    /// The worker's log gets a failure's detail on one line; what the
+    /// coordinator gets keeps its lines.
+    #[test]
+    fn a_detail_is_logged_on_one_line() {
+        assert_eq!(one_line("exit code 1"), "exit code 1");
+        assert_eq!(
+            one_line("exit code 1; stderr:\nerror: x\r\n\tat y\n\x1b[31mred\x1b[0m"),
+            "exit code 1; stderr: ⏎ error: x ⏎ \tat y ⏎ \\u{1b}[31mred\\u{1b}[0m"
+        );
+        assert!(!one_line("a\rb\u{85}c\u{2028}d").contains(['\r', '\u{85}']));
+    }
+
+    /// A timed-out job's detail says when it was killed if SIGTERM did not
+    /// stop it.
+    #[test]
+    fn a_timeout_says_whether_the_job_had_to_be_killed() {
+        let report = |killed_after_ms| drover_exec::JobReport { killed_after_ms, ..Default::default() };
+        assert_eq!(timed_out(Duration::from_secs(2), None), "timed out after 2s");
+        assert_eq!(timed_out(Duration::from_millis(1500), Some(&report(None))), "timed out after 1500ms");
+        assert_eq!(
+            timed_out(Duration::from_secs(2), Some(&report(Some(10_004)))),
+            "timed out after 2s (it ignored SIGTERM and was killed 10s later)"
+        );
+        assert_eq!(seconds(Duration::from_millis(250)), "250ms");
+        assert_eq!(seconds(Duration::from_millis(12_340)), "12.3s");
     }
 
     /// A holder is tried again only for a failure that may pass.

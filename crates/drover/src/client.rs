@@ -21,7 +21,7 @@ use crate::cli::{
     BuildArgs, CancelArgs, LogStage, LogsArgs, Remote, RetryArgs, StatusArgs, SubmitArgs, SuspendArgs,
     WorkersArgs,
 };
-use crate::progress::Progress;
+use crate::progress::{Progress, printable};
 use crate::units;
 
 /// A build file, checked and turned into what the coordinator takes.
@@ -67,6 +67,7 @@ pub(crate) fn load_excluding(file: &Path, out: Option<&Path>) -> Result<Loaded, 
             .map(|j| JobDef {
                 name: j.name.clone(),
                 id: hash(j.id),
+                own: j.own.map(hash),
                 commands: j.commands.clone(),
                 env: j.env.clone(),
                 needs: j.needs.clone(),
@@ -306,7 +307,12 @@ async fn print_logs(http: &Http, base: &str, status: &BuildStatus) {
         for stream in ["stdout", "stderr"] {
             let url = api(base, &format!("/v1/builds/{}/jobs/{}/log?stream={stream}", status.id, job.name));
             if let Err(e) = read_log(http, &url, &mut text).await {
-                eprintln!("--- {} ({}): its log is not available: {e} ---", job.name, job.state);
+                eprintln!(
+                    "--- {} ({}): its log is not available: {} ---",
+                    printable(&job.name),
+                    job.state,
+                    printable(&e.to_string())
+                );
                 text.clear();
                 break;
             }
@@ -315,7 +321,7 @@ async fn print_logs(http: &Http, base: &str, status: &BuildStatus) {
             if !text.ends_with(b"\n") {
                 text.push(b'\n');
             }
-            eprint!("--- {} ({}) ---\n{}", job.name, job.state, String::from_utf8_lossy(&text));
+            eprint!("--- {} ({}) ---\n{}", printable(&job.name), job.state, String::from_utf8_lossy(&text));
         }
     }
 }
@@ -515,6 +521,11 @@ impl Drop for Scratch {
 }
 
 /// Copies the outputs of the jobs nothing depends on into `out/<job>/`.
+/// The jobs, their names and IDs are the build file's, checked when it was
+/// loaded, not what the coordinator says (a name like `../x` from a
+/// coordinator, or from anything between it and us, must never choose
+/// what is replaced on this disk), and every output is verified against
+/// the digest of its tree.
 async fn export(
     http: &Http,
     base: &str,
@@ -526,20 +537,34 @@ async fn export(
     let scratch = Scratch::new()?;
     let cas =
         std::sync::Arc::new(drover_cas::Cas::open(scratch.path(), u64::MAX).map_err(anyhow::Error::from)?);
-    for job in status.jobs.iter().filter(|j| !needed.contains(j.name.as_str())) {
+    for job in loaded.spec.jobs.iter().filter(|j| !needed.contains(j.name.as_str())) {
+        if !status.jobs.iter().any(|j| j.name == job.name && j.id == job.id) {
+            return Err(Failure::Runtime(anyhow!(
+                "cannot export the output of {}: the coordinator's build {} has no such job (was the build file \
+                 changed since it was submitted?)",
+                job.name,
+                status.id
+            )));
+        }
         let location: ArtifactLocation = http
             .get_json(&api(base, &format!("/v1/artifacts/{}", job.id)))
             .await
             .map_err(anyhow::Error::from)?;
+        if location.tree.is_none() {
+            return Err(Failure::Runtime(anyhow!(
+                "cannot export the output of {}: the coordinator knows of no copy of it (with the digest to \
+                 verify it with)",
+                job.name
+            )));
+        }
         let mut errors = Vec::new();
         let mut done = false;
-        // The workers holding it, then the coordinator's shared cache.
-        let mut sources: Vec<(String, String)> = location
-            .holders
-            .iter()
-            .map(|h| (h.clone(), api(h, &format!("/v1/artifacts/{}", job.id))))
-            .collect();
-        sources.push(("the shared cache".into(), api(base, &format!("/v1/cache/{}", job.id))));
+        // The workers holding it, then the coordinator's shared cache (under
+        // another job's key if its output is that job's, by early cutoff).
+        let key = location.artifact.unwrap_or(job.id);
+        let mut sources: Vec<(String, String)> =
+            location.holders.iter().map(|h| (h.clone(), api(h, &format!("/v1/artifacts/{key}")))).collect();
+        sources.push(("the shared cache".into(), api(base, &format!("/v1/cache/{key}"))));
         for (from, url) in &sources {
             match fetch(http, &cas, url, job.id, location.tree).await {
                 Ok(()) => {
@@ -672,7 +697,7 @@ pub(crate) async fn status(args: StatusArgs) -> Result<(), Failure> {
                 outln!("{:>6}  {:<10} {:>5}/{:<5} {}", "BUILD", "STATE", "DONE", "JOBS", "NAME");
             }
             for b in &builds {
-                outln!("{:>6}  {:<10} {:>5}/{:<5} {}", b.id, b.state, b.done, b.jobs, b.name);
+                outln!("{:>6}  {:<10} {:>5}/{:<5} {}", b.id, b.state, b.done, b.jobs, printable(&b.name));
             }
         }
         return Ok(());
@@ -697,33 +722,10 @@ pub(crate) async fn status(args: StatusArgs) -> Result<(), Failure> {
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&status).map_err(anyhow::Error::from)?);
     } else {
-        outln!("build {} ({}): {}", status.id, status.name, status.state);
+        outln!("build {} ({}): {}", status.id, printable(&status.name), status.state);
         for j in &status.jobs {
-            let worker = j.worker.as_deref().unwrap_or("-");
-            let code = j.exit_code.map_or_else(|| "-".into(), |c| c.to_string());
-            outln!(
-                "  {:<24} {:<10} worker {:<12} attempts {} exit {}",
-                j.name,
-                j.state,
-                worker,
-                j.attempts,
-                code
-            );
-            if !j.detail.is_empty() {
-                for line in j.detail.lines() {
-                    outln!("      {line}");
-                }
-            }
-            if let Some(stage) = &j.stage {
-                let waiting = if j.stage_waiting { ", waiting for its tokens" } else { "" };
-                outln!("      stage {stage}{waiting}");
-            }
-            if !j.stages.is_empty() {
-                let stages: Vec<String> = ["pull", "fetch", "build", "wait"]
-                    .iter()
-                    .filter_map(|s| j.stages.get(*s).map(|ms| format!("{s} {ms} ms")))
-                    .collect();
-                outln!("      {}", stages.join(", "));
+            for line in job_lines(j) {
+                outln!("{line}");
             }
         }
     }
@@ -731,6 +733,35 @@ pub(crate) async fn status(args: StatusArgs) -> Result<(), Failure> {
         return Err(Failure::Build);
     }
     Ok(())
+}
+
+/// A job's lines in `drover status BUILD`: its state, worker, attempts and
+/// exit code, then why it failed or waits, its live stage and the time it
+/// spent in each.
+fn job_lines(j: &drover_proto::JobStatus) -> Vec<String> {
+    let worker = printable(j.worker.as_deref().unwrap_or("-"));
+    let code = j.exit_code.map_or_else(|| "-".into(), |c| c.to_string());
+    let mut lines = vec![format!(
+        "  {:<24} {:<10} worker {:<12} attempts {} exit {}",
+        printable(&j.name),
+        j.state,
+        worker,
+        j.attempts,
+        code
+    )];
+    lines.extend(j.detail.lines().map(|line| format!("      {}", printable(line))));
+    if let Some(stage) = &j.stage {
+        let waiting = if j.stage_waiting { ", waiting for its tokens" } else { "" };
+        lines.push(format!("      stage {}{waiting}", printable(stage)));
+    }
+    if !j.stages.is_empty() {
+        let stages: Vec<String> = ["pull", "fetch", "build", "wait"]
+            .iter()
+            .filter_map(|s| j.stages.get(*s).map(|ms| format!("{s} {ms} ms")))
+            .collect();
+        lines.push(format!("      {}", stages.join(", ")));
+    }
+    lines
 }
 
 /// `drover cancel`.
@@ -842,30 +873,37 @@ pub(crate) async fn workers(args: WorkersArgs) -> Result<(), Failure> {
         );
     }
     for w in &workers {
-        let labels: Vec<String> = w.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let tokens: Vec<String> = w.capacity.tokens.iter().map(|(k, n)| format!("{k}={n}")).collect();
-        outln!(
-            "{:<16} {:<8} {:<28} {:<9} {:<8} {:<10} {:<12} {}",
-            w.name,
-            if w.draining {
-                "draining"
-            } else if w.alive {
-                "up"
-            } else if w.left {
-                "left"
-            } else {
-                "lost"
-            },
-            w.url,
-            format!("{}/{}", w.running, w.capacity.slots),
-            format!("{}m", w.capacity.cpu_millis),
-            // One word per column, for `awk`: "23.5GiB".
-            units::bytes(w.capacity.memory).replace(' ', ""),
-            if tokens.is_empty() { "-".to_owned() } else { tokens.join(",") },
-            if labels.is_empty() { "-".to_owned() } else { labels.join(",") }
-        );
+        outln!("{}", worker_row(w));
     }
     Ok(())
+}
+
+/// A worker's row in `drover workers`.
+fn worker_row(w: &WorkerStatus) -> String {
+    let labels: Vec<String> =
+        w.labels.iter().map(|(k, v)| format!("{}={}", printable(k), printable(v))).collect();
+    let tokens: Vec<String> =
+        w.capacity.tokens.iter().map(|(k, n)| format!("{}={n}", printable(k))).collect();
+    format!(
+        "{:<16} {:<8} {:<28} {:<9} {:<8} {:<10} {:<12} {}",
+        printable(&w.name),
+        if w.draining {
+            "draining"
+        } else if w.alive {
+            "up"
+        } else if w.left {
+            "left"
+        } else {
+            "lost"
+        },
+        printable(&w.url),
+        format!("{}/{}", w.running, w.capacity.slots),
+        format!("{}m", w.capacity.cpu_millis),
+        // One word per column, for `awk`: "23.5GiB".
+        units::bytes(w.capacity.memory).replace(' ', ""),
+        if tokens.is_empty() { "-".to_owned() } else { tokens.join(",") },
+        if labels.is_empty() { "-".to_owned() } else { labels.join(",") }
+    )
 }
 
 /// `drover queues`.
@@ -897,7 +935,7 @@ pub(crate) async fn queues(args: WorkersArgs) -> Result<(), Failure> {
             queues.iter().find(|x| x.name == *p).and_then(|x| x.parent.as_deref())
         })
         .count();
-        let name = format!("{}{}", "  ".repeat(depth), q.name);
+        let name = format!("{}{}", "  ".repeat(depth), printable(&q.name));
         outln!(
             "{name:<20} {:>6} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7}",
             q.weight,
@@ -995,5 +1033,58 @@ mod tests {
         assert_eq!(summary(&s), "6 jobs: 2 succeeded, 1 cached, 1 failed, 1 skipped, 1 cancelled");
         assert_eq!(summary(&counts(&[Cached])), "1 job: 1 cached");
         assert_eq!(summary(&counts(&[])), "0 jobs");
+    }
+
+    /// `drover status BUILD` shows a failed job's standard error line by
+    /// line, and names line by line, with no control character of theirs
+    /// reaching the terminal (a title-setting escape, a screen clear).
+    #[test]
+    fn status_lines_show_control_characters_escaped() {
+        let job = drover_proto::JobStatus {
+            name: "cc\u{1b}[2J".into(),
+            id: Hash32([7; 32]),
+            state: JobState::Failed,
+            worker: Some("w1\n  fake  succeeded".into()),
+            attempts: 1,
+            exit_code: Some(1),
+            detail: "exit code 1; stderr:\n\u{1b}]0;owned\u{7}main.c:3: error\r\n".into(),
+            stages: BTreeMap::new(),
+            stage: None,
+            stage_waiting: false,
+        };
+        assert_eq!(
+            job_lines(&job),
+            [
+                "  cc\\x1b[2J                failed     worker w1\\n  fake  succeeded attempts 1 exit 1",
+                "      exit code 1; stderr:",
+                "      \\x1b]0;owned\\x07main.c:3: error",
+            ]
+        );
+    }
+
+    /// `drover workers` shows a worker's name, URL, labels and tokens on
+    /// its row, escaped.
+    #[test]
+    fn a_workers_row_shows_control_characters_escaped() {
+        let worker = WorkerStatus {
+            id: 1,
+            name: "w\u{1b}]2;x\u{7}".into(),
+            url: "http://h:1".into(),
+            alive: true,
+            left: false,
+            draining: false,
+            capacity: drover_proto::WorkerCapacity {
+                slots: 2,
+                cpu_millis: 2000,
+                memory: 1 << 30,
+                tokens: [("gpu\r".to_owned(), 1)].into(),
+            },
+            labels: [("pool".to_owned(), "big\u{1b}[2J".to_owned())].into(),
+            running: 0,
+        };
+        let row = worker_row(&worker);
+        assert!(!row.contains(|c: char| c.is_control()), "{row:?}");
+        assert!(row.starts_with("w\\x1b]2;x\\x07 "), "{row}");
+        assert!(row.ends_with(" gpu\\r=1      pool=big\\x1b[2J"), "{row}");
     }
 }

@@ -349,3 +349,21 @@ jobs:
     assert_ne!(ids["rank0"], ids["solo0"]);
     assert_eq!(ids, ids_of(ranks), "still the same in another build");
 }
+
+/// The early cutoff's half of a key (`own`) changes with the job's own
+/// content, not with its dependencies': a change to `lib` changes the IDs of
+/// `lib`, `app` and `test`, and the `own` of `lib` alone.
+#[test]
+fn own_changes_with_the_job_not_its_dependencies() {
+    let owns = |yaml: &str| -> BTreeMap<String, Option<Digest>> {
+        sources().parse(yaml).jobs.into_iter().map(|j| (j.name, j.own)).collect()
+    };
+    let base = owns(BASE);
+    assert!(base.values().all(Option::is_some), "{base:?}");
+    let changed = owns(&BASE.replacen("-o {{out}}/lib.o", "-o {{out}}/lib2.o", 1));
+    let differing: Vec<&str> =
+        base.iter().filter(|(name, own)| changed.get(*name) != Some(own)).map(|(n, _)| n.as_str()).collect();
+    assert_eq!(differing, ["lib"]);
+    let ids = ids_of(BASE);
+    assert!(base.iter().all(|(name, own)| *own != Some(ids[name])), "own is not the ID");
+}

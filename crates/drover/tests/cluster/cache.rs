@@ -117,3 +117,43 @@ fn find(dir: &Path, name: &str) -> Option<std::path::PathBuf> {
     }
     None
 }
+
+/// Early cutoff through real processes: a job whose input changed but
+/// whose output did not (a comment edited) leaves its dependent (which
+/// sees no sources itself, `inputs: []`) cached,
+/// not run again; a new job after the dependent reads its earlier output,
+/// and `--out` exports an output that is an earlier job's.
+#[test]
+fn a_dependency_with_the_same_output_runs_none_of_its_dependents() {
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", 1, &[]);
+    cluster.add_worker("w2", 1, &[]);
+    let counter = cluster.scratch("runs");
+    let project = |comment: &str, extra: &str| {
+        let build = format!(
+            "sources: [data.txt]\njobs:\n  - name: gen\n    run: [\"grep -v '^#' {{{{src}}}}/data.txt > {{{{out}}}}/data\"]\n  \
+             - name: use\n    needs: [gen]\n    inputs: []\n    run: [\"echo use >> {counter}; tr a-z A-Z < {{{{dep:gen}}}}/data > {{{{out}}}}/upper\"]\n{extra}"
+        );
+        cluster.project("cutoff", &build, &[("data.txt", &format!("# {comment}\nhello\n"))])
+    };
+    let first = wait_json(&cluster, &project("one", ""), &cluster.dir.path().join("out1"));
+    assert_eq!(first["state"], "succeeded", "{first}");
+    assert_eq!(runs(&counter), 1);
+
+    let pkg = "  - name: pkg\n    needs: [use]\n    inputs: []\n    run: [\"cat {{dep:use}}/upper > {{out}}/pkg\"]\n";
+    let out = cluster.dir.path().join("out2");
+    let second = wait_json(&cluster, &project("two", pkg), &out);
+    assert_eq!(second["state"], "succeeded", "{second}");
+    assert_eq!(job(&second, "gen")["state"], "succeeded", "gen's input changed: it ran");
+    assert_eq!(job(&second, "use")["state"], "cached", "{second}");
+    assert_eq!(runs(&counter), 1, "use did not run again");
+    assert_eq!(std::fs::read_to_string(out.join("pkg").join("pkg")).expect("pkg's output"), "HELLO\n");
+    let status = cluster.status(second["id"].as_u64().expect("ID"));
+    assert!(job(&status, "use")["detail"].as_str().is_some_and(|d| d.contains("early cutoff")), "{status}");
+
+    let out = cluster.dir.path().join("out3");
+    let third = wait_json(&cluster, &project("three", ""), &out);
+    assert_eq!(job(&third, "use")["state"], "cached", "{third}");
+    assert_eq!(std::fs::read_to_string(out.join("use").join("upper")).expect("use's output"), "HELLO\n");
+    assert_eq!(runs(&counter), 1);
+}
