@@ -1233,7 +1233,7 @@ impl Build {
         waits.dedup();
         for d in waits {
             let reason = if d == i {
-                "an input's output was lost with its worker; it waits for it to be built again"
+                "an input's output is gone (its worker was lost, or evicted it); it waits for it to be built again"
             } else {
                 "waits for a need whose output was lost to be built again"
             };
@@ -1241,7 +1241,7 @@ impl Build {
         }
         for &j in &back {
             let (job, attempts) = (self.name_of(j), self.jobs[j as usize].attempts);
-            let reason = Some("its output was lost with its worker; built again".to_owned());
+            let reason = Some("its output is gone (its worker was lost, or evicted it); built again".to_owned());
             self.event(now, EventKind::JobRequeued { job, attempts, reason });
         }
         let mut ready: Vec<u32> = back.into_iter().filter(|&j| self.pending[j as usize] == 0).collect();
