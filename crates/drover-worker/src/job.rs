@@ -84,7 +84,12 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, control: Ru
         if let Some(output) = output
             && shared.config.push
         {
-            tokio::spawn(push(shared.clone(), output, run));
+            let pushing = Pushing::new(&shared);
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                push(shared, output, run).await;
+                drop(pushing);
+            });
         }
     } else {
         tracing::info!(run, job = %assignment.name, detail = %one_line(&result.detail), "run failed");
@@ -221,6 +226,23 @@ async fn enter(
     let grant = acquired.map_err(|e| format!("cannot run the {stage} stage on this worker: {e}"))?;
     shared.outbox.stage(run, stage, false);
     Ok((grant, ms(asked)))
+}
+
+/// An output on its way to the shared cache, counted in `Shared::pushing`
+/// from before its push is spawned until it ends (or is dropped).
+pub(crate) struct Pushing(Arc<Shared>);
+
+impl Pushing {
+    pub(crate) fn new(shared: &Arc<Shared>) -> Pushing {
+        shared.pushing.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Pushing(shared.clone())
+    }
+}
+
+impl Drop for Pushing {
+    fn drop(&mut self) {
+        self.0.pushing.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// Push stage: sends an output to the coordinator's shared cache (`PUT

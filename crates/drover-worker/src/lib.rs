@@ -159,6 +159,9 @@ struct Shared {
     /// Shutting down once its runs end ([`Worker::drain`]): said to the
     /// coordinator again after every registration.
     draining: std::sync::atomic::AtomicBool,
+    /// Outputs on their way to the shared cache ([`job::Pushing`]): a drain
+    /// waits for them, within its grace.
+    pushing: std::sync::atomic::AtomicUsize,
     /// Empty working directories for runs without sources, each used by
     /// one run at a time (see `job::EmptyDirs`).
     empty_dirs: job::EmptyDirs,
@@ -329,14 +332,15 @@ impl Worker {
 
     /// Lets the runs in progress finish and takes nothing new: tells the
     /// coordinator the worker drains (in the background, retried, and again
-    /// after any new registration), and returns once no run is left and
-    /// every end has been reported, or [`REPORT_GRACE`] after the last run
-    /// ended if the coordinator has not taken every end by then (it may be
-    /// down): a warning says how many ends were not reported. Then
+    /// after any new registration), and returns once no run is left, every
+    /// end has been reported and every new output pushed to the shared
+    /// cache, or [`REPORT_GRACE`] after the last run ended if that has not
+    /// happened by then (the coordinator may be down): a warning says how
+    /// many ends were not reported and how many outputs not pushed. Then
     /// [`Worker::leave`] (which a second stop request may also call sooner,
     /// dropping this future).
     pub async fn drain(&self) {
-        let unreported = self.drain_with_grace(REPORT_GRACE).await;
+        let (unreported, unpushed) = self.drain_with_grace(REPORT_GRACE).await;
         if unreported > 0 {
             tracing::warn!(
                 "leaving with {unreported} finished run(s) not reported: the coordinator took no report for {}s. \
@@ -345,12 +349,20 @@ impl Worker {
                 REPORT_GRACE.as_secs()
             );
         }
+        if unpushed > 0 {
+            tracing::warn!(
+                "leaving with {unpushed} output(s) not pushed to the shared cache within {}s: they stay in this \
+                 worker's cache, for when it comes back",
+                REPORT_GRACE.as_secs()
+            );
+        }
     }
 
-    /// [`Worker::drain`], giving the reports `grace` once the runs have
-    /// ended; returns how many run ends were still undelivered then (0:
-    /// all were delivered).
-    async fn drain_with_grace(&self, grace: Duration) -> usize {
+    /// [`Worker::drain`], giving the reports and pushes `grace` once the
+    /// runs have ended; returns how many run ends were still undelivered
+    /// and how many outputs were still being pushed then (0 and 0: all
+    /// done).
+    async fn drain_with_grace(&self, grace: Duration) -> (usize, usize) {
         // The flag first: a registration that sets its session after this
         // reads it and says so itself (see `session::run`).
         self.shared.draining.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -372,8 +384,9 @@ impl Worker {
             let deadline = tokio::time::Instant::now() + grace;
             while idle() {
                 let unreported = self.shared.outbox.undelivered_runs().len();
-                if unreported == 0 || tokio::time::Instant::now() >= deadline {
-                    return unreported;
+                let unpushed = self.shared.pushing.load(std::sync::atomic::Ordering::SeqCst);
+                if (unreported == 0 && unpushed == 0) || tokio::time::Instant::now() >= deadline {
+                    return (unreported, unpushed);
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
@@ -483,6 +496,7 @@ pub async fn start(mut config: WorkerConfig) -> Result<Worker, WorkerError> {
         fetched: tokio::sync::Notify::new(),
         tokens: tokens::Arbiter::new(pools(&config)),
         draining: std::sync::atomic::AtomicBool::new(false),
+        pushing: std::sync::atomic::AtomicUsize::new(0),
         empty_dirs: job::EmptyDirs::default(),
         refused: Mutex::new(None),
         config,
@@ -588,12 +602,26 @@ mod tests {
         // coordinator went away.
         worker.shared.outbox.set_session(Some(1));
         worker.shared.outbox.finished(report::ended(7));
-        assert_eq!(worker.drain_with_grace(Duration::from_millis(300)).await, 1);
+        assert_eq!(worker.drain_with_grace(Duration::from_millis(300)).await, (1, 0));
         assert_eq!(
             worker.shared.outbox.undelivered_runs(),
             [7],
             "kept, not dropped, until the worker leaves"
         );
+        worker.leave().await;
+    }
+
+    /// A drain waits for the outputs on their way to the shared cache, and
+    /// past its grace says how many did not get there.
+    #[tokio::test]
+    async fn a_drain_waits_for_outputs_being_pushed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let worker = start(orphan(dir.path())).await.expect("start");
+        assert_eq!(worker.drain_with_grace(Duration::from_secs(60)).await, (0, 0), "nothing to wait for");
+        let pushing = job::Pushing::new(&worker.shared);
+        assert_eq!(worker.drain_with_grace(Duration::from_millis(300)).await, (0, 1));
+        drop(pushing);
+        assert_eq!(worker.drain_with_grace(Duration::from_secs(60)).await, (0, 0));
         worker.leave().await;
     }
 }
