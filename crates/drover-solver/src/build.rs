@@ -1241,7 +1241,8 @@ impl Build {
         }
         for &j in &back {
             let (job, attempts) = (self.name_of(j), self.jobs[j as usize].attempts);
-            let reason = Some("its output is gone (its worker was lost, or evicted it); built again".to_owned());
+            let reason =
+                Some("its output is gone (its worker was lost, or evicted it); built again".to_owned());
             self.event(now, EventKind::JobRequeued { job, attempts, reason });
         }
         let mut ready: Vec<u32> = back.into_iter().filter(|&j| self.pending[j as usize] == 0).collect();
