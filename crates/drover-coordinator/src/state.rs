@@ -437,8 +437,19 @@ pub(crate) fn start(
         snapshots.recorded(rec.body.len() as u64);
         match serde_json::from_slice::<Input>(&rec.body) {
             Ok(input) => {
-                settings_known |= replayed == 0 && matches!(input, Input::Configure { .. });
-                let _ = solver.handle(Millis(rec.at), input);
+                match input {
+                    // The settings a log without a snapshot began under: its
+                    // replay starts from them, as the log did (seed and all;
+                    // handled as a change, the draws would go on from
+                    // today's seed).
+                    Input::Configure { core } if replayed == 0 && after == 0 => {
+                        solver = Solver::new(*core);
+                        settings_known = true;
+                    }
+                    input => {
+                        let _ = solver.handle(Millis(rec.at), input);
+                    }
+                }
                 replayed += 1;
             }
             Err(_) => undecodable += 1,

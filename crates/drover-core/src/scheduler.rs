@@ -1044,6 +1044,10 @@ impl Scheduler {
                 TimerSlot::Lease(w) => self.workers[w as usize].lease = at,
             }
         }
+        // A lost worker's grace stood still too.
+        for lost in &mut self.lost {
+            lost.at = Millis(lost.at.0.saturating_add(delta));
+        }
         self.now = now;
     }
 

@@ -142,9 +142,11 @@ const WRITE_QUEUE: usize = 4;
 /// stops reading an artifact it asked for holds no thread for longer.
 pub const STALL_LIMIT: Duration = Duration::from_secs(60);
 
-/// [`write_stream`] bodies being produced at once, at most (each holds a
-/// blocking thread and up to 6 MiB): more wait their turn, holding neither.
-const MAX_PRODUCERS: usize = 32;
+/// [`write_stream`] bodies being produced at once in a process, at most
+/// (each holds a blocking thread and up to 6 MiB): more wait their turn,
+/// holding neither. A reader waits for a turn at most about
+/// [`STALL_LIMIT`], however its peers behave (see [`Http::get_artifact`]).
+const MAX_PRODUCERS: usize = 64;
 
 /// The turns of [`MAX_PRODUCERS`].
 static PRODUCERS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(MAX_PRODUCERS);
@@ -284,6 +286,9 @@ pub struct Http {
     client: Client<HttpConnector, Body>,
     token: Option<String>,
     timeout: Duration,
+    /// How long a sender may keep an artifact's reader waiting beyond
+    /// `timeout` ([`STALL_LIMIT`]; shorter in tests).
+    stall: Duration,
     /// Requests for URLs under this base go to this router, in process.
     local: Option<(std::sync::Arc<str>, axum::Router)>,
 }
@@ -303,7 +308,7 @@ impl Http {
         // would close it (see `HEADER_TIMEOUT`), so that a request is not
         // sent on a connection the server is closing.
         let client = Client::builder(TokioExecutor::new()).pool_idle_timeout(IDLE_TIMEOUT).build(connector);
-        Http { client, token, timeout, local: None }
+        Http { client, token, timeout, stall: STALL_LIMIT, local: None }
     }
 
     /// This client, with the requests for URLs under `base` (say
@@ -458,9 +463,11 @@ impl Http {
 
     /// GET an artifact in the pack format and commit it to `cas` as `job`,
     /// verified as it arrives (against `tree` too, if known). A sender that
-    /// sends nothing for the client's time limit (it stopped, or the
-    /// network between us broke) fails the download, so the caller can try
-    /// another holder instead of waiting for ever.
+    /// sends nothing for [`STALL_LIMIT`] and the client's time limit (it
+    /// stopped, or the network between us broke) fails the download, so the
+    /// caller can try another holder instead of waiting for ever; a drover
+    /// sender busy with readers that stopped reading frees a turn for this
+    /// one within the stall limit.
     pub async fn get_artifact(
         &self,
         url: &str,
@@ -468,7 +475,7 @@ impl Http {
         job: drover_cas::Key,
         tree: Option<drover_cas::Key>,
     ) -> Result<drover_cas::ArtifactInfo, HttpError> {
-        let stream = idle_limited(self.get_stream(url).await?, self.timeout);
+        let stream = idle_limited(self.get_stream(url).await?, self.stall + self.timeout);
         let mut reader = read_stream(stream);
         let cas = cas.clone();
         let stored = tokio::task::spawn_blocking(move || cas.unpack(&job, tree.as_ref(), &mut reader))
@@ -797,7 +804,7 @@ mod tests {
         });
         let dir = tempfile::tempdir().expect("tempdir");
         let cas = Arc::new(drover_cas::Cas::open(dir.path(), u64::MAX).expect("cas"));
-        let http = Http::new(None, Duration::from_millis(200));
+        let http = Http { stall: Duration::ZERO, ..Http::new(None, Duration::from_millis(200)) };
         let failed = http.get_artifact(&url, &cas, drover_cas::Key([1; 32]), None).await;
         let error = failed.expect_err("the download fails").to_string();
         assert!(error.contains("sent nothing for"), "{error}");

@@ -400,6 +400,16 @@ pub struct Solver {
     /// Dropped when the job's own output turns up, or the other's is gone.
     #[serde(default)]
     aliases: BTreeMap<JobId, JobId>,
+    /// How many aliases the last sweep of them kept ([`Solver::sweep_aliases`]).
+    #[serde(default)]
+    aliases_swept: usize,
+    /// Runs in flight → their worker and the input key of what they were
+    /// given to read (the dependencies' trees in their assignment): a run
+    /// that succeeds is filed under the inputs it read, not under what its
+    /// dependencies hold by the time it ends (another run of one may have
+    /// written something else meanwhile).
+    #[serde(default)]
+    run_keys: BTreeMap<u64, (u64, InputKey)>,
     /// Outputs the coordinator's shared cache holds.
     remote: std::collections::BTreeSet<JobId>,
     /// Build jobs whose result is known and held: they finish as cached.
@@ -445,6 +455,8 @@ impl Solver {
             outputs_swept: 0,
             cutoffs: BTreeMap::new(),
             aliases: BTreeMap::new(),
+            aliases_swept: 0,
+            run_keys: BTreeMap::new(),
             remote: std::collections::BTreeSet::new(),
             cache_hits: Vec::new(),
             runs_ended: BTreeMap::new(),
@@ -545,13 +557,12 @@ impl Solver {
         Some((own, needs))
     }
 
-    /// Job `job` succeeded with an output of its own: it is nobody's alias
-    /// any more, and its inputs' key leads to it.
-    fn learn_cutoff(&mut self, job: JobId) {
+    /// Job `job` succeeded with an output of its own, in a run given the
+    /// inputs `key` (if known): it is nobody's alias any more, and the key
+    /// leads to it.
+    fn learn_cutoff(&mut self, job: JobId, key: Option<InputKey>) {
         self.aliases.remove(&job);
-        if let Some(&(b, i)) = self.job_waiters(&job).first()
-            && let Some(key) = self.input_key(b, i)
-        {
+        if let Some(key) = key {
             self.cutoffs.insert(key, job);
         }
     }
@@ -652,6 +663,7 @@ impl Solver {
     /// Marks a worker lost, and forgets the one lost longest ago if more
     /// than [`KEEP_LOST_WORKERS`] are.
     fn worker_lost(&mut self, id: u64) {
+        self.run_keys.retain(|_, (worker, _)| *worker != id);
         let Some(info) = self.workers.get_mut(&id) else { return };
         self.losses += 1;
         info.lost = Some(self.losses);
@@ -974,6 +986,9 @@ impl Solver {
             // Shrinking below what it runs: treat as a fresh start.
             let _ = self.core.handle(self.now, Event::WorkerLeft { worker: WorkerId(id) });
         }
+        // The runs it no longer has will never report.
+        let core = &self.core;
+        self.run_keys.retain(|&run, (worker, _)| *worker != id || core.run_info(RunId(run)).is_some());
         Reply::Registered(RegisterReply { worker: id, lease_ms: self.core.config().lease_timeout.0, stop })
     }
 
@@ -1034,10 +1049,11 @@ impl Solver {
                     }
                 }
             }
+            let key = self.run_keys.remove(&r.run).map(|(_, key)| key);
             if let Some(out) = &r.output {
                 self.outputs.insert(out.job.into(), out.tree);
                 if r.success {
-                    self.learn_cutoff(out.job.into());
+                    self.learn_cutoff(out.job.into(), key);
                 }
             }
             let again = if !r.success && !r.lost_inputs.is_empty() {
@@ -1244,7 +1260,28 @@ impl Solver {
             return false;
         }
         self.aliases.insert(id, earlier);
+        self.sweep_aliases();
         true
+    }
+
+    /// Forgets the aliases no kept build has a job of (or whose output is
+    /// gone): a cut-off job's alias serves its build's dependents and
+    /// `--out`, and a build submitted again makes it anew. One pass once
+    /// the aliases have doubled since the last one kept (at least
+    /// [`SWEEP_OUTPUTS_AT`]), so they stay within twice what the kept
+    /// builds use, at a constant cost per alias.
+    fn sweep_aliases(&mut self) {
+        if self.aliases.len() < self.aliases_swept.saturating_mul(2).max(SWEEP_OUTPUTS_AT) {
+            return;
+        }
+        let kept: std::collections::BTreeSet<JobId> = self
+            .builds
+            .values()
+            .flat_map(|b| b.plan().spec().jobs.iter().map(|j| JobId::from(j.id)))
+            .collect();
+        let outputs = &self.outputs;
+        self.aliases.retain(|job, other| kept.contains(job) && outputs.contains_key(other));
+        self.aliases_swept = self.aliases.len();
     }
 
     /// Gangs whose members are all ready or over go on together: members
@@ -1414,6 +1451,10 @@ impl Solver {
                     self.effects.push(Effect::BuildChanged { build: b });
                 }
                 if let Some(&(b, i)) = waiters.first() {
+                    // Taken with the trees the assignment names.
+                    if let Some(key) = self.input_key(b, i) {
+                        self.run_keys.insert(run.0, (worker.0, key));
+                    }
                     let mut assignment = self.assignment(b, i, run.0, attempt);
                     assignment.no_cache = waiters.iter().any(|&(b, i)| self.builds[&b].must_run(i));
                     self.effects.push(Effect::Assign { worker: worker.0, assignment: Box::new(assignment) });

@@ -2554,3 +2554,131 @@ fn a_dependency_that_writes_what_it_wrote_before_runs_none_of_its_dependents() {
     assert_eq!(run[0].deps[0].artifact, None, "its own dependency's artifact");
     h.assert_replays();
 }
+
+/// Early cutoff files a run under the inputs it read: `app` read lib's
+/// output 7, and while it ran a `--no-cache` build ran lib again, which
+/// wrote 8. A later `app` whose lib wrote 8 did not read what that run
+/// read: it runs.
+#[test]
+fn a_run_is_filed_under_the_outputs_it_read() {
+    let mut h = Harness::new();
+    let w = worker_id(h.input(register("w1", 2, vec![])));
+    let def = |name: &str, id: u8, own: u8, needs: &[&str]| JobDef {
+        own: Some(Hash32([own; 32])),
+        needs: needs.iter().map(|n| n.to_string()).collect(),
+        commands: vec![format!("make {name}")],
+        ..JobDef::new(name, Hash32([id; 32]))
+    };
+    let made = |run: u64, id: u8, tree: u8| RunResult {
+        output: Some(HeldArtifact { job: Hash32([id; 32]), tree: Hash32([tree; 32]), size: 1 }),
+        ..ok(run, "x")
+    };
+    let assignments = |h: &mut Harness| -> Vec<drover_proto::Assignment> {
+        h.solver
+            .take_effects()
+            .into_iter()
+            .filter_map(|e| match e {
+                Effect::Assign { assignment, .. } => Some(*assignment),
+                _ => None,
+            })
+            .collect()
+    };
+    h.input(submit(vec![def("lib", 1, 10, &[]), def("app", 2, 20, &["lib"])])).expect("submitted");
+    h.later();
+    let lib = assignments(&mut h);
+    h.report(w, Report { finished: vec![made(lib[0].run, 1, 7)], ..Report::default() });
+    h.later();
+    let app = assignments(&mut h);
+    assert_eq!(app[0].deps[0].tree, Some(Hash32([7; 32])));
+    let again = Input::Submit(SubmitRequest {
+        build: BuildSpec { name: "again".into(), sources: Vec::new(), jobs: vec![def("lib", 1, 10, &[])] }
+            .into(),
+        tenant: "t".into(),
+        no_cache: true,
+        on_error: OnError::Quit,
+        max_parallel: None,
+        queue: None,
+    });
+    h.input(again).expect("submitted");
+    h.later();
+    let lib = assignments(&mut h);
+    h.report(w, Report { finished: vec![made(lib[0].run, 1, 8)], ..Report::default() });
+    h.report(w, Report { finished: vec![made(app[0].run, 2, 9)], ..Report::default() });
+    let b3 = build_id(h.input(submit(vec![def("lib", 21, 210, &[]), def("app", 22, 20, &["lib"])])));
+    h.later();
+    let lib = assignments(&mut h);
+    h.report(w, Report { finished: vec![made(lib[0].run, 21, 8)], ..Report::default() });
+    h.later();
+    let run = assignments(&mut h);
+    assert_eq!(run.iter().map(|a| a.name.as_str()).collect::<Vec<_>>(), ["app"], "{:?}", h.states(b3));
+    h.assert_replays();
+}
+
+/// The aliases of cut-off jobs stay bounded by what the kept builds use:
+/// 300 builds whose root changes its ID but not its output cut off 19 jobs
+/// each, and with two finished builds kept, the aliases stay under the
+/// sweep's threshold instead of growing with the history.
+#[test]
+fn aliases_of_forgotten_builds_are_swept() {
+    let mut h = Harness::new();
+    let w = worker_id(h.input(register("w1", 1, vec![])));
+    h.input(Input::KeepFinished { builds: Some(2) }).expect("setting");
+    let chain = |root: u16| -> Vec<JobDef> {
+        (0..20u8)
+            .map(|i| {
+                // A new root gives every job a new ID; job i always writes
+                // tree i (`id[31]`).
+                let mut id = [0; 32];
+                id[..2].copy_from_slice(&root.to_le_bytes());
+                id[31] = i;
+                let needs = if i == 0 { Vec::new() } else { vec![format!("j{}", i - 1)] };
+                let commands = vec![format!("make {i}")];
+                JobDef {
+                    own: Some(Hash32([i + 1; 32])),
+                    needs,
+                    commands,
+                    ..JobDef::new(format!("j{i}"), Hash32(id))
+                }
+            })
+            .collect()
+    };
+    let assigned = |h: &mut Harness| -> Vec<(u64, Hash32)> {
+        h.solver
+            .take_effects()
+            .into_iter()
+            .filter_map(|e| match e {
+                Effect::Assign { assignment, .. } => Some((assignment.run, assignment.job)),
+                _ => None,
+            })
+            .collect()
+    };
+    for root in 0..300u16 {
+        h.input(submit(chain(root))).expect("submitted");
+        loop {
+            let mut runs = assigned(&mut h);
+            if runs.is_empty() {
+                h.later();
+                h.input(Input::Poll { worker: w }).expect("w1 renews its lease");
+                runs = assigned(&mut h);
+            }
+            if runs.is_empty() {
+                break;
+            }
+            for (run, job) in runs {
+                let done = RunResult {
+                    output: Some(HeldArtifact { job, tree: Hash32([job.0[31]; 32]), size: 1 }),
+                    ..ok(run, "x")
+                };
+                h.report(w, Report { finished: vec![done], ..Report::default() });
+            }
+        }
+        // Past the time a finished build is kept at least, the worker
+        // renewing its lease meanwhile.
+        for _ in 0..8 {
+            h.now += 9_000;
+            h.input(Input::Poll { worker: w }).expect("w1 renews its lease");
+        }
+    }
+    assert!(h.solver.aliases.len() > 19, "jobs were cut off: {}", h.solver.aliases.len());
+    assert!(h.solver.aliases.len() <= crate::SWEEP_OUTPUTS_AT, "{} aliases", h.solver.aliases.len());
+}

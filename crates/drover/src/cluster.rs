@@ -517,6 +517,9 @@ async fn embedded_coordinator(
     // a small output from a sibling costs (10 ms made the makespan
     // benchmark's first builds about 1.3% slower: BENCHMARKS.md).
     config.core.deps_timeout = drover_core::Millis(2);
+    // Its workers die with the process: those of an earlier run that this
+    // one does not start again never come back, and no job waits for them.
+    config.core.lost_worker_grace = drover_core::Millis(0);
     tune(&mut config.core);
     let context = || format!("cannot start the embedded coordinator in {}", state.display());
     match drover_coordinator::start(config.clone()).await {
