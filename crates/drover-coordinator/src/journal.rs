@@ -1,5 +1,5 @@
 //! What the coordinator tells its operator as it goes (`tracing` at info):
-//! builds accepted and ended, workers registered and lost. One line each,
+//! builds accepted and ended, workers registered, lost and left. One line each,
 //! from the state thread's turns (a replay at start-up says nothing of
 //! the past), so `drover serve` shows what its cluster is doing.
 
@@ -21,15 +21,17 @@ pub(crate) fn effects(solver: &Solver, effects: &[Effect], now: Millis) {
     for effect in effects {
         match effect {
             Effect::Registered { worker } => {
-                if let Some((name, url)) = solver.worker_name(*worker) {
+                if let Some((name, url, _)) = solver.worker_name(*worker) {
                     tracing::info!(worker = name, url, "worker registered");
                 }
             }
-            Effect::WorkerLost { worker } => {
-                if let Some((name, url)) = solver.worker_name(*worker) {
-                    tracing::info!(worker = name, url, "worker lost or left");
+            Effect::WorkerLost { worker } => match solver.worker_name(*worker) {
+                Some((name, url, true)) => tracing::info!(worker = name, url, "worker left"),
+                Some((name, url, false)) => {
+                    tracing::info!(worker = name, url, "worker lost (it missed its lease)")
                 }
-            }
+                None => {}
+            },
             Effect::BuildChanged { build } => _ = builds.insert(*build),
             _ => {}
         }
@@ -39,7 +41,8 @@ pub(crate) fn effects(solver: &Solver, effects: &[Effect], now: Millis) {
         if outcome.finished_at != Some(now) {
             continue;
         }
-        let jobs: Vec<String> = outcome.ended.iter().map(|(state, n)| format!("{n} {state}")).collect();
+        let states = solver.build_job_states(id).unwrap_or_default();
+        let jobs: Vec<String> = states.iter().map(|(state, n)| format!("{n} {state}")).collect();
         tracing::info!(build = id, name = outcome.name, state = %outcome.state, jobs = jobs.join(", "), "build ended");
     }
 }

@@ -160,6 +160,19 @@ struct Lost {
     /// Its capacity and labels (nothing in use).
     res: WorkerResources,
     at: Millis,
+    /// It left ([`Event::WorkerLeft`]: stopped, drained) rather than
+    /// missing its lease.
+    #[serde(default)]
+    left: bool,
+}
+
+/// How a worker went away.
+#[derive(Clone, Copy, Debug)]
+enum Gone {
+    /// It missed its lease.
+    Lease,
+    /// It left ([`Event::WorkerLeft`]).
+    Left,
 }
 
 /// The most lost workers the core remembers at once (the oldest go first):
@@ -981,13 +994,7 @@ impl Scheduler {
                     let why = self.unplaceable_reason(self.job(j).class);
                     self.give_up(j, FailReason::Unplaceable(why));
                 }
-                TimerSlot::Lease(w) => {
-                    let how = format!(
-                        "missed its lease (nothing heard for {})",
-                        duration(self.config.lease_timeout.0)
-                    );
-                    self.lose_worker(w, &how);
-                }
+                TimerSlot::Lease(w) => self.lose_worker(w, Gone::Lease),
             }
             // Timers due at the same instant all fire before workers draw,
             // so that what they release is picked in queue order.
@@ -1078,7 +1085,7 @@ impl Scheduler {
             }
             Event::WorkerLeft { worker } => {
                 let w = self.live_worker(worker)?;
-                self.lose_worker(w, "left");
+                self.lose_worker(w, Gone::Left);
                 Ok(())
             }
             Event::WorkerDraining { worker } => {
@@ -2063,10 +2070,16 @@ impl Scheduler {
         }
     }
 
-    /// Worker `w` is gone (`how` it went, for the reason its runs are
-    /// requeued with): its runs are requeued, its queues, reservation and
+    /// Worker `w` is gone (`gone` says how, for the reasons of what it
+    /// leaves behind): its runs are requeued, its queues, reservation and
     /// artifacts forgotten, and what it could run remembered for a while.
-    fn lose_worker(&mut self, w: WorkerIdx, how: &str) {
+    fn lose_worker(&mut self, w: WorkerIdx, gone: Gone) {
+        let how = match gone {
+            Gone::Lease => {
+                format!("missed its lease (nothing heard for {})", duration(self.config.lease_timeout.0))
+            }
+            Gone::Left => "left".to_owned(),
+        };
         let worker = &mut self.workers[w as usize];
         if !worker.alive {
             return;
@@ -2115,7 +2128,7 @@ impl Scheduler {
                 self.lost.remove(0);
             }
             let res = self.workers[w as usize].res.clone();
-            self.lost.push(Lost { name: name.clone(), res, at: self.now });
+            self.lost.push(Lost { name: name.clone(), res, at: self.now, left: matches!(gone, Gone::Left) });
         }
         for (_, j) in first {
             if self.jobs[j as usize].is_some() {
@@ -2206,9 +2219,10 @@ impl Scheduler {
         let key = &self.classes[class as usize].key;
         let Some(last) = self.lost.iter().rev().find(|l| l.res.capable(key)) else { return String::new() };
         let ago = duration(self.now.0.saturating_sub(last.at.0));
+        let gone = if last.left { "left" } else { "was lost" };
         match self.lost_wait(class) {
-            Some(_) => format!("; worker {} could run it and was lost {ago} ago", last.name),
-            None => format!("; worker {} could run it, was lost {ago} ago and has not come back", last.name),
+            Some(_) => format!("; worker {} could run it and {gone} {ago} ago", last.name),
+            None => format!("; worker {} could run it, {gone} {ago} ago and has not come back", last.name),
         }
     }
 

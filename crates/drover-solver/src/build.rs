@@ -1351,6 +1351,15 @@ impl Build {
         }
     }
 
+    /// How many of its jobs are in each state now (a walk over the jobs).
+    pub(crate) fn job_states(&self) -> BTreeMap<JobState, u64> {
+        let mut states = BTreeMap::new();
+        for rec in &self.jobs {
+            *states.entry(rec.state).or_default() += 1;
+        }
+        states
+    }
+
     /// The build without its jobs' details.
     pub(crate) fn summary(&self) -> drover_proto::BuildSummary {
         drover_proto::BuildSummary {

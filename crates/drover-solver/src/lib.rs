@@ -293,8 +293,6 @@ pub struct BuildOutcome<'a> {
     pub state: BuildState,
     /// When it ended, if it has.
     pub finished_at: Option<Millis>,
-    /// Its jobs that ended, by how.
-    pub ended: &'a BTreeMap<JobState, u64>,
 }
 
 /// How a run ended, as [`Metrics::runs_ended`] counts it.
@@ -705,22 +703,24 @@ impl Solver {
         Some(status)
     }
 
-    /// A build's name, state, when it ended (if it has) and how many of its
-    /// jobs ended in each state: for the coordinator's own log, cheap
-    /// enough to ask after every change of the build.
+    /// A build's name, state and when it ended (if it has): for the
+    /// coordinator's own log, cheap enough to ask after every change of the
+    /// build.
     pub fn build_outcome(&self, id: u64) -> Option<BuildOutcome<'_>> {
         let b = self.builds.get(&id)?;
-        Some(BuildOutcome {
-            name: &b.plan().spec().name,
-            state: b.state,
-            finished_at: b.finished_at,
-            ended: &b.ended,
-        })
+        Some(BuildOutcome { name: &b.plan().spec().name, state: b.state, finished_at: b.finished_at })
     }
 
-    /// A worker's name and URL, live or lost.
-    pub fn worker_name(&self, id: u64) -> Option<(&str, &str)> {
-        self.workers.get(&id).map(|w| (&*w.name, w.url.as_str()))
+    /// How many of a build's jobs are in each state now (a walk over its
+    /// jobs: ask once a build has ended, not after every change).
+    pub fn build_job_states(&self, id: u64) -> Option<BTreeMap<JobState, u64>> {
+        self.builds.get(&id).map(|b| b.job_states())
+    }
+
+    /// A worker's name and URL, live or lost, and whether it left (rather
+    /// than missing its lease) if it is gone.
+    pub fn worker_name(&self, id: u64) -> Option<(&str, &str, bool)> {
+        self.workers.get(&id).map(|w| (&*w.name, w.url.as_str(), w.left))
     }
 
     /// Every build kept, oldest first, without its jobs' details.

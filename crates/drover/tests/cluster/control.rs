@@ -240,7 +240,7 @@ fn the_coordinator_logs_builds_and_workers() {
     let has = |lines: &[String], words: &[&str]| lines.iter().any(|l| words.iter().all(|w| l.contains(w)));
     let log = eventually("the coordinator to log the worker's loss", || {
         let log = cluster.coordinator_log();
-        has(&log, &["worker lost or left", "w1"]).then_some(log)
+        has(&log, &["worker lost (it missed its lease)", "w1"]).then_some(log)
     });
     assert!(has(&log, &["worker registered", "w1"]), "{log:#?}");
     assert!(has(&log, &["build accepted", &format!("build={id}"), "jobs=1"]), "{log:#?}");
