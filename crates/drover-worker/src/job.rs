@@ -340,12 +340,13 @@ fn held(job: &Hash32, info: &drover_cas::ArtifactInfo) -> HeldArtifact {
     HeldArtifact { job: *job, tree: Hash32(info.tree.0), size: info.size }
 }
 
-/// A successful result: `cached` if nothing ran.
+/// A successful result: `cached` if nothing ran (exit code 0 all the same,
+/// as for a job the coordinator found cached itself).
 fn succeeded(a: &Assignment, info: &drover_cas::ArtifactInfo, cached: bool) -> RunResult {
     RunResult {
         run: a.run,
         success: true,
-        exit_code: if cached { None } else { Some(0) },
+        exit_code: Some(0),
         cached,
         detail: String::new(),
         output: Some(held(&a.job, info)),

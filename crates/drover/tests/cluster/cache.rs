@@ -68,6 +68,7 @@ fn a_fresh_worker_serves_a_job_from_the_shared_cache_without_running_it() {
     assert_eq!(second["state"], "succeeded", "{second}");
     assert_eq!(job(&second, "a")["state"], "cached", "{second}");
     assert_eq!(job(&second, "a")["worker"], "w2", "pulled by the fresh worker: {second}");
+    assert_eq!(job(&second, "a")["exit_code"], 0, "a cached job exits 0, wherever it was found: {second}");
     assert!(job(&second, "a")["stages"]["pull"].is_u64(), "the pull stage is timed: {second}");
     assert!(job(&first, "a")["stages"]["build"].is_u64(), "the build stage is timed: {first}");
     assert!(job(&first, "a")["stages"]["fetch"].is_u64(), "the fetch stage is timed: {first}");
