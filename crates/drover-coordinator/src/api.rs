@@ -62,16 +62,11 @@ pub(crate) const MAX_UPLOADS: usize = 32;
 /// an error if `idle` passes without data (so that a stalled client does
 /// not hold its thread for ever).
 fn upload(body: Body, max: u64, idle: Duration) -> impl tokio::io::AsyncRead + Send + Unpin + 'static {
-    let chunks =
-        futures::stream::unfold((body.into_data_stream(), 0u64), move |(mut chunks, seen)| async move {
-            let chunk = match tokio::time::timeout(idle, chunks.next()).await {
-                Err(_) => Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("no data for {:.1} s", idle.as_secs_f64()),
-                )),
-                Ok(None) => return None,
-                Ok(Some(chunk)) => chunk.map_err(std::io::Error::other),
-            };
+    let data = Box::pin(futures::TryStreamExt::map_err(body.into_data_stream(), std::io::Error::other));
+    let chunks = futures::stream::unfold(
+        (drover_http::idle_limited(data, idle), 0u64),
+        move |(mut chunks, seen)| async move {
+            let chunk = chunks.next().await?;
             let seen = seen + chunk.as_ref().map_or(0, |c| c.len() as u64);
             let chunk = match chunk {
                 Ok(_) if seen > max => {
@@ -80,7 +75,8 @@ fn upload(body: Body, max: u64, idle: Duration) -> impl tokio::io::AsyncRead + S
                 other => other,
             };
             Some((chunk, (chunks, seen)))
-        });
+        },
+    );
     tokio_util::io::StreamReader::new(Box::pin(chunks))
 }
 

@@ -3186,8 +3186,6 @@ fn live_entry(eras: &[Era]) -> impl Fn(JobIdx, Era) -> bool + '_ {
     move |j, era| eras[j as usize] == era
 }
 
-/// CPU for people to read: whole cores as such (`4 CPUs`), else
-/// millicores (`500m CPU`).
 /// A duration for people: `45s`, `4m30s`, `2h5m`, `850ms`.
 fn duration(millis: u64) -> String {
     let s = millis / 1000;
@@ -3200,6 +3198,8 @@ fn duration(millis: u64) -> String {
     }
 }
 
+/// CPU for people to read: whole cores as such (`4 CPUs`), else
+/// millicores (`500m CPU`).
 fn cpu(millis: u64) -> String {
     match millis {
         1000 => "1 CPU".to_owned(),

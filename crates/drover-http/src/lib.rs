@@ -500,8 +500,9 @@ impl Http {
     }
 }
 
-/// `stream`, failing (`TimedOut`) once no chunk has come for `idle`.
-fn idle_limited(stream: ByteStream, idle: Duration) -> ByteStream {
+/// `stream`, failing (`TimedOut`) once no chunk has come for `idle` (a
+/// download, an upload): a peer that stalls holds its reader no longer.
+pub fn idle_limited(stream: ByteStream, idle: Duration) -> ByteStream {
     Box::pin(futures::stream::unfold(Some(stream), move |stream| async move {
         let mut stream = stream?;
         match tokio::time::timeout(idle, stream.next()).await {
@@ -510,7 +511,7 @@ fn idle_limited(stream: ByteStream, idle: Duration) -> ByteStream {
             Err(_) => {
                 let e = std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
-                    format!("the sender sent nothing for {}s", idle.as_secs()),
+                    format!("no data for {:.1} s", idle.as_secs_f64()),
                 );
                 Some((Err(e), None))
             }
@@ -807,7 +808,7 @@ mod tests {
         let http = Http { stall: Duration::ZERO, ..Http::new(None, Duration::from_millis(200)) };
         let failed = http.get_artifact(&url, &cas, drover_cas::Key([1; 32]), None).await;
         let error = failed.expect_err("the download fails").to_string();
-        assert!(error.contains("sent nothing for"), "{error}");
+        assert!(error.contains("no data for 0.2 s"), "{error}");
         server.abort();
     }
 

@@ -395,19 +395,21 @@ pub struct Solver {
     #[serde(default)]
     cutoffs: BTreeMap<InputKey, JobId>,
     /// Jobs whose output is another job's, by early cutoff → that job.
-    /// Dropped when the job's own output turns up, or the other's is gone.
+    /// Dropped when the job's own output turns up, when the other's is
+    /// gone, or once no kept build has the job ([`Solver::sweep_aliases`]).
     #[serde(default)]
     aliases: BTreeMap<JobId, JobId>,
     /// How many aliases the last sweep of them kept ([`Solver::sweep_aliases`]).
     #[serde(default)]
     aliases_swept: usize,
-    /// Runs in flight → their worker and the input key of what they were
-    /// given to read (the dependencies' trees in their assignment): a run
-    /// that succeeds is filed under the inputs it read, not under what its
-    /// dependencies hold by the time it ends (another run of one may have
-    /// written something else meanwhile).
+    /// Runs in flight → the input key of what they were given to read (the
+    /// dependencies' trees in their assignment): a run that succeeds is
+    /// filed under the inputs it read, not under what its dependencies hold
+    /// by the time it ends (another run of one may have written something
+    /// else meanwhile). Runs the core drops with their worker leave it when
+    /// the worker is lost or registers again.
     #[serde(default)]
-    run_keys: BTreeMap<u64, (u64, InputKey)>,
+    run_keys: BTreeMap<u64, InputKey>,
     /// Outputs the coordinator's shared cache holds.
     remote: std::collections::BTreeSet<JobId>,
     /// Build jobs whose result is known and held: they finish as cached.
@@ -661,7 +663,8 @@ impl Solver {
     /// Marks a worker lost, and forgets the one lost longest ago if more
     /// than [`KEEP_LOST_WORKERS`] are.
     fn worker_lost(&mut self, id: u64) {
-        self.run_keys.retain(|_, (worker, _)| *worker != id);
+        let core = &self.core;
+        self.run_keys.retain(|&run, _| core.run_info(RunId(run)).is_some());
         let Some(info) = self.workers.get_mut(&id) else { return };
         self.losses += 1;
         info.lost = Some(self.losses);
@@ -988,7 +991,7 @@ impl Solver {
         }
         // The runs it no longer has will never report.
         let core = &self.core;
-        self.run_keys.retain(|&run, (worker, _)| *worker != id || core.run_info(RunId(run)).is_some());
+        self.run_keys.retain(|&run, _| core.run_info(RunId(run)).is_some());
         Reply::Registered(RegisterReply { worker: id, lease_ms: self.core.config().lease_timeout.0, stop })
     }
 
@@ -1049,7 +1052,7 @@ impl Solver {
                     }
                 }
             }
-            let key = self.run_keys.remove(&r.run).map(|(_, key)| key);
+            let key = self.run_keys.remove(&r.run);
             if let Some(out) = &r.output {
                 self.outputs.insert(out.job.into(), out.tree);
                 if r.success {
@@ -1453,7 +1456,7 @@ impl Solver {
                 if let Some(&(b, i)) = waiters.first() {
                     // Taken with the trees the assignment names.
                     if let Some(key) = self.input_key(b, i) {
-                        self.run_keys.insert(run.0, (worker.0, key));
+                        self.run_keys.insert(run.0, key);
                     }
                     let mut assignment = self.assignment(b, i, run.0, attempt);
                     assignment.no_cache = waiters.iter().any(|&(b, i)| self.builds[&b].must_run(i));

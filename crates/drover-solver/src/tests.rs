@@ -125,11 +125,16 @@ impl Harness {
 
     /// Assignments handed out so far: (worker, run, job name).
     fn assigned(&mut self) -> Vec<(u64, u64, String)> {
+        self.assignments().into_iter().map(|(worker, a)| (worker, a.run, a.name)).collect()
+    }
+
+    /// Assignments handed out so far, whole, with their workers.
+    fn assignments(&mut self) -> Vec<(u64, drover_proto::Assignment)> {
         self.solver
             .take_effects()
             .into_iter()
             .filter_map(|e| match e {
-                Effect::Assign { worker, assignment } => Some((worker, assignment.run, assignment.name)),
+                Effect::Assign { worker, assignment } => Some((worker, *assignment)),
                 _ => None,
             })
             .collect()
@@ -2471,6 +2476,30 @@ fn a_worker_registering_while_jobs_wait_takes_one_without_losing_it() {
     h.assert_replays();
 }
 
+/// A job with ID `[id; 32]`, own content `[own; 32]` (early cutoff) and
+/// needs.
+fn owned(name: &str, id: u8, own: u8, needs: &[&str]) -> JobDef {
+    JobDef {
+        own: Some(Hash32([own; 32])),
+        needs: needs.iter().map(|n| n.to_string()).collect(),
+        commands: vec![format!("make {name}")],
+        ..JobDef::new(name, Hash32([id; 32]))
+    }
+}
+
+/// Run `run` of job `[id; 32]` succeeded with output tree `[tree; 32]`.
+fn made(run: u64, id: u8, tree: u8) -> RunResult {
+    RunResult {
+        output: Some(HeldArtifact { job: Hash32([id; 32]), tree: Hash32([tree; 32]), size: 1 }),
+        ..ok(run, "x")
+    }
+}
+
+/// The assignments handed out so far, without their workers.
+fn assignments(h: &mut Harness) -> Vec<drover_proto::Assignment> {
+    h.assignments().into_iter().map(|(_, a)| a).collect()
+}
+
 /// Early cutoff: a dependency that runs again (its ID changed) and writes
 /// what it wrote before leaves its dependents cached, with the earlier
 /// outputs: `app` and `test` after a `lib` whose command changed but whose
@@ -2480,29 +2509,8 @@ fn a_worker_registering_while_jobs_wait_takes_one_without_losing_it() {
 fn a_dependency_that_writes_what_it_wrote_before_runs_none_of_its_dependents() {
     let mut h = Harness::new();
     let w = worker_id(h.input(register("w1", 1, vec![])));
-    // A job with ID `id`, own content `own` and needs.
-    let def = |name: &str, id: u8, own: u8, needs: &[&str]| JobDef {
-        own: Some(Hash32([own; 32])),
-        needs: needs.iter().map(|n| n.to_string()).collect(),
-        commands: vec![format!("make {name}")],
-        ..JobDef::new(name, Hash32([id; 32]))
-    };
-    let made = |run: u64, id: u8, tree: u8| RunResult {
-        output: Some(HeldArtifact { job: Hash32([id; 32]), tree: Hash32([tree; 32]), size: 1 }),
-        ..ok(run, "x")
-    };
-    let assignments = |h: &mut Harness| -> Vec<drover_proto::Assignment> {
-        h.solver
-            .take_effects()
-            .into_iter()
-            .filter_map(|e| match e {
-                Effect::Assign { assignment, .. } => Some(*assignment),
-                _ => None,
-            })
-            .collect()
-    };
     // Build 1 runs lib → app → test.
-    let jobs = vec![def("lib", 1, 10, &[]), def("app", 2, 20, &["lib"]), def("test", 3, 30, &["app"])];
+    let jobs = vec![owned("lib", 1, 10, &[]), owned("app", 2, 20, &["lib"]), owned("test", 3, 30, &["app"])];
     let b1 = build_id(h.input(submit(jobs)));
     for (id, tree) in [(1, 7), (2, 8), (3, 9)] {
         h.later();
@@ -2516,10 +2524,10 @@ fn a_dependency_that_writes_what_it_wrote_before_runs_none_of_its_dependents() {
     // writes the same output: app and test are cached, with build 1's
     // artifacts; pkg, new, runs and reads test's output from build 1's.
     let jobs = vec![
-        def("lib", 11, 110, &[]),
-        def("app", 12, 20, &["lib"]),
-        def("test", 13, 30, &["app"]),
-        def("pkg", 14, 40, &["test"]),
+        owned("lib", 11, 110, &[]),
+        owned("app", 12, 20, &["lib"]),
+        owned("test", 13, 30, &["app"]),
+        owned("pkg", 14, 40, &["test"]),
     ];
     let b2 = build_id(h.input(submit(jobs)));
     h.later();
@@ -2543,7 +2551,7 @@ fn a_dependency_that_writes_what_it_wrote_before_runs_none_of_its_dependents() {
     assert!(app.detail.contains("early cutoff"), "{}", app.detail);
 
     // Build 3: lib changes again, and so does its output: app runs.
-    let jobs = vec![def("lib", 21, 210, &[]), def("app", 22, 20, &["lib"])];
+    let jobs = vec![owned("lib", 21, 210, &[]), owned("app", 22, 20, &["lib"])];
     h.input(submit(jobs)).expect("submitted");
     h.later();
     let run = assignments(&mut h);
@@ -2563,27 +2571,7 @@ fn a_dependency_that_writes_what_it_wrote_before_runs_none_of_its_dependents() {
 fn a_run_is_filed_under_the_outputs_it_read() {
     let mut h = Harness::new();
     let w = worker_id(h.input(register("w1", 2, vec![])));
-    let def = |name: &str, id: u8, own: u8, needs: &[&str]| JobDef {
-        own: Some(Hash32([own; 32])),
-        needs: needs.iter().map(|n| n.to_string()).collect(),
-        commands: vec![format!("make {name}")],
-        ..JobDef::new(name, Hash32([id; 32]))
-    };
-    let made = |run: u64, id: u8, tree: u8| RunResult {
-        output: Some(HeldArtifact { job: Hash32([id; 32]), tree: Hash32([tree; 32]), size: 1 }),
-        ..ok(run, "x")
-    };
-    let assignments = |h: &mut Harness| -> Vec<drover_proto::Assignment> {
-        h.solver
-            .take_effects()
-            .into_iter()
-            .filter_map(|e| match e {
-                Effect::Assign { assignment, .. } => Some(*assignment),
-                _ => None,
-            })
-            .collect()
-    };
-    h.input(submit(vec![def("lib", 1, 10, &[]), def("app", 2, 20, &["lib"])])).expect("submitted");
+    h.input(submit(vec![owned("lib", 1, 10, &[]), owned("app", 2, 20, &["lib"])])).expect("submitted");
     h.later();
     let lib = assignments(&mut h);
     h.report(w, Report { finished: vec![made(lib[0].run, 1, 7)], ..Report::default() });
@@ -2591,7 +2579,7 @@ fn a_run_is_filed_under_the_outputs_it_read() {
     let app = assignments(&mut h);
     assert_eq!(app[0].deps[0].tree, Some(Hash32([7; 32])));
     let again = Input::Submit(SubmitRequest {
-        build: BuildSpec { name: "again".into(), sources: Vec::new(), jobs: vec![def("lib", 1, 10, &[])] }
+        build: BuildSpec { name: "again".into(), sources: Vec::new(), jobs: vec![owned("lib", 1, 10, &[])] }
             .into(),
         tenant: "t".into(),
         no_cache: true,
@@ -2604,7 +2592,7 @@ fn a_run_is_filed_under_the_outputs_it_read() {
     let lib = assignments(&mut h);
     h.report(w, Report { finished: vec![made(lib[0].run, 1, 8)], ..Report::default() });
     h.report(w, Report { finished: vec![made(app[0].run, 2, 9)], ..Report::default() });
-    let b3 = build_id(h.input(submit(vec![def("lib", 21, 210, &[]), def("app", 22, 20, &["lib"])])));
+    let b3 = build_id(h.input(submit(vec![owned("lib", 21, 210, &[]), owned("app", 22, 20, &["lib"])])));
     h.later();
     let lib = assignments(&mut h);
     h.report(w, Report { finished: vec![made(lib[0].run, 21, 8)], ..Report::default() });
@@ -2643,14 +2631,7 @@ fn aliases_of_forgotten_builds_are_swept() {
             .collect()
     };
     let assigned = |h: &mut Harness| -> Vec<(u64, Hash32)> {
-        h.solver
-            .take_effects()
-            .into_iter()
-            .filter_map(|e| match e {
-                Effect::Assign { assignment, .. } => Some((assignment.run, assignment.job)),
-                _ => None,
-            })
-            .collect()
+        h.assignments().into_iter().map(|(_, a)| (a.run, a.job)).collect()
     };
     for root in 0..300u16 {
         h.input(submit(chain(root))).expect("submitted");

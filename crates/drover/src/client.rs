@@ -537,8 +537,9 @@ async fn export(
     let scratch = Scratch::new()?;
     let cas =
         std::sync::Arc::new(drover_cas::Cas::open(scratch.path(), u64::MAX).map_err(anyhow::Error::from)?);
+    let known: BTreeSet<(&str, Hash32)> = status.jobs.iter().map(|j| (j.name.as_str(), j.id)).collect();
     for job in loaded.spec.jobs.iter().filter(|j| !needed.contains(j.name.as_str())) {
-        if !status.jobs.iter().any(|j| j.name == job.name && j.id == job.id) {
+        if !known.contains(&(job.name.as_str(), job.id)) {
             return Err(Failure::Runtime(anyhow!(
                 "cannot export the output of {}: the coordinator's build {} has no such job (was the build file \
                  changed since it was submitted?)",

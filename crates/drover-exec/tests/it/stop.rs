@@ -102,7 +102,7 @@ async fn a_timed_out_job_that_ignores_sigterm_is_reported_killed_after_the_grace
     let mut spec = fx.spec(&["trap '' TERM; sleep 1000 & echo up > ready; wait"]);
     // Time enough for the shell to set its trap first, however busy the
     // machine.
-    spec.timeout = Some(Duration::from_secs(1));
+    spec.timeout = Some(Duration::from_secs(3));
     spec.kill_grace = Duration::from_millis(300);
     let mut job = supervisor().start(&spec).await.expect("start");
     fx.wait_for_file("ready");
