@@ -50,6 +50,10 @@ const MAX_COMMAND: usize = 126 * 1024;
 /// command and the worker's own variables need room too.
 const MAX_ENV: usize = 1024 * 1024;
 
+/// The most reruns a job's `retry_on_failure` may ask for
+/// (`MAX_RETRY_ON_FAILURE` in drover-graph's schema.rs).
+const MAX_RETRY_ON_FAILURE: u32 = 10;
+
 /// Most slots a worker may offer: Linux runs on at most 8,192 CPUs
 /// (`NR_CPUS` at its largest), and a worker runs a job per slot.
 const MAX_SLOTS: u32 = 8192;
@@ -302,6 +306,18 @@ fn job(job: &JobDef) -> Result<(), String> {
     }
     if let Some(gang) = &job.gang {
         within("the gang name", &gang.name)?;
+        if job.retry_on_failure > 0 {
+            return refuse(
+                "a gang member has no retry_on_failure: its gang's on_failure: restart runs the whole gang again"
+                    .into(),
+            );
+        }
+    }
+    if job.retry_on_failure > MAX_RETRY_ON_FAILURE {
+        return refuse(format!(
+            "retry_on_failure is {}; at most {MAX_RETRY_ON_FAILURE} reruns are allowed",
+            job.retry_on_failure
+        ));
     }
     Ok(())
 }

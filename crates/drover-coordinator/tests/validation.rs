@@ -141,6 +141,21 @@ async fn commands_and_environments_have_the_build_files_limits() {
 }
 
 #[tokio::test]
+async fn reruns_on_failure_are_bounded_and_not_for_gang_members() {
+    let api = Api::start().await;
+    let many = JobDef { retry_on_failure: 11, ..job("test") };
+    api.refuses(&one_job(many), r#"job "test": retry_on_failure is 11; at most 10 reruns"#).await;
+    let ganged = JobDef {
+        retry_on_failure: 1,
+        gang: Some(drover_proto::GangDef { name: "g".into(), min_available: 1, restart: false }),
+        ..job("rank")
+    };
+    api.refuses(&one_job(ganged), r#"job "rank": a gang member has no retry_on_failure"#).await;
+    assert_eq!(api.builds().await, 0, "nothing was submitted");
+    api.submit(&one_job(JobDef { retry_on_failure: 10, ..job("test") })).await.expect("within the limit");
+}
+
+#[tokio::test]
 async fn source_paths_must_be_laid_out_as_files() {
     let api = Api::start().await;
     let with_sources = |paths: &[&str]| {

@@ -22,8 +22,9 @@
 //! program). (The `gang` tag before it hashed no member name, so that
 //! identical members were one job and their gang could never start.)
 //!
-//! A job's `timeout` and `retries`, when they are not the defaults (no
-//! timeout, one retry), are hashed on top of that ID (see [`with_limits`]):
+//! A job's `timeout`, `retries` and `retry_on_failure`, when they are not
+//! the defaults (no timeout, one retry, no rerun), are hashed on top of
+//! that ID (see [`with_limits`]):
 //! builds share a job's run, and its cached result, only when they agree on
 //! how long it may run and how often it is tried again, so one build's
 //! stricter limit never fails another's run. Its dependents hash the ID
@@ -146,24 +147,39 @@ impl JobKey<'_> {
 }
 
 /// A job's ID from its ID without limits (`base`, what its dependents
-/// hash), its timeout and its retries: `base` itself with no timeout and
-/// the default retries, so most jobs' IDs are their base.
-pub(crate) fn with_limits(
-    base: Digest,
-    timeout_ms: Option<u64>,
-    retries: u32,
-    default_retries: u32,
-) -> Digest {
-    if timeout_ms.is_none() && retries == default_retries {
-        return base;
+/// hash), its timeout, its retries and its reruns on failure: `base`
+/// itself with no timeout, the default retries and no reruns, so most
+/// jobs' IDs are their base.
+pub(crate) fn with_limits(base: Digest, limits: Limits) -> Digest {
+    let Limits { timeout_ms, retries, default_retries, retry_on_failure } = limits;
+    let mut id = base;
+    if timeout_ms.is_some() || retries != default_retries {
+        let mut out = Encoder(blake3::Hasher::new());
+        out.str("drover-limits-v1");
+        out.0.update(&id.0);
+        out.0.update(&[u8::from(timeout_ms.is_some())]);
+        out.u64(timeout_ms.unwrap_or(0));
+        out.u64(u64::from(retries));
+        id = out.0.finalize().into();
     }
-    let mut out = Encoder(blake3::Hasher::new());
-    out.str("drover-limits-v1");
-    out.0.update(&base.0);
-    out.0.update(&[u8::from(timeout_ms.is_some())]);
-    out.u64(timeout_ms.unwrap_or(0));
-    out.u64(u64::from(retries));
-    out.0.finalize().into()
+    // Added after the limits above, under a tag of its own: only the IDs
+    // of jobs that ask for reruns changed.
+    if retry_on_failure > 0 {
+        let mut out = Encoder(blake3::Hasher::new());
+        out.str("drover-reruns-v1");
+        out.0.update(&id.0);
+        out.u64(u64::from(retry_on_failure));
+        id = out.0.finalize().into();
+    }
+    id
+}
+
+/// What [`with_limits`] hashes on top of a job's base ID.
+pub(crate) struct Limits {
+    pub(crate) timeout_ms: Option<u64>,
+    pub(crate) retries: u32,
+    pub(crate) default_retries: u32,
+    pub(crate) retry_on_failure: u32,
 }
 
 /// The digest of a set of sources: BLAKE3 of their count and, sorted by

@@ -32,6 +32,7 @@
 //!     priority: 0
 //!     timeout: 10m
 //!     retries: 1
+//!     retry_on_failure: 2
 //!   - name: shard-1
 //!     run: ["./test --shard 1/2"]
 //!     gang: {name: shards, min_available: 2, on_failure: restart}
@@ -110,8 +111,8 @@ pub struct Job {
     /// environment, the resource class (CPU, memory, tokens, exclusive tokens,
     /// labels), the digest of the `(path, digest, executable)` of every source
     /// the job sees, and the `(name, id)` of each dependency (its ID without
-    /// limits); then a `timeout` or `retries` other than the defaults, on
-    /// top (see the `id` module). Not the job's name, the build name,
+    /// limits); then a `timeout`, `retries` or `retry_on_failure` other
+    /// than the defaults, on top (see the `id` module). Not the job's name, the build name,
     /// priority or line: a renamed job, or the same job in another build
     /// file, keeps its ID.
     pub id: Digest,
@@ -144,6 +145,9 @@ pub struct Job {
     pub timeout_ms: Option<u64>,
     /// Reruns allowed after losing a worker under the job (default 1).
     pub retries: u32,
+    /// Reruns allowed after a run of the job failed (a flaky test's; default
+    /// 0): the job fails only once every run has.
+    pub retry_on_failure: u32,
     /// The gang it belongs to, if any.
     pub gang: Option<Gang>,
     /// Line of the build file where the job starts.
@@ -382,7 +386,13 @@ fn resolve_jobs(
         let own = key.own();
         let base = key.id();
         bases[i] = Some(base);
-        let id = id::with_limits(base, spec.timeout_ms, spec.retries, schema::DEFAULT_RETRIES);
+        let limits = id::Limits {
+            timeout_ms: spec.timeout_ms,
+            retries: spec.retries,
+            default_retries: schema::DEFAULT_RETRIES,
+            retry_on_failure: spec.retry_on_failure,
+        };
+        let id = id::with_limits(base, limits);
         jobs.push(Job {
             name: names[i].clone(),
             id,
@@ -399,6 +409,7 @@ fn resolve_jobs(
             priority: spec.priority,
             timeout_ms: spec.timeout_ms,
             retries: spec.retries,
+            retry_on_failure: spec.retry_on_failure,
             gang: gangs[i].clone(),
             line: spec.line,
         });

@@ -27,8 +27,12 @@ const JOB_KEYS: &[&str] = &[
     "priority",
     "timeout",
     "retries",
+    "retry_on_failure",
     "gang",
 ];
+/// The most reruns `retry_on_failure` may ask for: a job that failed this
+/// often is not flaky.
+pub(crate) const MAX_RETRY_ON_FAILURE: u32 = 10;
 const RESOURCE_KEYS: &[&str] = &["cpu", "memory", "tokens"];
 const GANG_KEYS: &[&str] = &["name", "min_available", "on_failure"];
 
@@ -84,6 +88,7 @@ pub(crate) struct JobSpec {
     pub(crate) priority: i32,
     pub(crate) timeout_ms: Option<u64>,
     pub(crate) retries: u32,
+    pub(crate) retry_on_failure: u32,
     pub(crate) gang: Option<GangSpec>,
 }
 
@@ -333,6 +338,7 @@ fn job_spec(node: &Node, diags: &mut Diagnostics) -> Option<JobSpec> {
         priority: 0,
         timeout_ms: None,
         retries: DEFAULT_RETRIES,
+        retry_on_failure: 0,
         gang: None,
     };
 
@@ -451,10 +457,19 @@ fn job_spec(node: &Node, diags: &mut Diagnostics) -> Option<JobSpec> {
     if let Some(value) = fields.get("retries") {
         job.retries = cx.int(value, "retries", 0, u32::MAX.into()).unwrap_or(DEFAULT_RETRIES);
     }
+    if let Some(value) = fields.get("retry_on_failure") {
+        job.retry_on_failure = cx.int(value, "retry_on_failure", 0, MAX_RETRY_ON_FAILURE.into()).unwrap_or(0);
+    }
     if let Some(value) = fields.get("gang")
         && let Some(entries) = cx.map(value, "gang")
     {
         job.gang = gang(&mut cx, entries, value.line);
+        if job.gang.is_some() && job.retry_on_failure > 0 {
+            cx.error(
+                value.line,
+                "a gang member has no \"retry_on_failure\": its gang's \"on_failure: restart\" runs the whole gang again",
+            );
+        }
     }
     Some(job)
 }

@@ -207,6 +207,10 @@ pub struct JobDef {
     /// Reruns allowed after worker losses.
     #[serde(default, skip_serializing_if = "is_default")]
     pub retries: u32,
+    /// Reruns allowed after failed runs (a flaky job's): the job fails
+    /// only once every run has.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub retry_on_failure: u32,
     /// The source paths this job sees (`None`: all of the build's sources).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inputs: Option<Vec<String>>,
@@ -241,6 +245,7 @@ impl JobDef {
             priority: 0,
             timeout_ms: None,
             retries: 0,
+            retry_on_failure: 0,
             inputs: None,
             gang: None,
         }

@@ -911,6 +911,20 @@ impl Build {
         self.event(now, EventKind::JobStarted { job, worker: name, attempt });
     }
 
+    /// Whether job `i` may run again after a failed run: it is still
+    /// waited for (not called off) and the build goes on.
+    pub(crate) fn may_rerun(&self, i: u32) -> bool {
+        !self.stopping && !self.cancelled && self.jobs[i as usize].waiter.is_some()
+    }
+
+    /// Job `i`'s run number `failed` failed and the job runs again
+    /// (`retry_on_failure`): it leaves its core waiter (the caller hands it
+    /// to the core again) and is queued, saying why.
+    pub(crate) fn failed_run(&mut self, i: u32, failed: u32, reason: &str, now: Millis) {
+        self.take_waiter(i);
+        self.requeued(i, failed, reason, now);
+    }
+
     pub(crate) fn requeued(&mut self, i: u32, attempts: u32, reason: &str, now: Millis) {
         self.jobs[i as usize].state = JobState::Queued;
         self.jobs[i as usize].evicted = None;

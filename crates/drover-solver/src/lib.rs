@@ -410,6 +410,10 @@ pub struct Solver {
     /// the worker is lost or registers again.
     #[serde(default)]
     run_keys: BTreeMap<u64, InputKey>,
+    /// Jobs that failed and run again (`retry_on_failure`) → how many of
+    /// their runs failed so far. Left once the job ends or is cancelled.
+    #[serde(default)]
+    failed_runs: BTreeMap<JobId, u32>,
     /// Outputs the coordinator's shared cache holds.
     remote: std::collections::BTreeSet<JobId>,
     /// Build jobs whose result is known and held: they finish as cached.
@@ -435,6 +439,12 @@ pub struct Solver {
     /// Taken by the coordinator after every input (a snapshot has none).
     #[serde(skip)]
     effects: Vec<Effect>,
+    /// Jobs whose run just failed for want of its inputs, not by its own
+    /// doing: not run again for `retry_on_failure` (their inputs are built
+    /// again instead, see [`Solver::rewind_lost`]). Emptied once the input
+    /// that said so is applied.
+    #[serde(skip)]
+    lost_input_failures: Vec<JobId>,
     now: Millis,
 }
 
@@ -457,6 +467,7 @@ impl Solver {
             aliases: BTreeMap::new(),
             aliases_swept: 0,
             run_keys: BTreeMap::new(),
+            failed_runs: BTreeMap::new(),
             remote: std::collections::BTreeSet::new(),
             cache_hits: Vec::new(),
             runs_ended: BTreeMap::new(),
@@ -466,6 +477,7 @@ impl Solver {
             forgotten_builds: BTreeMap::new(),
             forgotten_ends: BTreeMap::new(),
             effects: Vec::new(),
+            lost_input_failures: Vec::new(),
             now: Millis(0),
         }
     }
@@ -1060,6 +1072,9 @@ impl Solver {
                 }
             }
             let again = if !r.success && !r.lost_inputs.is_empty() {
+                if let Some((_, job, _)) = self.core.run_info(RunId(r.run)) {
+                    self.lost_input_failures.push(job);
+                }
                 self.rewind_lost(r.run, &r.lost_inputs)
             } else {
                 Vec::new()
@@ -1362,6 +1377,39 @@ impl Solver {
         !whole
     }
 
+    /// A run of job `job` failed: if the job may run again
+    /// (`retry_on_failure`, counted in [`Solver::failed_runs`]), each of
+    /// `waiters` whose build goes on queues it again, and the waiters left
+    /// (those of builds that stop, or all once the reruns are used up) are
+    /// returned to take the failure.
+    fn rerun_failed(&mut self, job: JobId, waiters: Vec<WaiterId>, result: &JobResult) -> Vec<WaiterId> {
+        let of = |solver: &Solver, w: &WaiterId| solver.waiters.get(w).copied();
+        let Some((b, i)) = waiters.first().and_then(|w| of(self, w)) else { return waiters };
+        if self.lost_input_failures.contains(&job) {
+            return waiters;
+        }
+        let allowed = self.builds[&b].def(i).retry_on_failure;
+        let failed = self.failed_runs.get(&job).copied().unwrap_or(0) + 1;
+        if failed > allowed {
+            return waiters;
+        }
+        let (again, left): (Vec<WaiterId>, Vec<WaiterId>) =
+            waiters.into_iter().partition(|w| of(self, w).is_some_and(|(b, i)| self.builds[&b].may_rerun(i)));
+        if again.is_empty() {
+            return left;
+        }
+        self.failed_runs.insert(job, failed);
+        let reason = format!("run {failed} failed ({})", failure_summary(result));
+        let reason = format!("{reason}; running it again ({failed} of {allowed} reruns on failure)");
+        for w in again {
+            let (b, i) = self.waiters.remove(&w).expect("a waiter of a rerun job");
+            let build = self.builds.get_mut(&b).map(Arc::make_mut).expect("build exists");
+            build.failed_run(i, failed, &reason, self.now);
+            self.hand_to_core(b, i);
+        }
+        left
+    }
+
     /// Hands job `job` to the core.
     fn hand_to_core(&mut self, build: u64, job: u32) {
         let b = self.builds.get_mut(&build).map(Arc::make_mut).expect("build exists");
@@ -1394,8 +1442,9 @@ impl Solver {
             // Suspended for another job by an eviction: so it shows, and
             // `drover resume` leaves it to the core.
             let evicted_by = self.core.evicted_by(&id).map(|by| self.job_label(&by));
+            let attempt = view.attempts + self.failed_runs.get(&id).copied().unwrap_or(0);
             let b = self.builds.get_mut(&build).map(Arc::make_mut).expect("build exists");
-            b.started(job, worker.0, run.0, view.attempts, name, self.now);
+            b.started(job, worker.0, run.0, attempt, name, self.now);
             if let Some(by) = evicted_by {
                 b.evicted(job, by, self.now);
             }
@@ -1419,6 +1468,7 @@ impl Solver {
             }
             let decisions = self.core.take_decisions();
             if decisions.is_empty() && self.cache_hits.is_empty() {
+                self.lost_input_failures.clear();
                 return;
             }
             for d in decisions {
@@ -1446,6 +1496,8 @@ impl Solver {
     fn apply(&mut self, d: Decision) {
         match d {
             Decision::Assign { worker, job, run, attempt } => {
+                // A rerun after failed runs counts on from them.
+                let attempt = attempt + self.failed_runs.get(&job).copied().unwrap_or(0);
                 let waiters = self.job_waiters(&job);
                 let worker_name = self.workers.get(&worker.0).map(|w| w.name.clone()).unwrap_or_default();
                 for &(b, i) in &waiters {
@@ -1515,8 +1567,10 @@ impl Solver {
                     self.effects.push(Effect::BuildChanged { build: b });
                 }
             }
-            Decision::Cancelled { .. } => {}
-            Decision::Finished { job: _, waiters, completion } => {
+            Decision::Cancelled { job, .. } => {
+                self.failed_runs.remove(&job);
+            }
+            Decision::Finished { job, waiters, completion } => {
                 let end = match &completion {
                     Completion::Ran(r) if r.success && r.cached => RunEnd::Cached,
                     Completion::Ran(r) if r.success => RunEnd::Succeeded,
@@ -1524,6 +1578,14 @@ impl Solver {
                     Completion::GaveUp(_) => RunEnd::GaveUp,
                 };
                 *self.runs_ended.entry(end).or_default() += 1;
+                let waiters = match &completion {
+                    Completion::Ran(r) if !r.success => self.rerun_failed(job, waiters, r),
+                    _ => waiters,
+                };
+                if waiters.is_empty() {
+                    return;
+                }
+                self.failed_runs.remove(&job);
                 for waiter in waiters {
                     let Some((b, i)) = self.waiters.remove(&waiter) else { continue };
                     self.finished(b, i, &completion);
@@ -1629,6 +1691,37 @@ fn availability<'a>(
         let id = aliases.get(&id).copied().unwrap_or(id);
         remote.contains(&id) || (outputs.contains_key(&id) && core.locate_artifact(&id).is_some())
     }
+}
+
+/// A failed run's result in a few words: how it ended (the first line of
+/// its detail, as the worker writes it: `exit code 5; stderr:`, then the
+/// tail) and the last line of the tail it reported, both clipped.
+fn failure_summary(result: &JobResult) -> String {
+    let (head, tail) = result.detail.split_once('\n').unwrap_or((&result.detail, ""));
+    let head =
+        head.strip_suffix("; stderr:").or_else(|| head.strip_suffix("; stdout:")).unwrap_or(head).trim();
+    let head = match (head, result.exit_code) {
+        ("", Some(code)) => format!("exit code {code}"),
+        ("", None) => "no exit code".to_owned(),
+        (head, _) => clip(head, 120),
+    };
+    match tail.lines().rev().map(str::trim).find(|l| !l.is_empty()) {
+        Some(last) => format!("{head}: {}", clip(last, 160)),
+        None => head,
+    }
+}
+
+/// `text`, cut to at most `max` bytes (on a character boundary) with an
+/// ellipsis when it was longer.
+fn clip(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
 }
 
 #[cfg(test)]

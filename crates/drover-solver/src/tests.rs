@@ -1513,8 +1513,13 @@ mod random {
             Some((k, g)) => in_gang(def, &format!("g{k}"), g.members.len() as u32, g.restart),
             // The same content in every build, whatever its ID: a private
             // job whose needs wrote the same outputs (every output here has
-            // one tree) takes another build's output by early cutoff.
-            None => JobDef { own: Some(Hash32([i as u8 + 1; 32])), ..def },
+            // one tree) takes another build's output by early cutoff. Every
+            // third runs again once after a failure.
+            None => JobDef {
+                own: Some(Hash32([i as u8 + 1; 32])),
+                retry_on_failure: u32::from(i % 3 == 0),
+                ..def
+            },
         }
     }
 
@@ -2662,4 +2667,147 @@ fn aliases_of_forgotten_builds_are_swept() {
     }
     assert!(h.solver.aliases.len() > 19, "jobs were cut off: {}", h.solver.aliases.len());
     assert!(h.solver.aliases.len() <= crate::SWEEP_OUTPUTS_AT, "{} aliases", h.solver.aliases.len());
+}
+
+/// A job with `retry_on_failure` reruns after a failed run, shared by
+/// every build that waits for it, saying why; it fails only once its
+/// reruns are used up, and then as any failure does. The attempts count
+/// on across the reruns, and a replay and a snapshot keep the count.
+#[test]
+fn a_flaky_job_runs_again_after_a_failure_until_its_reruns_are_used_up() {
+    let flaky = |name: &str| JobDef { retry_on_failure: 2, ..job(name, &[]) };
+    let mut h = Harness::new();
+    let w = worker_id(h.input(register("w1", 2, vec![])));
+    let b1 = build_id(h.input(submit(vec![flaky("test"), job("after", &["test"])])));
+    let b2 = build_id(h.input(submit(vec![flaky("test")])));
+    h.later();
+    let first = h.assignments();
+    assert_eq!(first.len(), 1, "one run for both builds");
+    assert_eq!(first[0].1.attempt, 1);
+    h.report(w, Report { finished: vec![failed(first[0].1.run, 1)], ..Report::default() });
+    h.restore_from_snapshot();
+    h.later();
+    let second = h.assignments();
+    assert_eq!(second.len(), 1, "the rerun, once for both builds");
+    assert_eq!((second[0].1.name.as_str(), second[0].1.attempt), ("test", 2));
+    for b in [b1, b2] {
+        let status = h.solver.build_status(b).expect("build");
+        assert_eq!(status.state, BuildState::Running, "build {b} goes on");
+        assert_eq!(status.jobs[0].state, JobState::Running);
+        let events = h.solver.events(b, 0).expect("events").0;
+        let requeued = events.iter().find_map(|e| match &e.kind {
+            EventKind::JobRequeued { reason: Some(reason), .. } => Some(reason.clone()),
+            _ => None,
+        });
+        assert_eq!(
+            requeued.as_deref(),
+            Some("run 1 failed (boom); running it again (1 of 2 reruns on failure)")
+        );
+    }
+    // The second rerun succeeds: both builds go on as if it never failed.
+    h.report(w, Report { finished: vec![failed(second[0].1.run, 1)], ..Report::default() });
+    h.later();
+    let third = h.assignments();
+    assert_eq!(third[0].1.attempt, 3);
+    h.report(w, Report { finished: vec![ok(third[0].1.run, "test")], ..Report::default() });
+    assert!(h.solver.failed_runs.is_empty(), "the count goes with the job");
+    h.later();
+    let after = h.assigned();
+    assert_eq!(names(&after), ["after"]);
+    h.report(w, Report { finished: vec![ok(after[0].1, "after")], ..Report::default() });
+    for b in [b1, b2] {
+        assert_eq!(h.solver.build_status(b).expect("build").state, BuildState::Succeeded);
+    }
+    h.assert_replays();
+
+    // Three failures of two reruns: the job fails, its dependent is skipped.
+    let b3 = build_id(
+        h.input(submit(vec![JobDef { id: Hash32([9; 32]), ..flaky("test") }, job("after", &["test"])])),
+    );
+    let mut runs = 0;
+    loop {
+        h.later();
+        let Some((_, a)) = h.assignments().pop() else { break };
+        runs += 1;
+        h.report(w, Report { finished: vec![failed(a.run, 4)], ..Report::default() });
+    }
+    assert_eq!(runs, 3, "the run and its two reruns");
+    let status = h.solver.build_status(b3).expect("build");
+    assert_eq!(status.state, BuildState::Failed);
+    assert_eq!((status.jobs[0].state, status.jobs[0].exit_code), (JobState::Failed, Some(4)));
+    assert_eq!(status.jobs[1].state, JobState::Skipped);
+    assert!(h.solver.failed_runs.is_empty());
+    h.assert_replays();
+}
+
+/// A failed run is not rerun for a build that stops (another job of it
+/// failed first, under `--on-error quit`), nor when it failed for want of
+/// its inputs (those are built again instead); a job without
+/// `retry_on_failure` fails at once (see the test above it).
+#[test]
+fn a_flaky_job_does_not_run_again_in_a_stopping_build() {
+    let mut h = Harness::new();
+    let w = worker_id(h.input(register("w1", 2, vec![])));
+    let b =
+        build_id(h.input(submit(vec![JobDef { retry_on_failure: 3, ..job("flaky", &[]) }, job("bad", &[])])));
+    h.later();
+    let runs = h.assigned();
+    let run = |name: &str| runs.iter().find(|r| r.2 == name).expect("assigned").1;
+    h.report(w, Report { finished: vec![failed(run("bad"), 2)], ..Report::default() });
+    h.report(w, Report { finished: vec![failed(run("flaky"), 1)], ..Report::default() });
+    h.later();
+    assert!(h.assigned().is_empty(), "nothing runs again in a stopping build");
+    assert_eq!(h.states(b), [("flaky".to_string(), JobState::Failed), ("bad".to_string(), JobState::Failed)]);
+    assert!(h.solver.failed_runs.is_empty());
+}
+
+/// A run that failed for want of its inputs is no failure of the job's
+/// own: its reruns on failure are not spent on it, and it goes back as
+/// many times as any job does before failing.
+#[test]
+fn lost_inputs_do_not_spend_a_flaky_jobs_reruns() {
+    let mut h = Harness::new();
+    let w = worker_id(h.input(register("w1", 1, vec![])));
+    let b =
+        build_id(h.input(submit(vec![job("a", &[]), JobDef { retry_on_failure: 5, ..job("b", &["a"]) }])));
+    h.later();
+    let mut rounds = 0;
+    while let Some((_, run, name)) = h.assigned().first().cloned() {
+        if name == "b" {
+            rounds += 1;
+            h.report(w, Report { finished: vec![lost_input(run, "a")], ..Report::default() });
+        } else {
+            h.report(w, Report { finished: vec![ok(run, &name)], ..Report::default() });
+        }
+        h.later();
+    }
+    assert_eq!(rounds, 4, "as a job without reruns");
+    assert_eq!(h.solver.build_status(b).expect("build").state, BuildState::Failed);
+    assert!(h.solver.failed_runs.is_empty());
+}
+
+#[test]
+fn a_failed_run_is_summed_up_by_how_it_ended_and_its_last_line() {
+    let result = |exit_code: Option<i32>, detail: &str| drover_core::JobResult {
+        success: false,
+        exit_code,
+        cached: false,
+        detail: detail.into(),
+    };
+    let cases = [
+        (
+            Some(5),
+            "exit code 5; stderr:\nwarming up\nAssertionError: 3 != 4\n\n",
+            "exit code 5: AssertionError: 3 != 4",
+        ),
+        (None, "timed out after 1s; stdout:\nstill going", "timed out after 1s: still going"),
+        (Some(2), "", "exit code 2"),
+        (None, "", "no exit code"),
+    ];
+    for (code, detail, expected) in cases {
+        assert_eq!(super::failure_summary(&result(code, detail)), expected);
+    }
+    let long =
+        super::failure_summary(&result(Some(1), &format!("exit code 1; stderr:\n{}", "é".repeat(200))));
+    assert!(long.ends_with('…') && long.len() < 200, "{long}");
 }

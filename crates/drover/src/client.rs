@@ -79,6 +79,7 @@ pub(crate) fn load_excluding(file: &Path, out: Option<&Path>) -> Result<Loaded, 
                 priority: j.priority,
                 timeout_ms: j.timeout_ms,
                 retries: j.retries,
+                retry_on_failure: j.retry_on_failure,
                 inputs: j.inputs.clone(),
                 gang: j.gang.as_ref().map(|g| GangDef {
                     name: g.name.clone(),

@@ -29,7 +29,7 @@ jobs:
                 7,
                 Some("a"),
                 "unknown key \"frobnicate\" in job (expected one of: name, run, env, needs, inputs, \
-                 resources, exclusive, labels, priority, timeout, retries, gang)"
+                 resources, exclusive, labels, priority, timeout, retries, retry_on_failure, gang)"
             ),
         ]
     );
@@ -708,7 +708,7 @@ jobs:
             "drover.yaml:6: job \"app\": invalid memory \"5 apples\": expected a size like 1024, 512Mi, 1Gi, 100M or 2G",
             "drover.yaml:9: job \"lib\": invalid timeout \"soon\": expected a duration like 500ms, 30s, 10m, 1h or 1h30m",
             "drover.yaml:10: job \"lib\": unknown key \"colour\" in job (expected one of: name, run, env, needs, \
-             inputs, resources, exclusive, labels, priority, timeout, retries, gang)",
+             inputs, resources, exclusive, labels, priority, timeout, retries, retry_on_failure, gang)",
             "drover.yaml:11: job \"app\": duplicate job name \"app\" (first defined at line 3)",
         ]
     );
@@ -777,6 +777,13 @@ jobs:
   - name: f
     run: x
     gang: {min_available: 1}
+  - name: g
+    run: x
+    retry_on_failure: 2
+    gang: {name: solo}
+  - name: h
+    run: x
+    retry_on_failure: 11
 ";
     assert_eq!(
         dir.errors(yaml),
@@ -790,6 +797,12 @@ jobs:
             at(17, Some("e"), "gang.on_failure must be \"fail\" or \"restart\", not \"sometimes\""),
             at(17, Some("e"), "gang \"pair\": min_available and on_failure differ from job \"d\" (line 14)"),
             at(20, Some("f"), "\"gang\" needs a \"name\""),
+            at(
+                24,
+                Some("g"),
+                "a gang member has no \"retry_on_failure\": its gang's \"on_failure: restart\" runs the whole gang again"
+            ),
+            at(27, Some("h"), "\"retry_on_failure\" must be an integer from 0 to 10, got 11"),
         ]
     );
 }

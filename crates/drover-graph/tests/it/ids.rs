@@ -65,12 +65,12 @@ fn ids_are_stable_and_distinct() {
     assert_eq!(distinct.len(), 3);
 }
 
-/// A job's timeout and retries are its own: builds that disagree on them
+/// A job's timeout, retries and reruns on failure are its own: builds that disagree on them
 /// do not share its run (one build's shorter timeout would fail the
 /// other's), but its dependents keep their IDs, and the defaults written
 /// out change nothing.
 #[test]
-fn timeout_and_retries_change_the_job_not_its_dependents() {
+fn limits_change_the_job_not_its_dependents() {
     let with =
         |limits: &str| ids_with("labels: {os: linux}", &format!("labels: {{os: linux}}\n    {limits}"));
     assert_changed(&with("timeout: 5m"), &["app"]);
@@ -80,6 +80,14 @@ fn timeout_and_retries_change_the_job_not_its_dependents() {
     assert_ne!(five["app"], ten["app"]);
     assert_ne!(with("retries: 0")["app"], with("retries: 3")["app"]);
     assert_eq!(with("timeout: 300s")["app"], five["app"], "the same limit, written another way");
+    // Reruns on failure: hashed when asked for, on top of the other limits.
+    assert_changed(&with("retry_on_failure: 2"), &["app"]);
+    assert_changed(&with("retry_on_failure: 0"), &[]);
+    assert_ne!(with("retry_on_failure: 1")["app"], with("retry_on_failure: 2")["app"]);
+    let both = with("timeout: 5m\n    retry_on_failure: 2");
+    assert_ne!(both["app"], five["app"]);
+    assert_ne!(both["app"], with("retry_on_failure: 2")["app"]);
+    assert_eq!(both["test"], five["test"], "dependents hash the ID without limits");
 }
 
 #[test]

@@ -146,6 +146,39 @@ fn a_failing_job_skips_its_dependents_and_fails_the_build() {
     assert!(stderr(&log).contains("has no job \"aftr\""), "{}", stderr(&log));
 }
 
+/// A flaky job (`retry_on_failure`) that fails its first run passes on
+/// its second: the build succeeds, the progress says why the job ran
+/// again, and its log is the passing run's.
+#[test]
+fn a_flaky_job_runs_again_after_failing() {
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", 2, &[]);
+    let marker = cluster.scratch("ran-once");
+    let file = cluster.project(
+        "flaky",
+        &format!(
+            "jobs:\n  - name: flaky\n    retry_on_failure: 2\n    run: [\"if [ -e {marker} ]; then echo passed; else touch {marker}; echo flaked >&2; exit 5; fi\"]\n  - name: after\n    needs: [flaky]\n    run: [\"true\"]\n"
+        ),
+        &[],
+    );
+    let out = cluster.run(&["submit", file.to_str().expect("utf-8"), "--wait", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let status: Value = serde_json::from_slice(&out.stdout).expect("status JSON");
+    assert_eq!(status["state"], "succeeded");
+    assert_eq!(job(&status, "flaky")["state"], "succeeded");
+    assert_eq!(job(&status, "flaky")["attempts"], 2);
+    assert_eq!(job(&status, "after")["state"], "succeeded");
+    assert!(
+        stderr(&out).contains(
+            "flaky: run 1 failed (exit code 5: flaked); running it again (1 of 2 reruns on failure)"
+        ),
+        "{}",
+        stderr(&out)
+    );
+    let log = cluster.run(&["logs", &status["id"].to_string(), "flaky"]);
+    assert_eq!(String::from_utf8_lossy(&log.stdout), "passed\n");
+}
+
 #[test]
 fn cancelling_a_build_leaves_no_process_behind() {
     let mut cluster = Cluster::new();
