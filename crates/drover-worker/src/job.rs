@@ -13,7 +13,8 @@
 //! the worker did in those stages: what moved, from where, how fast, what
 //! failed). Each part exists only if needed: `src/` for a job with sources
 //! (a job without takes a read-only `runs/empty-N/` no other run is in, see
-//! [`EmptyDirs`]), each command log once the job writes to it (the
+//! [`DirPool`]), `TMPDIR` (a `runs/tmp-N/` of its own while it runs, unless
+//! its environment sets one), each command log once the job writes to it (the
 //! supervisor creates it, and the directory, on the first byte), each stage
 //! log once its lines pass 4 KiB (the worker holds fewer in memory, see
 //! [`StageLog`]), so a job that has no source and prints nothing touches no
@@ -400,7 +401,7 @@ async fn execute(shared: &Arc<Shared>, a: &Assignment, control: &RunControl) -> 
     }
     let dir = shared.runs_dir().join(a.run.to_string());
     // A run without sources takes an empty directory no other run is in
-    // (see `EmptyDirs`).
+    // (see `DirPool`).
     let own_src = !a.sources.is_empty();
     let src = if own_src { dir.join("src") } else { shared.empty_dirs.take(&shared.runs_dir())? };
     let result = async {
@@ -435,52 +436,80 @@ async fn execute(shared: &Arc<Shared>, a: &Assignment, control: &RunControl) -> 
     result
 }
 
-/// The empty, read-only working directories of runs without sources
-/// (`runs/empty-N/`), each in one run at a time. A directory is sealed: a
-/// job that writes into it anyway (as root, or after making it writable)
-/// moves its modification time off [`SEALED_MTIME`], and such a directory
-/// is removed instead of used again; so nothing a job left reaches another
-/// job, while the common run costs one `stat`, not a directory made and
-/// removed (about 15% of a trivial job's time here).
-#[derive(Debug, Default)]
-pub(crate) struct EmptyDirs {
+/// Directories lent to one run at a time, kept sealed between runs so that
+/// a run gives one back with one `stat` instead of a directory made and
+/// removed (about 15% of a trivial job's time here): the empty, read-only
+/// working directories of runs without sources (`runs/empty-N/`,
+/// [`DirPool::empty`]) and the private, writable `TMPDIR` of every run
+/// (`runs/tmp-N/`, [`DirPool::tmp`]). A sealed directory has its mode and
+/// its modification time at [`SEALED_MTIME`]; a job that adds or removes
+/// an entry (in an empty directory: as root, or after making it writable)
+/// moves that time, and such a directory is removed instead of lent again;
+/// so nothing a job left reaches another job.
+#[derive(Debug)]
+pub(crate) struct DirPool {
+    /// Names are `<prefix>-N`.
+    prefix: &'static str,
+    /// The mode of a sealed directory.
+    mode: u32,
     free: std::sync::Mutex<Vec<PathBuf>>,
     made: std::sync::atomic::AtomicU64,
 }
 
-/// The modification time of a sealed empty directory, in seconds after the
+/// The modification time of a sealed directory, in seconds after the
 /// epoch.
 const SEALED_MTIME: u64 = 1;
 
-impl EmptyDirs {
-    /// A free empty directory, or a new one under `runs`.
+impl DirPool {
+    /// Read-only working directories of runs without sources.
+    pub(crate) fn empty() -> DirPool {
+        DirPool::new("empty", 0o555)
+    }
+
+    /// Runs' temporary directories: writable by the job alone.
+    pub(crate) fn tmp() -> DirPool {
+        DirPool::new("tmp", 0o700)
+    }
+
+    fn new(prefix: &'static str, mode: u32) -> DirPool {
+        DirPool { prefix, mode, free: Default::default(), made: Default::default() }
+    }
+
+    /// A free directory, or a new one under `runs`.
     fn take(&self, runs: &Path) -> Result<PathBuf, String> {
-        if let Some(dir) = self.free.lock().expect("empty dirs").pop() {
+        if let Some(dir) = self.free.lock().expect("dir pool").pop() {
             return Ok(dir);
         }
         let n = self.made.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = runs.join(format!("empty-{n}"));
+        let dir = runs.join(format!("{}-{n}", self.prefix));
         let seal = || -> io::Result<()> {
             std::fs::create_dir(&dir)?;
             let file = std::fs::File::open(&dir)?;
-            file.set_permissions(std::fs::Permissions::from_mode(0o555))?;
+            file.set_permissions(std::fs::Permissions::from_mode(self.mode))?;
             file.set_modified(std::time::UNIX_EPOCH + Duration::from_secs(SEALED_MTIME))
         };
-        seal().map_err(|e| format!("cannot make the working directory {}: {e}", dir.display()))?;
+        seal().map_err(|e| format!("cannot make the directory {}: {e}", dir.display()))?;
         Ok(dir)
     }
 
-    /// Takes a directory back after its run: kept if nothing was written
-    /// into it (still sealed, still read-only), removed otherwise.
+    /// Takes a directory back after its run: kept if nothing was added to
+    /// it or removed from it (still sealed, with its mode and no
+    /// subdirectory), removed otherwise.
     fn give_back(&self, dir: PathBuf) {
+        use std::os::unix::fs::MetadataExt;
         let untouched = std::fs::symlink_metadata(&dir).is_ok_and(|m| {
-            m.permissions().mode() & 0o777 == 0o555
+            m.is_dir()
+                && m.permissions().mode() & 0o777 == self.mode
+                && m.nlink() == 2
                 && m.modified().ok() == Some(std::time::UNIX_EPOCH + Duration::from_secs(SEALED_MTIME))
         });
         if untouched {
-            self.free.lock().expect("empty dirs").push(dir);
+            self.free.lock().expect("dir pool").push(dir);
         } else {
-            tracing::info!(dir = %dir.display(), "a job wrote into its empty working directory: removed");
+            // Writing into a read-only directory is worth a line.
+            if self.mode & 0o200 == 0 {
+                tracing::info!(dir = %dir.display(), "a job wrote into its empty working directory: removed");
+            }
             drop(tokio::task::spawn_blocking(move || remove_tree(&dir)));
         }
     }
@@ -839,6 +868,23 @@ async fn run_commands(
     } else {
         (None, render(Path::new("/nonexistent"))?)
     };
+    // A temporary directory of its own, unless the job names one: jobs
+    // running at once must not meet in `/tmp` (two writing one scratch
+    // file, each reading the other's, and caching that as its output).
+    let mut env = env;
+    let tmp = match env.contains_key("TMPDIR") {
+        true => None,
+        false => {
+            let tmp = shared.tmp_dirs.take(&shared.runs_dir())?;
+            env.insert("TMPDIR".to_owned(), tmp.to_string_lossy().into_owned());
+            Some(tmp)
+        }
+    };
+    let give_back = |tmp: Option<PathBuf>| {
+        if let Some(tmp) = tmp {
+            shared.tmp_dirs.give_back(tmp);
+        }
+    };
     let spec = JobSpec {
         commands,
         cwd: src.to_owned(),
@@ -849,7 +895,13 @@ async fn run_commands(
         kill_grace: shared.config.kill_grace,
         log_limit: shared.config.log_limit,
     };
-    let mut running = shared.config.supervisor.start(&spec).await.map_err(|e| e.to_string())?;
+    let mut running = match shared.config.supervisor.start(&spec).await {
+        Ok(running) => running,
+        Err(e) => {
+            give_back(tmp);
+            return Err(e.to_string());
+        }
+    };
     let handle = running.handle();
     control.started(handle.clone());
     let outcome = {
@@ -863,6 +915,8 @@ async fn run_commands(
             }
         }
     };
+    // Nothing of the job is left to write there.
+    give_back(tmp);
     // The dependencies' outputs are the cache's own trees, sealed
     // read-only; a job that wrote into one anyway (as root, say) changed
     // it for every later reader. The changed output leaves the cache (the
@@ -1117,7 +1171,8 @@ const KEPT_LIST: &str = "kept";
 /// [`save_logs`] listed and those with a directory under `runs`. What
 /// else is under `runs` goes: the working directories of runs that were
 /// going when the worker stopped (`<run>/src/`: their runs are over), the
-/// empty working directories (`empty-N/`, made again as needed), the
+/// empty working and temporary directories (`empty-N/`, `tmp-N/`, made
+/// again as needed), the
 /// oldest logs beyond `keep`, and anything that is not a run's.
 pub(crate) fn earlier_runs(runs: &Path, keep: usize) -> io::Result<VecDeque<u64>> {
     let mut found = BTreeSet::new();
@@ -1262,7 +1317,8 @@ mod tests {
         file(KEPT_LIST, "3\n5\n7\n9\n");
         file("0012/stdout.log", "x\n");
         file("stray", "x");
-        EmptyDirs::default().take(runs).unwrap();
+        DirPool::empty().take(runs).unwrap();
+        DirPool::tmp().take(runs).unwrap();
         let kept = earlier_runs(runs, 3).unwrap();
         assert_eq!(kept, [5, 7, 9], "the newest three, oldest first");
         let mut left: Vec<String> = walk(runs);
@@ -1275,6 +1331,35 @@ mod tests {
         );
         assert!(earlier_runs(runs, 0).unwrap().is_empty());
         assert!(walk(runs).is_empty());
+    }
+
+    /// A temporary directory comes back to the pool only as it was lent:
+    /// empty, with its mode and sealed time; one a job added to (or took
+    /// a file from, or made a directory in, or chmodded) is removed, and
+    /// the next run gets a fresh one.
+    #[tokio::test]
+    async fn a_temporary_directory_is_lent_again_only_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let runs = dir.path();
+        let pool = DirPool::tmp();
+        let first = pool.take(runs).unwrap();
+        assert_eq!(std::fs::metadata(&first).unwrap().permissions().mode() & 0o777, 0o700);
+        pool.give_back(first.clone());
+        assert_eq!(pool.take(runs).unwrap(), first, "an untouched one is lent again");
+        let touch: [&dyn Fn(&Path); 3] = [
+            &|d| std::fs::write(d.join("left"), "x").unwrap(),
+            &|d| std::fs::create_dir(d.join("sub")).unwrap(),
+            &|d| std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap(),
+        ];
+        let mut lent = first;
+        for change in touch {
+            change(&lent);
+            pool.give_back(lent.clone());
+            let next = pool.take(runs).unwrap();
+            assert_ne!(next, lent, "a changed directory is not lent again");
+            assert_eq!(std::fs::read_dir(&next).unwrap().count(), 0);
+            lent = next;
+        }
     }
 
     /// Every path under `root`, relative to it.

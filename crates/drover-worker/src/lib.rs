@@ -163,8 +163,10 @@ struct Shared {
     /// waits for them, within its grace.
     pushing: std::sync::atomic::AtomicUsize,
     /// Empty working directories for runs without sources, each used by
-    /// one run at a time (see `job::EmptyDirs`).
-    empty_dirs: job::EmptyDirs,
+    /// one run at a time (see `job::DirPool`).
+    empty_dirs: job::DirPool,
+    /// The runs' temporary directories, each lent to one run at a time.
+    tmp_dirs: job::DirPool,
     /// Why the session ended, when the coordinator refused the worker's
     /// first registration (see `session::run`).
     refused: Mutex<Option<String>>,
@@ -497,7 +499,8 @@ pub async fn start(mut config: WorkerConfig) -> Result<Worker, WorkerError> {
         tokens: tokens::Arbiter::new(pools(&config)),
         draining: std::sync::atomic::AtomicBool::new(false),
         pushing: std::sync::atomic::AtomicUsize::new(0),
-        empty_dirs: job::EmptyDirs::default(),
+        empty_dirs: job::DirPool::empty(),
+        tmp_dirs: job::DirPool::tmp(),
         refused: Mutex::new(None),
         config,
     });

@@ -804,6 +804,40 @@ fn what_a_job_writes_into_its_empty_directory_does_not_reach_the_next() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
 }
 
+/// Every run has a `TMPDIR` of its own, empty when it starts: two jobs
+/// running at once that write one scratch file name each read back their
+/// own (they used to share `/tmp`, and one cached the other's), and a
+/// later job finds nothing an earlier one left there.
+#[test]
+fn jobs_running_at_once_have_temporary_directories_of_their_own() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let meet = dir.path().join("meet");
+    std::fs::create_dir(&meet).expect("mkdir");
+    let meet = meet.to_str().expect("utf-8");
+    // Each writes its scratch file, then waits until the other has written
+    // its own before reading it back.
+    let job = |me: &str, other: &str| {
+        format!(
+            "  - name: {me}\n    run: [\"echo {me} > $TMPDIR/scratch; touch {meet}/{me}; \
+             while [ ! -e {meet}/{other} ]; do sleep 0.01; done; cp $TMPDIR/scratch {{{{out}}}}/r\"]\n"
+        )
+    };
+    let check = "test \\\"$(cat {{dep:a}}/r)$(cat {{dep:b}}/r)\\\" = ab; \
+                 test \\\"$TMPDIR\\\" != /tmp; test -z \\\"$(ls -A $TMPDIR)\\\"";
+    let yaml = format!(
+        "jobs:\n{}{}  - name: later\n    needs: [a, b]\n    run: [\"{check}\"]\n",
+        job("a", "b"),
+        job("b", "a"),
+    );
+    std::fs::write(dir.path().join("drover.yaml"), yaml).expect("write");
+    let out = drover()
+        .args(["run", "drover.yaml", "--workers", "1", "--slots", "2"])
+        .current_dir(dir.path())
+        .output()
+        .expect("drover run");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+}
+
 /// `--out` inside the project is never read for sources, even by `**`:
 /// exporting does not change the next build's sources. A `--out` that
 /// cannot be a directory is refused before anything runs.
