@@ -1135,7 +1135,68 @@ fn keep_logs(shared: &Shared, run: u64) -> Vec<u64> {
     let mut kept = shared.kept.lock().expect("kept");
     kept.push_back(run);
     let excess = kept.len().saturating_sub(shared.config.keep_runs);
-    kept.drain(..excess).collect()
+    let old = kept.drain(..excess).collect();
+    shared.kept_file.lock().expect("kept file").add(run, &kept);
+    old
+}
+
+/// The list of kept runs on disk ([`KEPT_LIST`]), a line per run appended
+/// as each run ends, so that a worker killed without leaving still knows
+/// the runs that wrote no log when it starts again (their logs read as
+/// empty, not as unknown). Written whole again, from the runs kept, when
+/// it opens and whenever the appended lines pass twice what is kept.
+#[derive(Debug)]
+pub(crate) struct KeptFile {
+    path: PathBuf,
+    /// Open for appending; `None` after a failure (logged once).
+    file: Option<std::fs::File>,
+    lines: usize,
+}
+
+impl KeptFile {
+    /// Writes the list of `kept` under `runs` and opens it for appending.
+    pub(crate) fn open(runs: &Path, kept: &VecDeque<u64>) -> KeptFile {
+        let mut list = KeptFile { path: runs.join(KEPT_LIST), file: None, lines: 0 };
+        list.rewrite(kept);
+        list
+    }
+
+    fn rewrite(&mut self, kept: &VecDeque<u64>) {
+        let text: String = kept.iter().map(|run| format!("{run}\n")).collect();
+        let new = self.path.with_extension("new");
+        let written = std::fs::write(&new, text)
+            .and_then(|()| std::fs::rename(&new, &self.path))
+            .and_then(|()| std::fs::OpenOptions::new().append(true).open(&self.path));
+        match written {
+            Ok(file) => {
+                self.file = Some(file);
+                self.lines = kept.len();
+            }
+            Err(e) => self.failed(&e),
+        }
+    }
+
+    /// Run `run` is kept (`kept` holds it, and what else is kept).
+    fn add(&mut self, run: u64, kept: &VecDeque<u64>) {
+        if self.lines >= 2 * kept.len().max(64) {
+            return self.rewrite(kept);
+        }
+        let Some(file) = &mut self.file else { return };
+        match io::Write::write_all(file, format!("{run}\n").as_bytes()) {
+            Ok(()) => self.lines += 1,
+            Err(e) => self.failed(&e),
+        }
+    }
+
+    fn failed(&mut self, e: &io::Error) {
+        if self.file.take().is_some() || self.lines == 0 {
+            tracing::warn!(
+                "cannot write {}: {e} (the logs of runs that wrote none are forgotten if the worker stops)",
+                self.path.display()
+            );
+        }
+        self.lines = usize::MAX / 2;
+    }
 }
 
 /// Forgets the logs kept under run ID `run` and removes them, if any: a
@@ -1160,9 +1221,9 @@ pub(crate) fn forget_logs(shared: &Shared, run: u64) {
     }
 }
 
-/// The file under `runs/` that lists the runs whose logs a worker keeps,
-/// written as it leaves ([`save_logs`]): a run that wrote no log has no
-/// directory, and is known again after a restart only through it.
+/// The file under `runs/` that lists the runs whose logs a worker keeps
+/// ([`KeptFile`]): a run that wrote no log has no directory, and is known
+/// again after a restart only through it.
 const KEPT_LIST: &str = "kept";
 
 /// The runs of an earlier life of the worker on this directory whose logs
@@ -1193,7 +1254,7 @@ pub(crate) fn earlier_runs(runs: &Path, keep: usize) -> io::Result<VecDeque<u64>
                 remove_tree(&path.join("src"))?;
                 found.insert(run);
             }
-            // The list too: it is written again when the worker leaves.
+            // The list too: it is written again as the worker starts.
             _ if is_dir => remove_tree(&path)?,
             _ => std::fs::remove_file(&path)?,
         }
@@ -1207,7 +1268,7 @@ pub(crate) fn earlier_runs(runs: &Path, keep: usize) -> io::Result<VecDeque<u64>
 
 /// Makes the kept runs' logs outlast the worker (see [`earlier_runs`]):
 /// writes the lines of their stage logs still in memory to their files,
-/// and the list of kept runs. A failure is logged: the logs it concerns
+/// and the list of kept runs, compacted. A failure is logged: the logs it concerns
 /// are lost with the worker, as they were before.
 pub(crate) fn save_logs(shared: &Shared) {
     let runs = shared.runs_dir();
@@ -1216,14 +1277,8 @@ pub(crate) fn save_logs(shared: &Shared) {
             spill(held, &runs.join(run.to_string()).join(format!("{stage}.log")));
         }
     }
-    let list: String = shared.kept.lock().expect("kept").iter().map(|run| format!("{run}\n")).collect();
-    let path = runs.join(KEPT_LIST);
-    if let Err(e) = std::fs::write(&path, list) {
-        tracing::warn!(
-            "cannot write {}: {e} (the logs of runs that wrote none are forgotten)",
-            path.display()
-        );
-    }
+    let kept = shared.kept.lock().expect("kept");
+    shared.kept_file.lock().expect("kept file").rewrite(&kept);
 }
 
 #[cfg(test)]
@@ -1331,6 +1386,28 @@ mod tests {
         );
         assert!(earlier_runs(runs, 0).unwrap().is_empty());
         assert!(walk(runs).is_empty());
+    }
+
+    /// The list of kept runs grows a line per run and is written whole
+    /// again past twice what is kept, so it stays bounded; read back, it
+    /// gives the runs kept, whether or not the worker left.
+    #[test]
+    fn the_list_of_kept_runs_is_appended_to_and_stays_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let runs = dir.path();
+        let keep = 100;
+        let mut kept: VecDeque<u64> = [1, 2].into();
+        let mut list = KeptFile::open(runs, &kept);
+        for run in 3..=1_000 {
+            kept.push_back(run);
+            let excess = kept.len().saturating_sub(keep);
+            kept.drain(..excess);
+            list.add(run, &kept);
+            let lines = std::fs::read_to_string(runs.join(KEPT_LIST)).unwrap().lines().count();
+            assert!(lines <= 2 * keep + 1, "{lines} lines after run {run}");
+        }
+        drop(list);
+        assert_eq!(earlier_runs(runs, keep).unwrap(), kept);
     }
 
     /// A temporary directory comes back to the pool only as it was lent:

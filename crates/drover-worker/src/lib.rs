@@ -148,6 +148,8 @@ struct Shared {
     outbox: report::Outbox,
     /// Run directories kept for their logs, oldest first.
     kept: Mutex<VecDeque<u64>>,
+    /// Their list on disk (see `job::KeptFile`).
+    kept_file: Mutex<job::KeptFile>,
     /// The newest lines of the pull, fetch and push stages' logs of running
     /// and kept runs, by run and stage (see `job::StageLog`).
     notes: Mutex<BTreeMap<(u64, &'static str), Vec<u8>>>,
@@ -492,6 +494,7 @@ pub async fn start(mut config: WorkerConfig) -> Result<Worker, WorkerError> {
         cas,
         runs: Mutex::new(BTreeMap::new()),
         outbox: report::Outbox::default(),
+        kept_file: Mutex::new(job::KeptFile::open(&runs, &kept)),
         kept: Mutex::new(kept),
         notes: Mutex::new(BTreeMap::new()),
         fetching: Mutex::new(BTreeSet::new()),

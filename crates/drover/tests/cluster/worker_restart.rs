@@ -50,6 +50,31 @@ fn a_worker_started_again_on_its_cache_serves_the_logs_of_its_earlier_runs() {
     assert!(logs(&cluster, &["pushed", "--stage", "push"]).contains("to the shared cache"));
 }
 
+/// A worker killed with SIGKILL (it never says which runs it keeps) and
+/// started again on its cache and address still knows a run that wrote
+/// nothing: its log is empty, not unknown.
+#[test]
+fn a_killed_worker_started_again_knows_its_silent_runs() {
+    let mut cluster = Cluster::new();
+    let listen = format!("127.0.0.1:{}", crate::harness::free_port());
+    cluster.add_worker("w1", 2, &["--listen", &listen]);
+    let file = cluster.project(
+        "silent",
+        "jobs:\n  - name: quiet\n    run: [\"true\"]\n  - name: loud\n    run: [\"echo hello\"]\n",
+        &[],
+    );
+    let (code, status) = wait_json(&cluster, &file, &[]);
+    assert_eq!(code, Some(0), "{status}");
+    let id = status["id"].to_string();
+    cluster.kill_worker("w1");
+    cluster.add_worker("w1", 2, &["--listen", &listen]);
+    for (job, expected) in [("quiet", ""), ("loud", "hello\n")] {
+        let out = cluster.run(&["logs", &id, job]);
+        assert!(out.status.success(), "logs {job}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(String::from_utf8_lossy(&out.stdout), expected);
+    }
+}
+
 /// A worker whose cache holds about one output (150 KiB for outputs of
 /// 100 kB), running three jobs at once with one pusher: each new output
 /// would evict the one before it while it waits to be pushed, and its push
