@@ -1,9 +1,14 @@
 //! Source files: expanding the `sources` globs against the build directory,
 //! selecting a job's `inputs` among them, and hashing them.
 //!
-//! The walk only descends into directories a pattern can still match, never
-//! follows a symbolic link to a directory, and accepts a symbolic link to a
-//! file only when its target is inside the build directory.
+//! The walk only descends into directories a pattern can still match, and
+//! follows a symbolic link (to a file or a directory) only when its target
+//! is inside the build directory: the files under a linked directory are
+//! sources at the link's path (`src/inc -> ../include` gives
+//! `src/inc/a.h`), as a compiler given `-Isrc/inc` reads them. A link to a
+//! directory it is already in (a loop) is a problem of its source; a
+//! directory link leading outside the build directory, or into the one the
+//! walk must not enter, is passed over.
 
 use std::fs;
 use std::io;
@@ -24,7 +29,15 @@ pub(crate) fn expand(
     excluded: Option<&str>,
     diags: &mut Diagnostics,
 ) -> Result<Vec<String>, GraphError> {
-    let mut walker = Walker { root, excluded, canonical_root: None, found: Vec::new(), problems: Vec::new() };
+    let mut walker = Walker {
+        root,
+        excluded,
+        canonical_root: None,
+        canonical_excluded: None,
+        entered: Vec::new(),
+        found: Vec::new(),
+        problems: Vec::new(),
+    };
     let mut all = Vec::new();
     let mut walked = std::collections::BTreeSet::new();
     for located in patterns {
@@ -45,9 +58,9 @@ pub(crate) fn expand(
         }
         if walker.found.is_empty() {
             let hint = match pattern.literal_path() {
-                Some(path) if is_link(&root.join(&path)) && root.join(&path).is_dir() => {
-                    " (it is a symbolic link to a directory, and those are not followed: name the directory \
-                     it leads to)"
+                Some(path) if leads_outside(root, &root.join(&path)) => {
+                    " (it is a symbolic link to a directory outside the build directory, and those are not \
+                     followed)"
                         .to_owned()
                 }
                 Some(path) if root.join(&path).is_dir() => format!(" (it is a directory: use \"{path}/**\")"),
@@ -71,6 +84,13 @@ struct Walker<'a> {
     /// A directory not to enter, relative to the root.
     excluded: Option<&'a str>,
     canonical_root: Option<PathBuf>,
+    /// The excluded directory's own path, once needed (links may lead
+    /// into it).
+    canonical_excluded: Option<Option<PathBuf>>,
+    /// The directories the walk entered through links, down to where it
+    /// is (their own paths): a link to one of them, or to a directory
+    /// holding one, is a loop.
+    entered: Vec<PathBuf>,
     /// Files matched by the current pattern.
     found: Vec<String>,
     /// Problems met while matching the current pattern.
@@ -102,6 +122,8 @@ impl Walker<'_> {
                 if self.excluded != Some(rel_path.as_str()) {
                     self.walk(pattern, &path, &rel_path, &next)?;
                 }
+            } else if file_type.is_symlink() && path.is_dir() {
+                self.linked_dir(pattern, &path, &rel_path, &next)?;
             } else if !pattern.accepts(&next) {
                 continue;
             } else if file_type.is_file() {
@@ -113,7 +135,58 @@ impl Walker<'_> {
         Ok(())
     }
 
-    /// A matched symbolic link: kept if it leads to a file inside the root.
+    /// A link to a directory the pattern may match under: walked at the
+    /// link's path if it leads inside the root (but for a loop, or into
+    /// the excluded directory), passed over otherwise (a pattern naming
+    /// it alone says why it matched nothing).
+    fn linked_dir(
+        &mut self,
+        pattern: &Pattern,
+        path: &Path,
+        rel_path: &str,
+        states: &States,
+    ) -> Result<(), GraphError> {
+        let Ok(target) = fs::canonicalize(path) else { return Ok(()) };
+        if !target.starts_with(self.canonical_root()?) {
+            return Ok(());
+        }
+        let excluded = match &self.canonical_excluded {
+            Some(excluded) => excluded.clone(),
+            None => {
+                let excluded = self.excluded.and_then(|e| fs::canonicalize(self.root.join(e)).ok());
+                self.canonical_excluded.insert(excluded).clone()
+            }
+        };
+        if excluded.is_some_and(|e| target.starts_with(e)) {
+            return Ok(());
+        }
+        let within = path.parent().and_then(|p| fs::canonicalize(p).ok());
+        if within.is_some_and(|w| w.starts_with(&target))
+            || self.entered.iter().any(|e| e.starts_with(&target))
+        {
+            self.problems.push(format!(
+                "source {rel_path:?} is a symbolic link to a directory it is in ({}): a loop",
+                target.display()
+            ));
+            return Ok(());
+        }
+        self.entered.push(target);
+        let walked = self.walk(pattern, path, rel_path, states);
+        self.entered.pop();
+        walked
+    }
+
+    fn canonical_root(&mut self) -> Result<&Path, GraphError> {
+        if self.canonical_root.is_none() {
+            let root = fs::canonicalize(self.root)
+                .map_err(|source| GraphError::Io { path: self.root.to_owned(), source })?;
+            self.canonical_root = Some(root);
+        }
+        Ok(self.canonical_root.as_deref().expect("set above"))
+    }
+
+    /// A matched symbolic link that does not lead to a directory: kept if
+    /// it leads to a file inside the root.
     fn symlink(&mut self, path: &Path, rel_path: String) -> Result<(), GraphError> {
         let target = match fs::canonicalize(path) {
             Ok(target) => target,
@@ -129,15 +202,7 @@ impl Walker<'_> {
                 return Ok(());
             }
         };
-        let root = match &self.canonical_root {
-            Some(root) => root,
-            None => {
-                let root = fs::canonicalize(self.root)
-                    .map_err(|source| GraphError::Io { path: self.root.to_owned(), source })?;
-                self.canonical_root.insert(root)
-            }
-        };
-        if !target.starts_with(root) {
+        if !target.starts_with(self.canonical_root()?) {
             self.problems.push(format!(
                 "source {rel_path:?} is a symbolic link to {}, outside the build directory",
                 target.display()
@@ -149,9 +214,11 @@ impl Walker<'_> {
     }
 }
 
-/// Whether `path` is a symbolic link (of whatever target).
-fn is_link(path: &Path) -> bool {
-    fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
+/// Whether `path` is a symbolic link to a directory outside `root`.
+fn leads_outside(root: &Path, path: &Path) -> bool {
+    let link = fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
+    let target = fs::canonicalize(path).ok().filter(|t| t.is_dir());
+    link && target.is_some_and(|t| fs::canonicalize(root).is_ok_and(|root| !t.starts_with(root)))
 }
 
 /// The sources matched by each of a job's `inputs` patterns (sorted, without

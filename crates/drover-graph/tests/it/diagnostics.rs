@@ -533,15 +533,18 @@ fn symbolic_links_leading_outside_are_refused() {
 }
 
 /// A loop of links is a diagnostic of its source, reported with the
-/// file's other mistakes (it used to end the load with a bare I/O error);
-/// a pattern naming a link to a directory says that links are not followed.
+/// file's other mistakes (it used to end the load with a bare I/O error),
+/// and so is a link to a directory that holds it; a pattern naming a link
+/// to a directory outside says that those are not followed.
 #[cfg(unix)]
 #[test]
 fn link_loops_and_links_to_directories_are_explained() {
     let dir = Dir::with(&[("real/a.c", "a"), ("src/b.c", "b")]);
     let root = dir.path();
+    let outside = Dir::with(&[("x.c", "x")]);
     std::os::unix::fs::symlink(root.join("src/loop"), root.join("src/loop")).expect("symlink");
-    std::os::unix::fs::symlink(root.join("real"), root.join("linked")).expect("symlink");
+    std::os::unix::fs::symlink(root.join("src"), root.join("src/self")).expect("symlink");
+    std::os::unix::fs::symlink(outside.path(), root.join("linked")).expect("symlink");
     let yaml = "sources: [src/**, linked]\njobs: [{name: a, run: \"{{nope}}\"}]\n";
     let errors = errors_of(parse_str(Path::new("drover.yaml"), yaml, root));
     let messages: Vec<&str> = errors.iter().map(|e| e.2.as_str()).collect();
@@ -554,7 +557,13 @@ fn link_loops_and_links_to_directories_are_explained() {
     assert!(
         messages
             .iter()
-            .any(|m| m.contains("\"linked\" matches no file (it is a symbolic link to a directory")),
+            .any(|m| m.contains("\"linked\" matches no file (it is a symbolic link to a directory outside")),
+        "{messages:#?}"
+    );
+    assert!(
+        messages
+            .iter()
+            .any(|m| m.starts_with("source \"src/self\" is a symbolic link to a directory it is in")),
         "{messages:#?}"
     );
     assert!(messages.iter().any(|m| m.contains("nope")), "the other mistakes too: {messages:#?}");

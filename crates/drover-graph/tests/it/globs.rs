@@ -95,12 +95,44 @@ fn no_sources_is_fine() {
 fn symbolic_links_inside_the_root() {
     let dir = tree();
     std::os::unix::fs::symlink(dir.path().join("top.h"), dir.path().join("src/link.h")).expect("symlink");
-    // A linked directory is not descended into (no loops, no duplicates).
+    // A linked directory inside the root is walked at the link's path, as
+    // a compiler given `-Isrc/inc` reads it.
     std::os::unix::fs::symlink(dir.path().join("include"), dir.path().join("src/inc")).expect("symlink");
+    // One outside the root is passed over.
+    let outside = tempfile::tempdir().expect("tempdir");
+    std::fs::write(outside.path().join("secret.h"), "s").expect("write");
+    std::os::unix::fs::symlink(outside.path(), dir.path().join("src/ext")).expect("symlink");
     assert_eq!(
         sources_in(&dir, "[src/**]"),
-        ["src/a.c", "src/b.h", "src/link.h", "src/nested/c.c", "src/nested/deeper/d.c",]
+        [
+            "src/a.c",
+            "src/b.h",
+            "src/inc/sub/z.h",
+            "src/inc/x.h",
+            "src/inc/y.h",
+            "src/link.h",
+            "src/nested/c.c",
+            "src/nested/deeper/d.c",
+        ]
     );
+    assert_eq!(sources_in(&dir, "['src/inc/*.h']"), ["src/inc/x.h", "src/inc/y.h"]);
+}
+
+/// The directory outputs are exported to is not read for sources through
+/// a link into it either.
+#[cfg(unix)]
+#[test]
+fn a_link_into_the_excluded_directory_is_not_followed() {
+    let dir = Dir::with(&[
+        ("src/a.c", "a"),
+        ("out/app/bin", "b"),
+        ("drover.yaml", "sources: ['**']\njobs: [{name: a, run: x}]\n"),
+    ]);
+    std::os::unix::fs::symlink(dir.path().join("out"), dir.path().join("src/exported")).expect("symlink");
+    let build = drover_graph::load_excluding(&dir.path().join("drover.yaml"), Some(&dir.path().join("out")))
+        .expect("load");
+    let paths: Vec<String> = build.sources.into_iter().map(|s| s.path).collect();
+    assert_eq!(paths, ["drover.yaml", "src/a.c"]);
 }
 
 #[test]
