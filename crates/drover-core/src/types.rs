@@ -540,7 +540,8 @@ pub struct Config {
     /// How long after a worker is lost (or leaves) the jobs that only it
     /// could run wait for it, or another capable worker, to register before
     /// they fail: a worker restarting or a pool rolling over is not a job no
-    /// worker could ever run (0: no wait; stored settings that predate it
+    /// worker could ever run. Jobs scheduled while no worker is registered
+    /// at all wait as long (0: no wait; stored settings that predate it
     /// read as 0).
     #[serde(default)]
     pub lost_worker_grace: Millis,
