@@ -31,8 +31,20 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .merge(api)
+        .fallback(not_a_coordinator)
         .layer(middleware::from_fn(drover_http::json_errors))
         .with_state(shared)
+}
+
+/// Any other path: most likely a client, or a worker, given this worker's
+/// address for the coordinator's.
+async fn not_a_coordinator(State(shared): State<Arc<Shared>>) -> (StatusCode, String) {
+    let message = format!(
+        "this is drover worker {:?}, not a coordinator: give the coordinator's address \
+         (--coordinator or $DROVER_COORDINATOR)\n",
+        shared.name
+    );
+    (StatusCode::NOT_FOUND, message)
 }
 
 async fn require_token(State(shared): State<Arc<Shared>>, req: Request, next: Next) -> Response {

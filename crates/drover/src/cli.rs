@@ -316,7 +316,8 @@ pub(crate) struct CancelArgs {
 pub(crate) struct SuspendArgs {
     /// The build's ID.
     pub(crate) build: u64,
-    /// One job of the build, by name (default: all its running jobs).
+    /// One job of the build, by name (default: every job of the build that
+    /// is running, to suspend, or suspended, to resume).
     pub(crate) job: Option<String>,
     #[command(flatten)]
     pub(crate) remote: Remote,

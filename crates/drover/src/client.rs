@@ -820,6 +820,9 @@ fn url_escape(text: &str) -> String {
 
 /// `drover retry`.
 pub(crate) async fn retry(args: RetryArgs) -> Result<(), Failure> {
+    if args.json && !args.wait {
+        return Err(Failure::Usage(anyhow!("--json needs --wait: it acts once the build has ended")));
+    }
     let http = connect(&args.remote);
     let base = &args.remote.coordinator;
     // Follow from the end of the history as it is now.
@@ -999,6 +1002,15 @@ pub(crate) async fn logs(args: LogsArgs) -> Result<(), Failure> {
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
+    // The attempt followed, to tell its end from the next one's.
+    let followed = match args.follow {
+        true => build_status(&http, base, args.build)
+            .await
+            .ok()
+            .and_then(|s| s.jobs.into_iter().find(|j| j.name == args.job))
+            .map(|j| j.attempts),
+        false => None,
+    };
     let mut stdout = tokio::io::stdout();
     while let Some(chunk) = body.next().await {
         let chunk = chunk.map_err(|e| {
@@ -1011,6 +1023,31 @@ pub(crate) async fn logs(args: LogsArgs) -> Result<(), Failure> {
         stdout.write_all(&chunk).await.map_err(crate::stdout_error)?;
     }
     stdout.flush().await.map_err(crate::stdout_error)?;
+    // Followed to its end: say how the job stands, on standard error, once
+    // the coordinator has the run's end (its report comes a moment after
+    // the log ends).
+    if let Some(attempt) = followed {
+        for _ in 0..50 {
+            let Ok(status) = build_status(&http, base, args.build).await else { break };
+            let Some(job) = status.jobs.into_iter().find(|j| j.name == args.job) else { break };
+            if job.state == JobState::Running && job.attempts == attempt {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            let code = job.exit_code.filter(|_| job.state == JobState::Failed);
+            let code = code.map_or_else(String::new, |c| format!(" (exit code {c})"));
+            let state = match job.state {
+                s if s.is_final() => format!("ended {s}{code}"),
+                s => format!("is {s} again"),
+            };
+            // Standard error may be closed by now: no panic for a note.
+            let _ = std::io::Write::write_fmt(
+                &mut std::io::stderr(),
+                format_args!("drover: the run ended; job {} {state}\n", printable(&args.job)),
+            );
+            break;
+        }
+    }
     Ok(())
 }
 

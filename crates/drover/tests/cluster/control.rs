@@ -118,17 +118,21 @@ fn logs_follow_streams_a_running_job_until_it_ends() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("drover logs --follow");
-    let later_err = later.stderr.take().expect("stderr");
+    let mut later_err = BufReader::new(later.stderr.take().expect("stderr"));
     let mut waiting = String::new();
-    BufReader::new(later_err).read_line(&mut waiting).expect("read");
+    later_err.read_line(&mut waiting).expect("read");
     assert!(waiting.contains("job after of build") && waiting.contains("has not started yet"), "{waiting}");
     std::fs::write(&gate, "").expect("open the gate");
     assert_eq!(next().as_deref(), Some("two"));
     assert_eq!(next(), None, "the stream ends with the job");
     assert!(follow.wait().expect("wait").success());
     let later = later.wait_with_output().expect("wait");
-    assert!(later.status.success());
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut later_err, &mut rest).expect("read");
+    assert!(later.status.success(), "{rest}");
     assert_eq!(String::from_utf8_lossy(&later.stdout), "three\n");
+    // Once the stream ends, it says how the job ended.
+    assert!(rest.contains("the run ended; job after ended succeeded"), "{rest}");
 }
 
 #[test]

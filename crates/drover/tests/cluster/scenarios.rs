@@ -580,6 +580,18 @@ fn a_coordinator_url_is_checked_and_a_bare_address_means_http() {
     assert!(stderr(&out).contains("cannot reach http://127.0.0.1:9/"), "{}", stderr(&out));
 }
 
+/// A client given a worker's address for the coordinator's is told so.
+#[test]
+fn a_workers_address_given_for_the_coordinators_is_named() {
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", 1, &[]);
+    let workers = cluster.workers_json();
+    let url = workers[0]["url"].as_str().expect("the worker's URL");
+    let out = drover().args(["status", "--coordinator", url]).output().expect("run");
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("this is drover worker \"w1\", not a coordinator"), "{}", stderr(&out));
+}
+
 #[test]
 fn what_acts_on_the_builds_end_needs_wait() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -594,6 +606,11 @@ fn what_acts_on_the_builds_end_needs_wait() {
         assert!(stderr(&out).contains("needs --wait"), "{flag}: {}", stderr(&out));
         assert!(out.stdout.is_empty(), "nothing was submitted");
     }
+    // Nor is a build retried for a `--json` that would never print.
+    let out =
+        drover().args(["retry", "1", "--json", "--coordinator", "http://127.0.0.1:9"]).output().expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("--json needs --wait"), "{}", stderr(&out));
 }
 
 #[test]
