@@ -2011,10 +2011,10 @@ impl Scheduler {
         let grace = (self.config.unplaceable_grace > Millis(0))
             .then(|| self.now.after(self.config.unplaceable_grace));
         // No worker at all: they are starting with the coordinator, or all
-        // restarting; the job waits for them as for a lost one.
-        let lost_grace = self.config.lost_worker_grace;
-        let empty = (lost_grace > Millis(0) && !self.workers.iter().any(|w| w.alive))
-            .then(|| self.now.after(lost_grace));
+        // restarting.
+        let empty_grace = self.config.no_worker_grace;
+        let empty = (empty_grace > Millis(0) && !self.workers.iter().any(|w| w.alive))
+            .then(|| self.now.after(empty_grace));
         let Some(at) = grace.max(self.lost_wait(class)).max(empty) else {
             let why = self.unplaceable_reason(class);
             self.give_up(j, FailReason::Unplaceable(why));

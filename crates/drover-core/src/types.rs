@@ -540,11 +540,17 @@ pub struct Config {
     /// How long after a worker is lost (or leaves) the jobs that only it
     /// could run wait for it, or another capable worker, to register before
     /// they fail: a worker restarting or a pool rolling over is not a job no
-    /// worker could ever run. Jobs scheduled while no worker is registered
-    /// at all wait as long (0: no wait; stored settings that predate it
+    /// worker could ever run (0: no wait; stored settings that predate it
     /// read as 0).
     #[serde(default)]
     pub lost_worker_grace: Millis,
+    /// How long a job waits while no worker is registered at all (workers
+    /// starting with the coordinator, or all of them restarting) before it
+    /// fails: an empty cluster says nothing of what could run it (0: no
+    /// wait; stored settings that predate it read as 0, so that a log
+    /// replays as it was recorded).
+    #[serde(default)]
+    pub no_worker_grace: Millis,
     /// Seed of the draw among a worker's queues.
     pub seed: u64,
     /// Queues with weights and quotas (none: one `default` queue for all).
@@ -780,6 +786,7 @@ impl Default for Config {
             lease_timeout: Millis(10_000),
             unplaceable_grace: Millis(0),
             lost_worker_grace: Millis(300_000),
+            no_worker_grace: Millis(300_000),
             seed: 0x5eed,
             queues: Vec::new(),
             tenant_queues: BTreeMap::new(),

@@ -180,6 +180,7 @@ struct SchedulerSection {
     lease_timeout: Option<String>,
     unplaceable_grace: Option<String>,
     lost_worker_grace: Option<String>,
+    no_worker_grace: Option<String>,
     seed: Option<u64>,
     /// A starving job may evict lower-priority jobs of its queue.
     #[serde(default)]
@@ -231,6 +232,8 @@ fn coordinator_config(args: &ServeArgs) -> anyhow::Result<CoordinatorConfig> {
             millis("unplaceable_grace", &s.unplaceable_grace, core.unplaceable_grace, units::wait)?;
         core.lost_worker_grace =
             millis("lost_worker_grace", &s.lost_worker_grace, core.lost_worker_grace, units::wait)?;
+        core.no_worker_grace =
+            millis("no_worker_grace", &s.no_worker_grace, core.no_worker_grace, units::wait)?;
         core.seed = s.seed.unwrap_or(core.seed);
         core.preempt = s.preempt;
         core.reclaim = s.reclaim;
@@ -520,6 +523,7 @@ async fn embedded_coordinator(
     // Its workers die with the process: those of an earlier run that this
     // one does not start again never come back, and no job waits for them.
     config.core.lost_worker_grace = drover_core::Millis(0);
+    config.core.no_worker_grace = drover_core::Millis(0);
     tune(&mut config.core);
     let context = || format!("cannot start the embedded coordinator in {}", state.display());
     match drover_coordinator::start(config.clone()).await {
@@ -649,6 +653,7 @@ mod tests {
         let defaults = drover_core::Config::default();
         assert_eq!(config.core.unplaceable_grace, defaults.unplaceable_grace);
         assert_eq!(config.core.lost_worker_grace, defaults.lost_worker_grace);
+        assert_eq!(config.core.no_worker_grace, defaults.no_worker_grace);
         assert_eq!(config.core.lease_timeout, defaults.lease_timeout);
         assert_eq!(config.core.deps_timeout, defaults.deps_timeout);
     }

@@ -267,6 +267,8 @@ fn case() -> impl Strategy<Value = Case> {
                 // On or off by the seed's top bit (a draw of its own would
                 // shift every later draw of the fixed-seed cases).
                 lost_worker_grace: Millis(if seed >> 63 == 1 { 80 } else { 0 }),
+                // The next bit, for the wait of jobs while no worker is alive.
+                no_worker_grace: Millis(if (seed >> 62) & 1 == 1 { 60 } else { 0 }),
                 seed,
                 queues,
                 tenant_queues,

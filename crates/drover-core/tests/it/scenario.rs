@@ -414,6 +414,7 @@ fn parse_config(line: &str) -> Config {
             "lease" => config.lease_timeout = Millis(n),
             "grace" => config.unplaceable_grace = Millis(n),
             "lost" => config.lost_worker_grace = Millis(n),
+            "empty" => config.no_worker_grace = Millis(n),
             "seed" => config.seed = n,
             "preempt" => config.preempt = n != 0,
             "reclaim" => config.reclaim = n != 0,
