@@ -194,9 +194,13 @@ impl Index {
         }
     }
 
-    /// The least recently used unpinned entry other than `protect`.
-    pub(crate) fn victim(&self, protect: Option<Slot>) -> Option<Slot> {
-        self.lru.iter().map(|(_, slot)| *slot).find(|slot| Some(*slot) != protect)
+    /// The least recently used unpinned entry other than `protect`: an
+    /// artifact, or a blob too if `blobs`.
+    pub(crate) fn victim(&self, protect: Option<Slot>, blobs: bool) -> Option<Slot> {
+        self.lru
+            .iter()
+            .map(|(_, slot)| *slot)
+            .find(|slot| Some(*slot) != protect && (blobs || matches!(slot, Slot::Artifact(_))))
     }
 }
 
@@ -219,19 +223,20 @@ mod tests {
         idx.insert_blob(k(2), 5, None);
         idx.insert_artifact(k(3), info(7), None);
         assert_eq!(idx.used(), 22);
-        assert_eq!(idx.victim(None), Some(Slot::Artifact(k(1))));
+        assert_eq!(idx.victim(None, true), Some(Slot::Artifact(k(1))));
         idx.touch_artifact(&k(1));
-        assert_eq!(idx.victim(None), Some(Slot::Blob(k(2))));
-        assert_eq!(idx.victim(Some(Slot::Blob(k(2)))), Some(Slot::Artifact(k(3))));
+        assert_eq!(idx.victim(None, true), Some(Slot::Blob(k(2))));
+        assert_eq!(idx.victim(Some(Slot::Blob(k(2))), true), Some(Slot::Artifact(k(3))));
+        assert_eq!(idx.victim(None, false), Some(Slot::Artifact(k(3))), "outputs only");
         idx.touch_blob(&k(2));
         assert_eq!(idx.pin(&k(3), true), Some(info(7)));
-        assert_eq!(idx.victim(None), Some(Slot::Artifact(k(1))));
+        assert_eq!(idx.victim(None, true), Some(Slot::Artifact(k(1))));
         idx.pin(&k(1), false);
-        assert_eq!(idx.victim(None), Some(Slot::Blob(k(2))));
+        assert_eq!(idx.victim(None, true), Some(Slot::Blob(k(2))));
         idx.remove(Slot::Blob(k(2)));
-        assert_eq!(idx.victim(None), None);
+        assert_eq!(idx.victim(None, true), None);
         assert_eq!(idx.unpin(&k(1)), Unpinned::Kept);
-        assert_eq!(idx.victim(None), Some(Slot::Artifact(k(1))));
+        assert_eq!(idx.victim(None, true), Some(Slot::Artifact(k(1))));
         idx.pin(&k(3), true);
         idx.doom(&k(3));
         assert!(idx.artifact(&k(3)).is_none());

@@ -75,7 +75,13 @@
 //! the whole cache). The free space is measured before each pass, outside
 //! the index lock; what earlier passes evicted but nobody has deleted yet
 //! counts as free. Sizes are the files' lengths, not the blocks they take.
-//! Pins and the entry just added are spared here too.
+//! Pins and the entry just added are spared here too, and so are blobs:
+//! they are the sources of builds in flight (uploaded for a submission,
+//! fetched for a run that is starting), small beside the outputs, and on a
+//! disk short of its reserve for good (a small volume, a reserve larger
+//! than the disk) every new blob evicted the one fetched before it, so a
+//! job that sees two sources never started. Blobs leave for the size
+//! limit only.
 //!
 //! Blobs are never pinned: a path from [`Cas::blob_path`] stays valid until
 //! the blob is evicted. Callers needing it longer copy or hard-link it.
@@ -819,7 +825,9 @@ impl Inner {
         let mut evicted = Vec::new();
         let mut short = short.saturating_sub(st.pending_free);
         while st.index.used() > self.max_bytes || short > 0 {
-            let Some(slot) = st.index.victim(protect) else { break };
+            // For the reserve alone, outputs only (see the crate doc).
+            let blobs = st.index.used() > self.max_bytes;
+            let Some(slot) = st.index.victim(protect, blobs) else { break };
             let used = st.index.used();
             self.remove_locked(st, slot);
             let freed = used - st.index.used();

@@ -111,6 +111,9 @@ pub enum CoordinatorError {
     /// The state log failed.
     #[error(transparent)]
     Store(#[from] drover_store::StoreError),
+    /// The coordinator stopped while serving.
+    #[error("the coordinator stopped: it {0}")]
+    Stopped(String),
     /// The snapshot the log begins with cannot be read.
     #[error(
         "cannot read the snapshot of the state (the log's first {seq} inputs) in the data directory: {why}. Start the drover that wrote it, or start this one on a new data directory"
@@ -163,6 +166,8 @@ pub struct Coordinator {
     /// The API, also served in process (see [`Coordinator::router`]).
     router: axum::Router,
     server: tokio::task::JoinHandle<()>,
+    /// Why its state thread stopped for good, once it did.
+    failed: tokio::sync::watch::Receiver<Option<String>>,
     /// Held while the coordinator lives: one coordinator per data directory.
     _lock: std::fs::File,
 }
@@ -193,9 +198,19 @@ impl Coordinator {
         format!("http://{}", self.addr)
     }
 
-    /// Serves until the server stops (it does not stop on its own).
-    pub async fn wait(mut self) {
-        let _ = (&mut self.server).await;
+    /// Serves until the server stops (it does not stop on its own), or
+    /// until the coordinator cannot go on: it can no longer record its
+    /// state (a full disk), and every request would be refused. The process
+    /// should then end, for a supervisor to start it again once the cause
+    /// is gone (the state recorded so far is whole).
+    pub async fn wait(mut self) -> Result<(), CoordinatorError> {
+        tokio::select! {
+            _ = &mut self.server => Ok(()),
+            failed = self.failed.wait_for(Option::is_some) => match failed {
+                Ok(why) => Err(CoordinatorError::Stopped(why.clone().unwrap_or_default())),
+                Err(_) => std::future::pending().await,
+            },
+        }
     }
 }
 
@@ -237,6 +252,7 @@ pub async fn start(config: CoordinatorConfig) -> Result<Coordinator, Coordinator
     let recent = shared.query(Solver::recent_specs).await.unwrap_or_default();
     let seeding = specs.clone();
     let _ = tokio::task::spawn_blocking(move || seeding.seed(recent)).await;
+    let failed = shared.failed.subscribe();
     let app = api::App {
         shared,
         blobs,
@@ -260,5 +276,5 @@ pub async fn start(config: CoordinatorConfig) -> Result<Coordinator, Coordinator
         drover_http::serve(listener, served, config.header_timeout).await;
     });
     tracing::info!(%addr, "coordinator listening");
-    Ok(Coordinator { addr, router, server, _lock: lock })
+    Ok(Coordinator { addr, router, server, failed, _lock: lock })
 }

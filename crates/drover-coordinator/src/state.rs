@@ -298,6 +298,9 @@ pub(crate) struct Shared {
     stages: Mutex<BTreeMap<u64, RunStage>>,
     /// The log's figures (see `snapshots::LogGauges`).
     pub(crate) log: Arc<snapshots::LogGauges>,
+    /// Why the state thread stopped for good (its log failed), once it did:
+    /// the process should end, for a supervisor to start it again.
+    pub(crate) failed: tokio::sync::watch::Sender<Option<String>>,
 }
 
 /// The state thread is gone (the log failed, or the coordinator is stopping).
@@ -492,6 +495,7 @@ pub(crate) fn start(
         renewed: Mutex::new(BTreeMap::new()),
         stages: Mutex::new(BTreeMap::new()),
         log: snapshots.gauges(),
+        failed: tokio::sync::watch::Sender::new(None),
     });
     // The thread holds the shared state weakly: once every handler and
     // client has let go of it, the channel closes and the thread ends.
@@ -642,6 +646,9 @@ fn run(
             // Acting on inputs that were not recorded would break recovery:
             // stop here; requests fail and the process must be restarted.
             tracing::error!("cannot record state, stopping the coordinator: {e}");
+            if let Some(shared) = weak.upgrade() {
+                shared.failed.send_replace(Some(format!("cannot record its state: {e}")));
+            }
             return;
         }
         snapshots.recorded(records.iter().map(|(_, body)| body.len() as u64).sum());

@@ -294,7 +294,7 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<(), Failure> {
     let coordinator = drover_coordinator::start(config).await.map_err(|e| Failure::Runtime(e.into()))?;
     eprintln!("drover coordinator listening on {}", coordinator.url());
     tokio::select! {
-        () = coordinator.wait() => Ok(()),
+        stopped = coordinator.wait() => stopped.map_err(|e| Failure::Runtime(e.into())),
         () = shutdown_signal() => Ok(()),
     }
 }

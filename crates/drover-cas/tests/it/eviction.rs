@@ -190,3 +190,27 @@ fn a_reserve_the_filesystem_lacks_evicts_every_entry_it_may() {
     assert!(cas.take_evicted().is_empty());
     assert_eq!(cas.artifacts(), vec![key(5), key(6)]);
 }
+
+/// A reserve the filesystem lacks for good evicts outputs, never blobs:
+/// the sources of a run that is starting, fetched one after another, all
+/// stay (each new blob used to evict the one before it, so a job that sees
+/// two sources never started). The size limit still evicts blobs.
+#[test]
+fn a_reserve_evicts_outputs_but_not_the_sources_just_fetched() {
+    let (_root, cas) = cas(1_000);
+    cas.keep_free(Reserve::Bytes(u64::MAX));
+    sized(&cas, 1, 100);
+    let blobs: Vec<Vec<u8>> = (0..5u8).map(|n| vec![n; 100]).collect();
+    for blob in &blobs {
+        cas.put_blob(&mut blob.as_slice(), &Key::digest(blob)).unwrap();
+    }
+    for blob in &blobs {
+        assert!(cas.has_blob(&Key::digest(blob)), "every source of the run is still there");
+    }
+    assert_eq!(cas.take_evicted(), vec![key(1)], "the output went for the reserve");
+    // Past the size limit, the oldest blobs go as before.
+    sized(&cas, 2, 600);
+    assert!(!cas.has_blob(&Key::digest(&blobs[0])));
+    assert!(cas.has_blob(&Key::digest(&blobs[4])));
+    assert!(cas.used_bytes() <= 1_000);
+}

@@ -580,6 +580,56 @@ fn a_coordinator_url_is_checked_and_a_bare_address_means_http() {
     assert!(stderr(&out).contains("cannot reach http://127.0.0.1:9/"), "{}", stderr(&out));
 }
 
+/// A coordinator that can no longer record its state (here its files may
+/// not grow past 100 KiB, as on a full disk) exits non-zero, saying why,
+/// instead of refusing every request forever while it holds its port.
+#[test]
+fn a_coordinator_that_cannot_record_its_state_exits() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let port = crate::harness::free_port();
+    let script = format!(
+        "trap '' XFSZ; ulimit -f 200; exec {} serve --listen 127.0.0.1:{port} --data {}",
+        env!("CARGO_BIN_EXE_drover"),
+        data.display()
+    );
+    /// Killed if the test fails before it exits.
+    struct Serve(std::process::Child);
+    impl Drop for Serve {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut serve = Serve(
+        std::process::Command::new("sh")
+            .args(["-c", &script])
+            .env_remove("DROVER_TOKEN")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("sh"),
+    );
+    let url = format!("http://127.0.0.1:{port}");
+    eventually("the coordinator to listen", || {
+        drover().args(["workers", "--coordinator", &url]).output().ok().filter(|o| o.status.success())
+    });
+    // A submission larger than the log may grow.
+    let file = dir.path().join("drover.yaml");
+    let long = "x".repeat(120 << 10);
+    std::fs::write(&file, format!("jobs:\n  - name: big\n    run: [\"echo {long}\"]\n")).expect("write");
+    let out = drover()
+        .args(["submit", file.to_str().expect("utf-8"), "--coordinator", &url])
+        .output()
+        .expect("run");
+    assert!(!out.status.success(), "the submission is not recorded: {}", stderr(&out));
+    let status = eventually("the coordinator to exit", || serve.0.try_wait().expect("wait"));
+    assert!(!status.success(), "{status}");
+    let mut log = String::new();
+    std::io::Read::read_to_string(&mut serve.0.stderr.take().expect("stderr"), &mut log).expect("read");
+    assert!(log.contains("the coordinator stopped: it cannot record its state"), "{log}");
+}
+
 /// A client given a worker's address for the coordinator's is told so.
 #[test]
 fn a_workers_address_given_for_the_coordinators_is_named() {
