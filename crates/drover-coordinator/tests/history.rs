@@ -55,8 +55,6 @@ async fn finished_builds_past_the_setting_are_forgotten_and_said_to_be() {
     drop(store);
     let mut config = common::loopback(dir.path());
     config.keep_finished_builds = Some(1);
-    // The builds fail at once for want of workers, as they did then.
-    config.core.no_worker_grace = drover_core::Millis(0);
     let coordinator = drover_coordinator::start(config).await.expect("start");
     let http = Http::new(None, Duration::from_secs(30));
     let url = coordinator.url();
