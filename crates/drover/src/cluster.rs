@@ -650,7 +650,9 @@ mod tests {
             token: None,
         };
         let config = coordinator_config(&args).expect("the README's sample reads");
-        let defaults = drover_core::Config::default();
+        // `drover serve`'s defaults, which are the core's but for a longer
+        // lease.
+        let defaults = CoordinatorConfig::new(dir.path().join("data")).core;
         assert_eq!(config.core.unplaceable_grace, defaults.unplaceable_grace);
         assert_eq!(config.core.lost_worker_grace, defaults.lost_worker_grace);
         assert_eq!(config.core.no_worker_grace, defaults.no_worker_grace);
