@@ -401,7 +401,8 @@ pub(crate) async fn follow_events(
                 failures += 1;
                 if failures > RECONNECTS {
                     return Err(Failure::Runtime(anyhow!(
-                        "lost the coordinator while following build {id}: {e}"
+                        "lost the coordinator while following build {id}: {e}; the build goes on \
+                         without this client (`drover status {id} --watch` follows it again)"
                     )));
                 }
                 // Said once the first retry failed too: a restart of the
@@ -662,7 +663,7 @@ pub(crate) async fn submit(args: SubmitArgs) -> Result<(), Failure> {
         ended = follow(&http, base, id, 0, loaded.spec.jobs.len()) => ended?,
         () = interrupts.next() => {
             eprintln!("drover: interrupted; cancelling build {id} (jobs it shares with other builds go on for them)");
-            cancel_build(&http, base, id).await?;
+            cancel_on_interrupt(&http, base, id, interrupts).await?;
             return Err(Failure::Build);
         }
     };
@@ -783,6 +784,47 @@ pub(crate) async fn cancel(args: CancelArgs) -> Result<(), Failure> {
 }
 
 /// Cancels build `id`.
+/// Cancels build `id` for an interrupted `submit --wait`: a coordinator
+/// that cannot be reached (restarting, say) is tried again for about half
+/// a minute, or until a second interrupt; a build left running says so,
+/// and how to cancel it, rather than leaving it to hold its slots unseen.
+async fn cancel_on_interrupt(
+    http: &Http,
+    base: &str,
+    id: u64,
+    interrupts: &mut crate::cluster::Interrupts,
+) -> Result<(), Failure> {
+    let url = api(base, &format!("/v1/builds/{id}/cancel"));
+    let mut said = false;
+    for _ in 0..CANCEL_TRIES {
+        match http.post(&url).await {
+            Ok(()) => return Ok(()),
+            Err(e) if e.status() == Some(404) => return Err(no_build(&e, id, "")),
+            // Refused for a reason a retry cannot mend (a token, say).
+            Err(e) if e.status().is_some_and(|s| (400..500).contains(&s)) => return Err(reach(base)(e)),
+            Err(e) => {
+                if !std::mem::replace(&mut said, true) {
+                    eprintln!(
+                        "drover: cannot reach the coordinator to cancel build {id} ({e}); trying again for \
+                         half a minute (interrupt again to stop)"
+                    );
+                }
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(RECONNECT_PAUSE) => {}
+            () = interrupts.next() => break,
+        }
+    }
+    Err(Failure::Runtime(anyhow!(
+        "build {id} was NOT cancelled: it goes on once its coordinator is back; cancel it then with \
+         `drover cancel {id} --coordinator {base}`"
+    )))
+}
+
+/// Tries of [`cancel_on_interrupt`], [`RECONNECT_PAUSE`] apart.
+const CANCEL_TRIES: u32 = 60;
+
 async fn cancel_build(http: &Http, base: &str, id: u64) -> Result<(), Failure> {
     http.post(&api(base, &format!("/v1/builds/{id}/cancel"))).await.map_err(|e| match e.status() {
         Some(404) => no_build(&e, id, ""),

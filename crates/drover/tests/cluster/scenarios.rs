@@ -240,6 +240,41 @@ fn interrupting_submit_wait_cancels_its_build() {
     assert_eq!(cluster.final_status(id)["state"], "cancelled");
 }
 
+/// Interrupted while its coordinator is down (restarting), `submit --wait`
+/// tries the cancel again until the coordinator is back, so the build does
+/// not run on unseen; it says what it is doing meanwhile.
+#[test]
+fn interrupting_submit_wait_while_the_coordinator_is_down_cancels_once_it_is_back() {
+    use std::io::{BufRead, BufReader};
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", 1, &[]);
+    let started = cluster.scratch("started");
+    let build = format!("jobs:\n  - name: long\n    run: [\"touch {started}; sleep 1000\"]\n");
+    let file = cluster.project("interrupt-down", &build, &[]);
+    let mut waiter = cluster
+        .client(&["submit", file.to_str().expect("utf-8"), "--wait"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("submit");
+    eventually("the job to start", || std::path::Path::new(&started).exists().then_some(()));
+    cluster.kill_coordinator();
+    let status = Command::new("kill").args(["-INT", &waiter.id().to_string()]).status().expect("kill");
+    assert!(status.success());
+    let mut err = BufReader::new(waiter.stderr.take().expect("stderr"));
+    let mut said = String::new();
+    while !said.contains("trying again") {
+        let mut line = String::new();
+        assert!(err.read_line(&mut line).expect("read") > 0, "submit ended early: {said}");
+        said.push_str(&line);
+    }
+    cluster.start_coordinator();
+    let out = waiter.wait_with_output().expect("submit --wait ends");
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    let id: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().expect("the build ID");
+    assert_eq!(cluster.final_status(id)["state"], "cancelled");
+}
+
 /// Interrupted before the coordinator has answered the submission,
 /// `submit --wait` does not just vanish (the build might be accepted
 /// anyway, and then run with nobody to cancel it): it says it will cancel
