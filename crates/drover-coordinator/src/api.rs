@@ -531,6 +531,10 @@ struct LogQuery {
     /// Stream what the job writes until it ends.
     #[serde(default)]
     follow: bool,
+    /// With `follow`: from this byte of the log on (a follower taking up
+    /// where its connection broke off).
+    #[serde(default)]
+    from: u64,
 }
 
 fn default_stream() -> String {
@@ -574,7 +578,11 @@ async fn job_log(
         })
         .await?
         .map_err(|message| ApiError(StatusCode::NOT_FOUND, message))?;
-    let follow = if q.follow { "&follow=true" } else { "" };
+    let follow = match (q.follow, q.from) {
+        (false, _) => String::new(),
+        (true, 0) => "&follow=true".to_owned(),
+        (true, from) => format!("&follow=true&from={from}"),
+    };
     let unavailable = |e: drover_http::HttpError| match e.status() {
         // The worker answered: it has no log of that run.
         Some(404) => ApiError(

@@ -78,6 +78,10 @@ struct LogQuery {
     /// Keep the response open and send what the run writes until it ends.
     #[serde(default)]
     follow: bool,
+    /// With `follow`: start at this byte of the log (a follower that lost
+    /// its connection takes up where it was).
+    #[serde(default)]
+    from: u64,
 }
 
 /// How often a followed log is checked for new bytes.
@@ -110,10 +114,10 @@ async fn read_log(shared: Arc<Shared>, run: u64, source: Source, from: u64, max:
     tokio::task::spawn_blocking(read).await.unwrap_or_default()
 }
 
-/// The log from the start, then what the run writes, until the run ends
+/// The log from byte `from`, then what the run writes, until the run ends
 /// (then what is left).
-fn follow_log(shared: Arc<Shared>, run: u64, source: Source) -> Body {
-    let state = (shared, 0u64);
+fn follow_log(shared: Arc<Shared>, run: u64, source: Source, from: u64) -> Body {
+    let state = (shared, from);
     let stream = futures::stream::unfold(state, move |(shared, offset)| async move {
         loop {
             // Read whether the run is still going before reading, so bytes
@@ -154,7 +158,7 @@ async fn log(State(shared): State<Arc<Shared>>, Path(run): Path<u64>, Query(q): 
             if !shared.knows_run(run) {
                 return Err(unknown());
             }
-            return Ok((text, follow_log(shared.clone(), run, source)).into_response());
+            return Ok((text, follow_log(shared.clone(), run, source, q.from)).into_response());
         }
         Source::Stage(_) if shared.knows_run(run) => {
             return Ok((text, read_log(shared.clone(), run, source, 0, usize::MAX).await).into_response());

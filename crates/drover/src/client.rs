@@ -1013,6 +1013,7 @@ pub(crate) async fn logs(args: LogsArgs) -> Result<(), Failure> {
     };
     let follow = if args.follow { "&follow=true" } else { "" };
     let url = api(base, &format!("/v1/builds/{}/jobs/{}/log?stream={stream}{follow}", args.build, args.job));
+    let url = url.as_str();
     let refused = |e: HttpError| match e.status() {
         Some(404) => Failure::Usage(anyhow!("{e}")),
         _ => reach(base)(e),
@@ -1054,15 +1055,50 @@ pub(crate) async fn logs(args: LogsArgs) -> Result<(), Failure> {
         false => None,
     };
     let mut stdout = tokio::io::stdout();
-    while let Some(chunk) = body.next().await {
-        let chunk = chunk.map_err(|e| {
-            anyhow!(
+    // What was written so far: a follow whose connection breaks (the
+    // coordinator restarting) takes up from there, for about a minute.
+    let mut written = 0u64;
+    let mut failures = 0u32;
+    loop {
+        let broke = loop {
+            match body.next().await {
+                None => break None,
+                Some(Ok(chunk)) => {
+                    failures = 0;
+                    stdout.write_all(&chunk).await.map_err(crate::stdout_error)?;
+                    written += chunk.len() as u64;
+                }
+                Some(Err(e)) => break Some(e.to_string()),
+            }
+        };
+        let Some(mut why) = broke else { break };
+        if !args.follow {
+            return Err(Failure::Runtime(anyhow!(
                 "the log stream broke off: its worker or the coordinator stopped answering \
-                 (`drover status {}` says how the job stands): {e}",
+                 (`drover status {}` says how the job stands): {why}",
                 args.build
-            )
-        })?;
-        stdout.write_all(&chunk).await.map_err(crate::stdout_error)?;
+            )));
+        }
+        stdout.flush().await.map_err(crate::stdout_error)?;
+        body = loop {
+            failures += 1;
+            if failures > RECONNECTS {
+                return Err(Failure::Runtime(anyhow!(
+                    "the log stream broke off and its coordinator did not answer again for a minute \
+                     (`drover status {}` says how the job stands): {why}",
+                    args.build
+                )));
+            }
+            if failures == 2 {
+                eprintln!("drover: the log stream broke off ({why}); trying again for up to a minute");
+            }
+            tokio::time::sleep(RECONNECT_PAUSE).await;
+            match http.get_stream(&format!("{url}&from={written}")).await {
+                Ok(body) => break body,
+                Err(e) if e.status() == Some(404) => return Err(refused(e)),
+                Err(e) => why = e.to_string(),
+            }
+        };
     }
     stdout.flush().await.map_err(crate::stdout_error)?;
     // Followed to its end: say how the job stands, on standard error, once

@@ -135,6 +135,48 @@ fn logs_follow_streams_a_running_job_until_it_ends() {
     assert!(rest.contains("the run ended; job after ended succeeded"), "{rest}");
 }
 
+/// A follow whose coordinator restarts takes up where it was: every line
+/// the job writes comes once, in order, and it ends with the job.
+#[test]
+fn logs_follow_rides_through_a_coordinator_restart() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", 1, &[]);
+    let gate = cluster.scratch("gate");
+    let file = cluster.project(
+        "follow-restart",
+        &format!(
+            "jobs:\n  - name: talk\n    run: \"echo one; while [ ! -e {gate} ]; do sleep 0.05; done; echo two\"\n"
+        ),
+        &[],
+    );
+    let build = cluster.submit(&file);
+    eventually("the job to start", || (cluster.status(build)["state"] == "running").then_some(()));
+    let mut follow = cluster
+        .client(&["logs", &build.to_string(), "talk", "--follow"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("drover logs --follow");
+    let stdout = follow.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let _ = tx.send(line.expect("read"));
+        }
+    });
+    let next = || rx.recv_timeout(std::time::Duration::from_secs(60)).ok();
+    assert_eq!(next().as_deref(), Some("one"));
+    cluster.kill_coordinator();
+    cluster.start_coordinator();
+    std::fs::write(&gate, "").expect("open the gate");
+    assert_eq!(next().as_deref(), Some("two"), "the follow went on after the restart");
+    assert_eq!(next(), None, "and ended with the job, nothing twice");
+    assert!(follow.wait().expect("wait").success());
+}
+
 #[test]
 fn a_bad_kill_grace_is_refused_before_the_worker_starts() {
     let dir = tempfile::tempdir().expect("tempdir");
