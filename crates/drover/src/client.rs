@@ -1023,7 +1023,7 @@ pub(crate) async fn logs(args: LogsArgs) -> Result<(), Failure> {
     // ends without running (skipped, cached, cancelled).
     let mut said = false;
     let mut body = loop {
-        let e = match http.get_stream(&url).await {
+        let e = match http.get_stream(url).await {
             Ok(body) => break body,
             Err(e) if args.follow && e.status() == Some(404) && e.to_string().contains("has not run") => e,
             Err(e) => return Err(refused(e)),
@@ -1032,7 +1032,7 @@ pub(crate) async fn logs(args: LogsArgs) -> Result<(), Failure> {
         let state = status.jobs.iter().find(|j| j.name == args.job).map(|j| j.state);
         if state.is_some_and(JobState::is_final) {
             // It may have run and ended since the first answer.
-            match http.get_stream(&url).await {
+            match http.get_stream(url).await {
                 Ok(body) => break body,
                 Err(_) => {
                     let state = state.map_or_else(String::new, |s| s.to_string());
