@@ -633,8 +633,41 @@ async fn put_blob(
     .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
     match result {
         Ok(_) => Ok(StatusCode::CREATED),
+        // The coordinator's own disk failed it (full, say): not the
+        // client's doing, and worth trying again later.
+        Err(drover_cas::CasError::Io { context, source }) if !is_upload_error(&source) => Err(ApiError(
+            StatusCode::INSUFFICIENT_STORAGE,
+            format!("the coordinator cannot store blob {digest}: {context}: {source}"),
+        )),
         Err(e) => Err(bad(format!("blob {digest} rejected: {e}"))),
     }
+}
+
+/// Whether an I/O error of a blob's upload came from reading the request
+/// (a client that stalled or broke off), not from writing the blob down.
+fn is_upload_error(e: &std::io::Error) -> bool {
+    !matches!(
+        e.raw_os_error(),
+        Some(
+            libc_errno::ENOSPC
+                | libc_errno::EDQUOT
+                | libc_errno::EFBIG
+                | libc_errno::EROFS
+                | libc_errno::EIO
+                | libc_errno::ENOENT
+        )
+    )
+}
+
+/// The errno values of a disk that cannot take a write (Linux's; EFBIG:
+/// past the process's file size limit).
+mod libc_errno {
+    pub(super) const ENOENT: i32 = 2;
+    pub(super) const EIO: i32 = 5;
+    pub(super) const EFBIG: i32 = 27;
+    pub(super) const ENOSPC: i32 = 28;
+    pub(super) const EROFS: i32 = 30;
+    pub(super) const EDQUOT: i32 = 122;
 }
 
 async fn get_blob(State(app): State<App>, Path(digest): Path<String>) -> ApiResult<Response> {

@@ -150,9 +150,13 @@ async fn upload(http: &Http, base: &str, loaded: &Loaded) -> Result<(), Failure>
         .collect();
     futures::stream::iter(files)
         .map(|(path, digest)| async move {
-            http.put_file(&api(base, &format!("/v1/blobs/{digest}")), &path)
-                .await
-                .with_context(|| format!("uploading {} (did it change since it was read?)", path.display()))
+            http.put_file(&api(base, &format!("/v1/blobs/{digest}")), &path).await.map_err(|e| {
+                // Refused as sent (400): most likely the file changed since
+                // it was hashed; otherwise the coordinator says why (a disk
+                // of its own that is full answers 507).
+                let hint = if e.status() == Some(400) { " (did it change since it was read?)" } else { "" };
+                anyhow!("uploading {}{hint}: {e}", path.display())
+            })
         })
         .buffer_unordered(8)
         .try_collect::<Vec<()>>()

@@ -617,7 +617,8 @@ fn a_coordinator_url_is_checked_and_a_bare_address_means_http() {
 
 /// A coordinator that can no longer record its state (here its files may
 /// not grow past 100 KiB, as on a full disk) exits non-zero, saying why,
-/// instead of refusing every request forever while it holds its port.
+/// instead of refusing every request forever while it holds its port; a
+/// source it cannot store is answered 507, not blamed on the file.
 #[test]
 fn a_coordinator_that_cannot_record_its_state_exits() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -649,6 +650,21 @@ fn a_coordinator_that_cannot_record_its_state_exits() {
     eventually("the coordinator to listen", || {
         drover().args(["workers", "--coordinator", &url]).output().ok().filter(|o| o.status.success())
     });
+    // A source the coordinator cannot store is its own trouble, not the
+    // file's: 507, without the hint that the file changed.
+    let project = dir.path().join("project");
+    std::fs::create_dir(&project).expect("mkdir");
+    std::fs::write(project.join("big.txt"), "y".repeat(150 << 10)).expect("write");
+    let small = project.join("drover.yaml");
+    std::fs::write(&small, "sources: [big.txt]\njobs:\n  - name: a\n    run: [\"true\"]\n").expect("write");
+    let out = drover()
+        .args(["submit", small.to_str().expect("utf-8"), "--coordinator", &url])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("507"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("the coordinator cannot store blob"), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("did it change"), "{}", stderr(&out));
     // A submission larger than the log may grow.
     let file = dir.path().join("drover.yaml");
     let long = "x".repeat(120 << 10);
