@@ -1016,6 +1016,7 @@ mod tests {
             duration_ms: 1,
             stages: Default::default(),
             lost_inputs: Vec::new(),
+            worker_fault: false,
         };
         Input::Report {
             worker: 1,

@@ -140,6 +140,7 @@ fn ended(a: &Assignment, success: bool) -> RunResult {
         duration_ms: 1,
         stages: BTreeMap::new(),
         lost_inputs: Vec::new(),
+        worker_fault: false,
     }
 }
 

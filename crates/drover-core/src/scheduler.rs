@@ -1125,8 +1125,10 @@ impl Scheduler {
                 let name = self.workers[w as usize].name.clone();
                 self.update_hungry(w);
                 self.dirty.insert(w);
-                let why =
-                    format!("its run on worker {name} was lost (the worker restarted, or lost track of it)");
+                let why = format!(
+                    "its run on worker {name} was lost (the worker restarted, lost track of it, or could \
+                     not write its own disk)"
+                );
                 self.requeue_lost_run(r, &name, &why);
                 Ok(())
             }

@@ -325,7 +325,8 @@ pub enum Event {
         /// How it ended.
         result: JobResult,
     },
-    /// The run's worker no longer has it (it restarted, or lost track of it):
+    /// The run's worker no longer has it (it restarted, or lost track of it),
+    /// or failed it for a fault of its own (its disk):
     /// the job is requeued as if the worker had been lost under it.
     RunLost {
         /// The run.

@@ -896,6 +896,11 @@ pub struct RunResult {
     /// the job after them, without counting this run as an attempt.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub lost_inputs: Vec<Hash32>,
+    /// The worker failed the run, not the job: its own disk could not be
+    /// written (full, or its cache directory gone). The job goes back to
+    /// the queue as for a lost worker, and the worker takes nothing new.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub worker_fault: bool,
 }
 
 /// `POST /v1/workers/{id}/report`.

@@ -127,6 +127,7 @@ fn round(spec: &Arc<BuildSpec>, builds: usize) -> usize {
             duration_ms: 1,
             stages: BTreeMap::new(),
             lost_inputs: Vec::new(),
+            worker_fault: false,
         };
         let report = Report { started: vec![run], finished: vec![result], ..Report::default() };
         let _ = solver.handle(Millis(now), Input::Report { worker, report });

@@ -1032,6 +1032,14 @@ impl Solver {
             if theirs(&self.core, r.run) {
                 continue;
             }
+            // Its worker's disk failed the run, not the job: it goes back
+            // to the queue as if the worker had been lost under it (the
+            // worker drains, so it goes elsewhere).
+            if r.worker_fault {
+                self.run_keys.remove(&r.run);
+                let _stale = self.core.handle(self.now, Event::RunLost { run: RunId(r.run) });
+                continue;
+            }
             if !r.stages.is_empty()
                 && let Some((_, job, _)) = self.core.run_info(RunId(r.run))
             {

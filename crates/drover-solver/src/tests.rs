@@ -61,6 +61,7 @@ fn ok(run: u64, job: &str) -> RunResult {
         duration_ms: 1,
         stages: Default::default(),
         lost_inputs: Vec::new(),
+        worker_fault: false,
     }
 }
 
@@ -75,6 +76,7 @@ fn failed(run: u64, code: i32) -> RunResult {
         duration_ms: 1,
         stages: Default::default(),
         lost_inputs: Vec::new(),
+        worker_fault: false,
     }
 }
 

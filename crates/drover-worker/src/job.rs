@@ -56,6 +56,9 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, control: Ru
     let cancel = &control.cancel;
     let result = execute(&shared, &assignment, &control).await;
     let duration_ms = start.elapsed().as_millis() as u64;
+    // Failed before its commands ran, or could not start them: perhaps
+    // for a fault of the worker's own (below).
+    let before_commands = result.is_err() || control.failed_to_spawn();
     let (result, output) = match result {
         Ok((mut result, output)) => {
             result.duration_ms = duration_ms;
@@ -72,10 +75,35 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, control: Ru
                 duration_ms,
                 stages: Default::default(),
                 lost_inputs: control.take_lost_inputs(),
+                worker_fault: false,
             },
             None,
         ),
     };
+    let mut result = result;
+    // A failure may be the worker's own: a disk that no longer takes a
+    // write (full, or the cache directory removed under it) fails every
+    // job it is given, and a worker that fails jobs fastest takes the most.
+    // Such a run goes back to the queue, and the worker takes nothing new.
+    if before_commands && !cancel.is_cancelled() {
+        let probe = shared.clone();
+        if let Ok(Some(fault)) = tokio::task::spawn_blocking(move || disk_fault(&probe)).await {
+            tracing::error!(
+                run,
+                job = %assignment.name,
+                "this worker cannot write its own disk ({fault}): the run goes back to the queue, and the \
+                 worker takes no new job (it drains); free the disk, then restart the worker"
+            );
+            result.worker_fault = true;
+            result.detail = format!("the worker cannot write its own disk ({fault}); {}", result.detail);
+            if !shared.draining.swap(true, std::sync::atomic::Ordering::SeqCst)
+                && let Some(id) = *shared.outbox.session.borrow()
+            {
+                let shared = shared.clone();
+                tokio::spawn(async move { crate::session::drain(&shared, id).await });
+            }
+        }
+    }
     if result.success {
         tracing::debug!(run, job = %assignment.name, cached = result.cached, "run succeeded");
         // Push stage: a new output goes to the coordinator's shared cache in
@@ -109,6 +137,28 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, control: Ru
         drop(notes);
         let _ = remove_tree(&shared.runs_dir().join(run.to_string()));
     }
+}
+
+/// Whether the worker's own disk refuses a write, and why: a small file
+/// written and removed where runs and the cache write (`runs/`, the
+/// cache's temporary directory), twice a second apart (a disk another
+/// run filled for a moment, and whose files are being removed, is no
+/// fault of the worker's).
+fn disk_fault(shared: &Shared) -> Option<String> {
+    let probe = || {
+        for dir in [shared.runs_dir(), shared.cas.dir().join("tmp")] {
+            let file = dir.join(format!(".probe-{}", std::process::id()));
+            let written = std::fs::write(&file, [0u8; 4096]);
+            let _ = std::fs::remove_file(&file);
+            if let Err(e) = written {
+                return Some(format!("{}: {e}", dir.display()));
+            }
+        }
+        None
+    };
+    probe()?;
+    std::thread::sleep(Duration::from_secs(1));
+    probe()
 }
 
 /// Bytes of a stage's log held in memory before they go to its file.
@@ -354,6 +404,7 @@ fn succeeded(a: &Assignment, info: &drover_cas::ArtifactInfo, cached: bool) -> R
         duration_ms: 0,
         stages: Default::default(),
         lost_inputs: Vec::new(),
+        worker_fault: false,
     }
 }
 
@@ -936,6 +987,7 @@ async fn run_commands(
             duration_ms: 0,
             stages: Default::default(),
             lost_inputs: Vec::new(),
+            worker_fault: false,
         };
         Ok((result, None))
     };
@@ -973,7 +1025,10 @@ async fn run_commands(
         Outcome::Cancelled => failed(None, "cancelled".into()),
         // The message says what failed: starting a command, writing a log
         // (say a full disk, after the commands ran), or the supervisor.
-        Outcome::SpawnFailed(message) => failed(None, message),
+        Outcome::SpawnFailed(message) => {
+            control.spawn_failed();
+            failed(None, message)
+        }
     }
 }
 

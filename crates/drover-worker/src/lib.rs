@@ -201,9 +201,23 @@ struct Held {
     /// Dependencies whose outputs it could get from nowhere
     /// (`RunResult::lost_inputs`).
     lost_inputs: Vec<drover_proto::Hash32>,
+    /// Its commands could not be started, or their logs not written: the
+    /// worker's doing, maybe (see `job::disk_fault`).
+    spawn_failed: bool,
 }
 
 impl RunControl {
+    /// Notes that the run's commands could not be started, or their logs
+    /// not written.
+    pub(crate) fn spawn_failed(&self) {
+        self.job.lock().expect("run control").spawn_failed = true;
+    }
+
+    /// Whether [`RunControl::spawn_failed`] was noted.
+    pub(crate) fn failed_to_spawn(&self) -> bool {
+        self.job.lock().expect("run control").spawn_failed
+    }
+
     /// Notes that dependency `job`'s output could be had from nowhere.
     pub(crate) fn lost_input(&self, job: drover_proto::Hash32) {
         self.job.lock().expect("run control").lost_inputs.push(job);

@@ -309,6 +309,7 @@ pub(crate) fn ended(run: u64) -> RunResult {
         duration_ms: 0,
         stages: BTreeMap::new(),
         lost_inputs: Vec::new(),
+        worker_fault: false,
     }
 }
 

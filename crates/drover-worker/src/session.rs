@@ -220,5 +220,6 @@ fn stop(shared: &Shared, run: u64) {
         duration_ms: 0,
         stages: Default::default(),
         lost_inputs: Vec::new(),
+        worker_fault: false,
     });
 }

@@ -96,6 +96,7 @@ pub(crate) fn run_to_end(
                 duration_ms: 1,
                 stages: BTreeMap::from([("fetch".to_owned(), 1), ("build".to_owned(), 3)]),
                 lost_inputs: Vec::new(),
+                worker_fault: false,
             };
             let report = Report { started: vec![run], finished: vec![result], ..Report::default() };
             let _ = solver.handle(Millis(*now), Input::Report { worker, report });

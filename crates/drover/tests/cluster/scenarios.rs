@@ -342,6 +342,34 @@ fn wait_draining(cluster: &Cluster, name: &str) {
     });
 }
 
+/// A worker whose disk no longer takes a write (here its cache directory
+/// was removed under it) does not fail the jobs it is given: the run goes
+/// back to the queue, the worker drains (it takes nothing new), and the
+/// job runs on a healthy worker.
+#[test]
+fn a_worker_that_cannot_write_its_disk_hands_its_job_back_and_drains() {
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w2", 1, &[]);
+    let cache = cluster.dir.path().join("w2");
+    let _ = Command::new("chmod").arg("-R").arg("u+w").arg(&cache).status();
+    std::fs::remove_dir_all(&cache).expect("remove w2's cache");
+    let file = cluster.project("disk", "jobs:\n  - name: a\n    run: [\"echo made > {{out}}/a\"]\n", &[]);
+    let build = cluster.submit(&file);
+    wait_draining(&cluster, "w2");
+    // Back in the queue (its report may come a moment after the drain),
+    // never failed.
+    eventually("the job to go back to the queue", || {
+        let status = cluster.status(build);
+        assert_ne!(job(&status, "a")["state"], "failed", "{status}");
+        (job(&status, "a")["state"] == "queued").then_some(())
+    });
+    cluster.add_worker("w1", 1, &[]);
+    let status = cluster.final_status(build);
+    assert_eq!(status["state"], "succeeded", "{status}");
+    assert_eq!(job(&status, "a")["worker"], "w1");
+    assert_eq!(job(&status, "a")["attempts"], 2);
+}
+
 #[test]
 fn a_job_on_a_killed_worker_finishes_elsewhere() {
     let mut cluster = Cluster::new();
