@@ -589,6 +589,13 @@ impl Cas {
         evicted
     }
 
+    /// Evicts as a commit does (to the size limit, and the room kept free
+    /// on the disk), reported by [`Cas::take_evicted`]: for a caller that
+    /// found the disk full between commits (a job's files filled it).
+    pub fn make_room(&self) {
+        self.inner.evict_to_limits();
+    }
+
     /// Drains the artifacts that left the cache on their own since the last
     /// call: evicted automatically (on open, put, commit, unpack), or found
     /// corrupt while being packed or exported. Artifacts removed through

@@ -87,7 +87,18 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, control: Ru
     // Such a run goes back to the queue, and the worker takes nothing new.
     if before_commands && !cancel.is_cancelled() {
         let probe = shared.clone();
-        if let Ok(Some(fault)) = tokio::task::spawn_blocking(move || disk_fault(&probe)).await {
+        let disk = tokio::task::spawn_blocking(move || disk_fault(&probe)).await.unwrap_or(Disk::Fine);
+        if let Disk::Freed(fault) = &disk {
+            tracing::warn!(
+                run,
+                job = %assignment.name,
+                "this worker's disk was full ({fault}); room was made in its cache, and the run goes back \
+                 to the queue"
+            );
+            result.worker_fault = true;
+            result.detail = format!("the worker's disk was full ({fault}); {}", result.detail);
+        }
+        if let Disk::Broken(fault) = &disk {
             tracing::error!(
                 run,
                 job = %assignment.name,
@@ -139,26 +150,47 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, control: Ru
     }
 }
 
+/// What [`disk_fault`] found.
+enum Disk {
+    /// Writes go through.
+    Fine,
+    /// A write failed (for this reason), and went through once the cache
+    /// made room (evicting outputs for the room it keeps free).
+    Freed(String),
+    /// Writes fail, room or not (for this reason).
+    Broken(String),
+}
+
 /// Whether the worker's own disk refuses a write, and why: a small file
 /// written and removed where runs and the cache write (`runs/`, the
-/// cache's temporary directory), twice a second apart (a disk another
-/// run filled for a moment, and whose files are being removed, is no
-/// fault of the worker's).
-fn disk_fault(shared: &Shared) -> Option<String> {
+/// cache's temporary directory); if that fails, again once the cache made
+/// what room it can and a second passed (a disk another run filled for a
+/// moment, and whose files are being removed, is no fault of the
+/// worker's).
+fn disk_fault(shared: &Shared) -> Disk {
     let probe = || {
         for dir in [shared.runs_dir(), shared.cas.dir().join("tmp")] {
             let file = dir.join(format!(".probe-{}", std::process::id()));
             let written = std::fs::write(&file, [0u8; 4096]);
             let _ = std::fs::remove_file(&file);
             if let Err(e) = written {
-                return Some(format!("{}: {e}", dir.display()));
+                return Some((format!("{}: {e}", dir.display()), e.kind() == io::ErrorKind::StorageFull));
             }
         }
         None
     };
-    probe()?;
+    let Some((fault, full)) = probe() else { return Disk::Fine };
+    // A full disk: the cache may make room (the outputs it holds for the
+    // room it keeps free, which only commits evicted so far).
+    if full {
+        shared.cas.make_room();
+    }
     std::thread::sleep(Duration::from_secs(1));
-    probe()
+    match probe() {
+        None if full => Disk::Freed(fault),
+        None => Disk::Fine,
+        Some((fault, _)) => Disk::Broken(fault),
+    }
 }
 
 /// Bytes of a stage's log held in memory before they go to its file.
