@@ -535,6 +535,9 @@ struct LogQuery {
     /// where its connection broke off).
     #[serde(default)]
     from: u64,
+    /// The log of this attempt of the job (default: its latest run's).
+    #[serde(default)]
+    attempt: Option<u32>,
 }
 
 fn default_stream() -> String {
@@ -551,10 +554,28 @@ async fn job_log(
     }
     // Where it ran, if it did; only if not, whether the build has the job
     // (a status costs time linear in the build).
+    let attempt = q.attempt;
     let (url, run) = app
         .shared
         .query(move |s| {
-            if let Some(location) = s.run_location(id, &job) {
+            if let Some(attempt) = attempt {
+                match s.attempt_location(id, &job, attempt) {
+                    Ok(Some(location)) => return Ok(location),
+                    Err(attempts) if s.build_status(id).is_some_and(|b| b.jobs.iter().any(|j| j.name == job)) => {
+                        let had: Vec<String> = attempts.iter().map(u32::to_string).collect();
+                        return Err(match had.is_empty() {
+                            true => format!("job {job} of build {id} has not run"),
+                            false => format!(
+                                "job {job} of build {id} has no attempt {attempt}; the attempts with logs are {}",
+                                had.join(", ")
+                            ),
+                        });
+                    }
+                    // An unknown build or job, or a worker forgotten: said
+                    // below as for the latest run.
+                    _ => {}
+                }
+            } else if let Some(location) = s.run_location(id, &job) {
                 return Ok(location);
             }
             let Some(status) = s.build_status(id) else { return Err(format!("no build {id}")) };

@@ -85,6 +85,22 @@ struct JobRec {
     /// Milliseconds per stage of the latest of its runs that ended, as its
     /// worker reported them (kept with the build, so they go with it).
     stages: BTreeMap<String, u64>,
+    /// Its earlier runs, for their logs (`drover logs --attempt`): attempt,
+    /// run, worker. Boxed: most jobs run once.
+    #[serde(default)]
+    earlier: Option<Box<Vec<EarlierRun>>>,
+}
+
+/// Earlier runs of a job kept for their logs.
+const MAX_EARLIER_RUNS: usize = 16;
+
+/// A run of a job before its latest.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct EarlierRun {
+    attempt: u32,
+    run: u64,
+    worker: u64,
+    name: Arc<str>,
 }
 
 /// What a build's spec says, checked, with its graph by index: the same
@@ -443,6 +459,7 @@ impl Build {
                 evicted: None,
                 rewinds: 0,
                 stages: BTreeMap::new(),
+                earlier: None,
             };
             spec.jobs.len()
         ];
@@ -901,6 +918,16 @@ impl Build {
         rec.suspended = false;
         rec.evicted = None;
         let name = worker_name.to_string();
+        // The run before goes to the earlier ones, its log still readable.
+        if let (Some(before), Some((w, n))) = (rec.run.filter(|&r| r != run), rec.worker.take()) {
+            let earlier = rec.earlier.get_or_insert_with(Default::default);
+            earlier.push(EarlierRun { attempt: rec.attempts, run: before, worker: w, name: n });
+            // Bounded however often it runs again (`drover retry` after
+            // retry): the latest of them are kept.
+            if earlier.len() > MAX_EARLIER_RUNS {
+                earlier.remove(0);
+            }
+        }
         rec.worker = Some((worker, worker_name));
         rec.run = Some(run);
         rec.attempts = attempt;
@@ -1335,6 +1362,27 @@ impl Build {
         let rec = &self.jobs[*self.plan.index.get(job)? as usize];
         let (worker, name) = rec.worker.as_ref()?;
         Some((rec.run?, *worker, name))
+    }
+
+    /// The run of job `job` that was its attempt `attempt` (run, worker,
+    /// worker name), the latest or an earlier one kept.
+    pub(crate) fn run_of_attempt(&self, job: &str, attempt: u32) -> Option<(u64, u64, &str)> {
+        let rec = &self.jobs[*self.plan.index.get(job)? as usize];
+        if rec.attempts == attempt {
+            return self.latest_run(job);
+        }
+        let earlier = rec.earlier.as_deref()?;
+        let e = earlier.iter().rev().find(|e| e.attempt == attempt)?;
+        Some((e.run, e.worker, &e.name))
+    }
+
+    /// The attempts of job `job` whose logs may be had, oldest first.
+    pub(crate) fn attempts_of(&self, job: &str) -> Vec<u32> {
+        let Some(&i) = self.plan.index.get(job) else { return Vec::new() };
+        let rec = &self.jobs[i as usize];
+        let mut attempts: Vec<u32> = rec.earlier.iter().flat_map(|e| e.iter().map(|e| e.attempt)).collect();
+        attempts.extend(rec.run.map(|_| rec.attempts));
+        attempts
     }
 
     /// Job `i`'s run ended, its worker says, with these stage timings.

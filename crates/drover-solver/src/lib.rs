@@ -904,6 +904,26 @@ impl Solver {
     /// under its name: it may have come back, with a new ID.
     pub fn run_location(&self, build: u64, job: &str) -> Option<(String, u64)> {
         let (run, worker, name) = self.builds.get(&build)?.latest_run(job)?;
+        self.locate(run, worker, name)
+    }
+
+    /// Where attempt `attempt` of job `job` of build `build` ran, if its
+    /// worker is known: its URL and the run. `Err` lists the attempts
+    /// that may be had.
+    pub fn attempt_location(
+        &self,
+        build: u64,
+        job: &str,
+        attempt: u32,
+    ) -> Result<Option<(String, u64)>, Vec<u32>> {
+        let Some(b) = self.builds.get(&build) else { return Ok(None) };
+        match b.run_of_attempt(job, attempt) {
+            Some((run, worker, name)) => Ok(self.locate(run, worker, name)),
+            None => Err(b.attempts_of(job)),
+        }
+    }
+
+    fn locate(&self, run: u64, worker: u64, name: &str) -> Option<(String, u64)> {
         let info = self.workers.get(&worker).or_else(|| self.workers.get(self.worker_ids.get(name)?))?;
         Some((info.url.clone(), run))
     }

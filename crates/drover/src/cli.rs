@@ -363,6 +363,11 @@ pub(crate) struct LogsArgs {
     /// Keep printing what the job writes until its run ends.
     #[arg(long, short)]
     pub(crate) follow: bool,
+    /// The log of this attempt (the `started ... (attempt N)` lines; an
+    /// earlier run's, say one that failed before a rerun). Default: the
+    /// latest run's.
+    #[arg(long)]
+    pub(crate) attempt: Option<u32>,
     #[command(flatten)]
     pub(crate) remote: Remote,
 }

@@ -1016,7 +1016,11 @@ pub(crate) async fn logs(args: LogsArgs) -> Result<(), Failure> {
         (LogStage::Push, false) => "push",
     };
     let follow = if args.follow { "&follow=true" } else { "" };
-    let url = api(base, &format!("/v1/builds/{}/jobs/{}/log?stream={stream}{follow}", args.build, args.job));
+    let attempt = args.attempt.map_or_else(String::new, |n| format!("&attempt={n}"));
+    let url = api(
+        base,
+        &format!("/v1/builds/{}/jobs/{}/log?stream={stream}{follow}{attempt}", args.build, args.job),
+    );
     let url = url.as_str();
     let refused = |e: HttpError| match e.status() {
         Some(404) => Failure::Usage(anyhow!("{e}")),

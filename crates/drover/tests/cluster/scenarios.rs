@@ -148,7 +148,8 @@ fn a_failing_job_skips_its_dependents_and_fails_the_build() {
 
 /// A flaky job (`retry_on_failure`) that fails its first run passes on
 /// its second: the build succeeds, the progress says why the job ran
-/// again, and its log is the passing run's.
+/// again, its log is the passing run's, and the failed run's log is read
+/// by its attempt.
 #[test]
 fn a_flaky_job_runs_again_after_failing() {
     let mut cluster = Cluster::new();
@@ -175,8 +176,18 @@ fn a_flaky_job_runs_again_after_failing() {
         "{}",
         stderr(&out)
     );
-    let log = cluster.run(&["logs", &status["id"].to_string(), "flaky"]);
+    let id = status["id"].to_string();
+    let log = cluster.run(&["logs", &id, "flaky"]);
     assert_eq!(String::from_utf8_lossy(&log.stdout), "passed\n");
+    // The failed run's log is still there, by its attempt.
+    let log = cluster.run(&["logs", &id, "flaky", "--attempt", "1", "--stderr"]);
+    assert!(log.status.success(), "{}", stderr(&log));
+    assert_eq!(String::from_utf8_lossy(&log.stdout), "flaked\n");
+    let log = cluster.run(&["logs", &id, "flaky", "--attempt", "2"]);
+    assert_eq!(String::from_utf8_lossy(&log.stdout), "passed\n");
+    let log = cluster.run(&["logs", &id, "flaky", "--attempt", "3"]);
+    assert_eq!(log.status.code(), Some(2));
+    assert!(stderr(&log).contains("has no attempt 3; the attempts with logs are 1, 2"), "{}", stderr(&log));
 }
 
 #[test]
