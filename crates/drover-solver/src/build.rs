@@ -86,9 +86,10 @@ struct JobRec {
     /// worker reported them (kept with the build, so they go with it).
     stages: BTreeMap<String, u64>,
     /// Its earlier runs, for their logs (`drover logs --attempt`): attempt,
-    /// run, worker. Boxed: most jobs run once.
+    /// run, worker. A boxed slice, made again on each change: most jobs run
+    /// once, and a record stays small.
     #[serde(default)]
-    earlier: Option<Box<Vec<EarlierRun>>>,
+    earlier: Option<Box<[EarlierRun]>>,
 }
 
 /// Earlier runs of a job kept for their logs.
@@ -920,13 +921,14 @@ impl Build {
         let name = worker_name.to_string();
         // The run before goes to the earlier ones, its log still readable.
         if let (Some(before), Some((w, n))) = (rec.run.filter(|&r| r != run), rec.worker.take()) {
-            let earlier = rec.earlier.get_or_insert_with(Default::default);
+            let mut earlier = rec.earlier.take().map(Vec::from).unwrap_or_default();
             earlier.push(EarlierRun { attempt: rec.attempts, run: before, worker: w, name: n });
             // Bounded however often it runs again (`drover retry` after
             // retry): the latest of them are kept.
             if earlier.len() > MAX_EARLIER_RUNS {
                 earlier.remove(0);
             }
+            rec.earlier = Some(earlier.into_boxed_slice());
         }
         rec.worker = Some((worker, worker_name));
         rec.run = Some(run);
