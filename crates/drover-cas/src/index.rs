@@ -2,9 +2,10 @@
 //! least-recently-used order for eviction.
 //!
 //! Every use bumps a logical clock and files the entry under the new value in
-//! an ordered set, whose first element is the next eviction victim. Pinned
-//! artifacts are taken out of that set while pinned, so eviction never sees
-//! them. A corrupt artifact found while pinned is *doomed*: hidden from every
+//! an ordered set (one for blobs, one for artifacts: an eviction for the
+//! room kept free takes artifacts only), whose first elements are the next
+//! eviction victims. Pinned artifacts are taken out of their set while
+//! pinned, so eviction never sees them. A corrupt artifact found while pinned is *doomed*: hidden from every
 //! lookup at once, and removed when its last pin goes.
 //!
 //! The index does no I/O; [`crate::Cas`] keeps the disk in step with it under
@@ -48,7 +49,11 @@ pub(crate) enum Unpinned {
 pub(crate) struct Index {
     blobs: BTreeMap<Key, BlobEntry>,
     artifacts: BTreeMap<Key, ArtEntry>,
-    lru: BTreeSet<(u64, Slot)>,
+    /// Unpinned blobs and artifacts by last use, apart, so that an
+    /// eviction of artifacts alone (for the reserve) does not pass over
+    /// every blob first.
+    lru_blobs: BTreeSet<(u64, Key)>,
+    lru_artifacts: BTreeSet<(u64, Key)>,
     clock: u64,
     used: u64,
 }
@@ -90,10 +95,10 @@ impl Index {
         let last_use = last_use.unwrap_or_else(|| self.tick());
         self.clock = self.clock.max(last_use);
         if let Some(old) = self.blobs.insert(key, BlobEntry { size, last_use }) {
-            self.lru.remove(&(old.last_use, Slot::Blob(key)));
+            self.lru_blobs.remove(&(old.last_use, key));
             self.used -= old.size;
         }
-        self.lru.insert((last_use, Slot::Blob(key)));
+        self.lru_blobs.insert((last_use, key));
         self.used += size;
     }
 
@@ -103,10 +108,10 @@ impl Index {
         self.clock = self.clock.max(last_use);
         let entry = ArtEntry { info, last_use, pins: 0, doomed: false };
         if let Some(old) = self.artifacts.insert(key, entry) {
-            self.lru.remove(&(old.last_use, Slot::Artifact(key)));
+            self.lru_artifacts.remove(&(old.last_use, key));
             self.used -= old.info.size;
         }
-        self.lru.insert((last_use, Slot::Artifact(key)));
+        self.lru_artifacts.insert((last_use, key));
         self.used += info.size;
     }
 
@@ -115,9 +120,9 @@ impl Index {
         let now = self.clock + 1;
         let Some(entry) = self.blobs.get_mut(key) else { return false };
         self.clock = now;
-        self.lru.remove(&(entry.last_use, Slot::Blob(*key)));
+        self.lru_blobs.remove(&(entry.last_use, *key));
         entry.last_use = now;
-        self.lru.insert((now, Slot::Blob(*key)));
+        self.lru_blobs.insert((now, *key));
         true
     }
 
@@ -127,8 +132,8 @@ impl Index {
         let entry = self.artifacts.get_mut(key).filter(|e| !e.doomed)?;
         self.clock = now;
         if entry.pins == 0 {
-            self.lru.remove(&(entry.last_use, Slot::Artifact(*key)));
-            self.lru.insert((now, Slot::Artifact(*key)));
+            self.lru_artifacts.remove(&(entry.last_use, *key));
+            self.lru_artifacts.insert((now, *key));
         }
         entry.last_use = now;
         Some(entry.info)
@@ -139,7 +144,7 @@ impl Index {
         let now = self.clock + 1;
         let entry = self.artifacts.get_mut(key).filter(|e| !e.doomed)?;
         if entry.pins == 0 {
-            self.lru.remove(&(entry.last_use, Slot::Artifact(*key)));
+            self.lru_artifacts.remove(&(entry.last_use, *key));
         }
         entry.pins += 1;
         if used {
@@ -161,7 +166,7 @@ impl Index {
             self.remove(Slot::Artifact(*key));
             return Unpinned::Removed;
         }
-        self.lru.insert((entry.last_use, Slot::Artifact(*key)));
+        self.lru_artifacts.insert((entry.last_use, *key));
         Unpinned::Kept
     }
 
@@ -177,7 +182,7 @@ impl Index {
         match slot {
             Slot::Blob(key) => match self.blobs.remove(&key) {
                 Some(e) => {
-                    self.lru.remove(&(e.last_use, slot));
+                    self.lru_blobs.remove(&(e.last_use, key));
                     self.used -= e.size;
                     true
                 }
@@ -185,7 +190,7 @@ impl Index {
             },
             Slot::Artifact(key) => match self.artifacts.remove(&key) {
                 Some(e) => {
-                    self.lru.remove(&(e.last_use, slot));
+                    self.lru_artifacts.remove(&(e.last_use, key));
                     self.used -= e.info.size;
                     true
                 }
@@ -197,10 +202,24 @@ impl Index {
     /// The least recently used unpinned entry other than `protect`: an
     /// artifact, or a blob too if `blobs`.
     pub(crate) fn victim(&self, protect: Option<Slot>, blobs: bool) -> Option<Slot> {
-        self.lru
+        // The first of each order but `protect` (at most one step past it).
+        let artifact = self
+            .lru_artifacts
             .iter()
-            .map(|(_, slot)| *slot)
-            .find(|slot| Some(*slot) != protect && (blobs || matches!(slot, Slot::Artifact(_))))
+            .map(|&(t, k)| (t, Slot::Artifact(k)))
+            .find(|(_, slot)| Some(*slot) != protect);
+        let blob = match blobs {
+            true => self
+                .lru_blobs
+                .iter()
+                .map(|&(t, k)| (t, Slot::Blob(k)))
+                .find(|(_, slot)| Some(*slot) != protect),
+            false => None,
+        };
+        match (artifact, blob) {
+            (Some(a), Some(b)) => Some(a.min(b).1),
+            (a, b) => a.or(b).map(|(_, slot)| slot),
+        }
     }
 }
 

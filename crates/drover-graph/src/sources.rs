@@ -6,9 +6,9 @@
 //! is inside the build directory: the files under a linked directory are
 //! sources at the link's path (`src/inc -> ../include` gives
 //! `src/inc/a.h`), as a compiler given `-Isrc/inc` reads them. A link to a
-//! directory it is already in (a loop) is a problem of its source; a
-//! directory link leading outside the build directory, or into the one the
-//! walk must not enter, is passed over.
+//! directory it is already in (a loop), one leading outside the build
+//! directory, and one into the directory the walk must not enter (even
+//! through another link) are passed over.
 
 use std::fs;
 use std::io;
@@ -119,7 +119,12 @@ impl Walker<'_> {
             let file_type =
                 entry.file_type().map_err(|source| GraphError::Io { path: path.clone(), source })?;
             if file_type.is_dir() {
-                if self.excluded != Some(rel_path.as_str()) {
+                // Under a followed link, a directory's path says nothing
+                // of where it is: the excluded one is known by its own.
+                let excluded = self.excluded == Some(rel_path.as_str())
+                    || (!self.entered.is_empty()
+                        && fs::canonicalize(&path).is_ok_and(|t| self.is_excluded(&t)));
+                if !excluded {
                     self.walk(pattern, &path, &rel_path, &next)?;
                 }
             } else if file_type.is_symlink() && path.is_dir() {
@@ -150,30 +155,33 @@ impl Walker<'_> {
         if !target.starts_with(self.canonical_root()?) {
             return Ok(());
         }
-        let excluded = match &self.canonical_excluded {
-            Some(excluded) => excluded.clone(),
-            None => {
-                let excluded = self.excluded.and_then(|e| fs::canonicalize(self.root.join(e)).ok());
-                self.canonical_excluded.insert(excluded).clone()
-            }
-        };
-        if excluded.is_some_and(|e| target.starts_with(e)) {
+        if self.is_excluded(&target) {
             return Ok(());
         }
+        // A link to a directory it is in (a loop) is passed over: walked,
+        // it would lead back without end.
         let within = path.parent().and_then(|p| fs::canonicalize(p).ok());
         if within.is_some_and(|w| w.starts_with(&target))
             || self.entered.iter().any(|e| e.starts_with(&target))
         {
-            self.problems.push(format!(
-                "source {rel_path:?} is a symbolic link to a directory it is in ({}): a loop",
-                target.display()
-            ));
             return Ok(());
         }
         self.entered.push(target);
         let walked = self.walk(pattern, path, rel_path, states);
         self.entered.pop();
         walked
+    }
+
+    /// Whether `target` (a path resolved) is in the excluded directory.
+    fn is_excluded(&mut self, target: &Path) -> bool {
+        let excluded = match &self.canonical_excluded {
+            Some(excluded) => excluded,
+            None => {
+                let excluded = self.excluded.and_then(|e| fs::canonicalize(self.root.join(e)).ok());
+                self.canonical_excluded.insert(excluded)
+            }
+        };
+        excluded.as_ref().is_some_and(|e| target.starts_with(e))
     }
 
     fn canonical_root(&mut self) -> Result<&Path, GraphError> {

@@ -946,12 +946,17 @@ impl Build {
         !self.stopping && !self.cancelled && self.jobs[i as usize].waiter.is_some()
     }
 
-    /// Job `i`'s run number `failed` failed and the job runs again
-    /// (`retry_on_failure`): it leaves its core waiter (the caller hands it
-    /// to the core again) and is queued, saying why.
-    pub(crate) fn failed_run(&mut self, i: u32, failed: u32, reason: &str, now: Millis) {
+    /// Job `i`'s run failed after `attempts` attempts and the job runs
+    /// again (`retry_on_failure`): it leaves its core waiter (the caller
+    /// hands it to the core again) and is queued, saying why.
+    pub(crate) fn failed_run(&mut self, i: u32, attempts: u32, reason: &str, now: Millis) {
         self.take_waiter(i);
-        self.requeued(i, failed, reason, now);
+        self.requeued(i, attempts, reason, now);
+    }
+
+    /// The attempt job `i`'s latest run was.
+    pub(crate) fn attempts(&self, i: u32) -> u32 {
+        self.jobs[i as usize].attempts
     }
 
     pub(crate) fn requeued(&mut self, i: u32, attempts: u32, reason: &str, now: Millis) {

@@ -411,9 +411,11 @@ pub struct Solver {
     #[serde(default)]
     run_keys: BTreeMap<u64, InputKey>,
     /// Jobs that failed and run again (`retry_on_failure`) → how many of
-    /// their runs failed so far. Left once the job ends or is cancelled.
+    /// their runs failed so far, and the attempts they made before the
+    /// core took the job again (which counts its attempts from 1). Left
+    /// once the job ends or is cancelled.
     #[serde(default)]
-    failed_runs: BTreeMap<JobId, u32>,
+    failed_runs: BTreeMap<JobId, Reruns>,
     /// Outputs the coordinator's shared cache holds.
     remote: std::collections::BTreeSet<JobId>,
     /// Build jobs whose result is known and held: they finish as cached.
@@ -1053,8 +1055,9 @@ impl Solver {
                 continue;
             }
             // Its worker's disk failed the run, not the job: it goes back
-            // to the queue as if the worker had been lost under it (the
-            // worker drains, so it goes elsewhere).
+            // to the queue as if the worker had been lost under it (a
+            // worker whose disk stays broken drains first, so it goes
+            // elsewhere).
             if r.worker_fault {
                 self.run_keys.remove(&r.run);
                 let _stale = self.core.handle(self.now, Event::RunLost { run: RunId(r.run) });
@@ -1409,33 +1412,40 @@ impl Solver {
     /// (`retry_on_failure`, counted in [`Solver::failed_runs`]), each of
     /// `waiters` whose build goes on queues it again, and the waiters left
     /// (those of builds that stop, or all once the reruns are used up) are
-    /// returned to take the failure.
-    fn rerun_failed(&mut self, job: JobId, waiters: Vec<WaiterId>, result: &JobResult) -> Vec<WaiterId> {
+    /// returned to take the failure, with whether the job runs again.
+    fn rerun_failed(
+        &mut self,
+        job: JobId,
+        waiters: Vec<WaiterId>,
+        result: &JobResult,
+    ) -> (Vec<WaiterId>, bool) {
         let of = |solver: &Solver, w: &WaiterId| solver.waiters.get(w).copied();
-        let Some((b, i)) = waiters.first().and_then(|w| of(self, w)) else { return waiters };
+        let Some((b, i)) = waiters.first().and_then(|w| of(self, w)) else { return (waiters, false) };
         if self.lost_input_failures.contains(&job) {
-            return waiters;
+            return (waiters, false);
         }
         let allowed = self.builds[&b].def(i).retry_on_failure;
-        let failed = self.failed_runs.get(&job).copied().unwrap_or(0) + 1;
+        let failed = self.failed_runs.get(&job).map_or(0, |r| r.failed) + 1;
         if failed > allowed {
-            return waiters;
+            return (waiters, false);
         }
+        // The attempt that just failed: the next counts on from it.
+        let attempts = self.builds[&b].attempts(i);
         let (again, left): (Vec<WaiterId>, Vec<WaiterId>) =
             waiters.into_iter().partition(|w| of(self, w).is_some_and(|(b, i)| self.builds[&b].may_rerun(i)));
         if again.is_empty() {
-            return left;
+            return (left, false);
         }
-        self.failed_runs.insert(job, failed);
+        self.failed_runs.insert(job, Reruns { failed, attempts });
         let reason = format!("run {failed} failed ({})", failure_summary(result));
         let reason = format!("{reason}; running it again ({failed} of {allowed} reruns on failure)");
         for w in again {
             let (b, i) = self.waiters.remove(&w).expect("a waiter of a rerun job");
             let build = self.builds.get_mut(&b).map(Arc::make_mut).expect("build exists");
-            build.failed_run(i, failed, &reason, self.now);
+            build.failed_run(i, attempts, &reason, self.now);
             self.hand_to_core(b, i);
         }
-        left
+        (left, true)
     }
 
     /// Hands job `job` to the core.
@@ -1470,7 +1480,7 @@ impl Solver {
             // Suspended for another job by an eviction: so it shows, and
             // `drover resume` leaves it to the core.
             let evicted_by = self.core.evicted_by(&id).map(|by| self.job_label(&by));
-            let attempt = view.attempts + self.failed_runs.get(&id).copied().unwrap_or(0);
+            let attempt = view.attempts + self.failed_runs.get(&id).map_or(0, |r| r.attempts);
             let b = self.builds.get_mut(&build).map(Arc::make_mut).expect("build exists");
             b.started(job, worker.0, run.0, attempt, name, self.now);
             if let Some(by) = evicted_by {
@@ -1525,7 +1535,7 @@ impl Solver {
         match d {
             Decision::Assign { worker, job, run, attempt } => {
                 // A rerun after failed runs counts on from them.
-                let attempt = attempt + self.failed_runs.get(&job).copied().unwrap_or(0);
+                let attempt = attempt + self.failed_runs.get(&job).map_or(0, |r| r.attempts);
                 let waiters = self.job_waiters(&job);
                 let worker_name = self.workers.get(&worker.0).map(|w| w.name.clone()).unwrap_or_default();
                 for &(b, i) in &waiters {
@@ -1606,14 +1616,15 @@ impl Solver {
                     Completion::GaveUp(_) => RunEnd::GaveUp,
                 };
                 *self.runs_ended.entry(end).or_default() += 1;
-                let waiters = match &completion {
+                let (waiters, rerun) = match &completion {
                     Completion::Ran(r) if !r.success => self.rerun_failed(job, waiters, r),
-                    _ => waiters,
+                    _ => (waiters, false),
                 };
-                if waiters.is_empty() {
-                    return;
+                // The count goes with the job, unless it runs again for
+                // some of its builds.
+                if !rerun {
+                    self.failed_runs.remove(&job);
                 }
-                self.failed_runs.remove(&job);
                 for waiter in waiters {
                     let Some((b, i)) = self.waiters.remove(&waiter) else { continue };
                     self.finished(b, i, &completion);
@@ -1719,6 +1730,15 @@ fn availability<'a>(
         let id = aliases.get(&id).copied().unwrap_or(id);
         remote.contains(&id) || (outputs.contains_key(&id) && core.locate_artifact(&id).is_some())
     }
+}
+
+/// A job's reruns on failure so far (see `Solver::failed_runs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct Reruns {
+    /// Its runs that failed.
+    failed: u32,
+    /// The attempts made before the core took it again.
+    attempts: u32,
 }
 
 /// A failed run's result in a few words: how it ended (the first line of

@@ -2813,3 +2813,59 @@ fn a_failed_run_is_summed_up_by_how_it_ended_and_its_last_line() {
         super::failure_summary(&result(Some(1), &format!("exit code 1; stderr:\n{}", "é".repeat(200))));
     assert!(long.ends_with('…') && long.len() < 200, "{long}");
 }
+
+/// Builds that disagree on rerunning a shared flaky job (one is stopping)
+/// share one count of its failed runs: the continuing build gets exactly
+/// the reruns the job allows, attempts numbered on.
+#[test]
+fn a_flaky_job_shared_with_a_stopping_build_runs_again_only_as_often_as_allowed() {
+    let mut h = Harness::new();
+    let w = worker_id(h.input(register("w1", 3, vec![])));
+    let flaky = JobDef { retry_on_failure: 1, ..job("flaky", &[]) };
+    let stopping = build_id(h.input(submit(vec![flaky.clone(), job("bad", &[])])));
+    let going = build_id(h.input(submit(vec![flaky])));
+    h.later();
+    let runs = h.assignments();
+    let run = |name: &str| runs.iter().find(|(_, a)| a.name == name).expect("assigned").1.run;
+    h.report(w, Report { finished: vec![failed(run("bad"), 2)], ..Report::default() });
+    let mut attempts = vec![1];
+    h.report(w, Report { finished: vec![failed(run("flaky"), 1)], ..Report::default() });
+    loop {
+        h.later();
+        let Some((_, a)) = h.assignments().pop() else { break };
+        attempts.push(a.attempt);
+        h.report(w, Report { finished: vec![failed(a.run, 1)], ..Report::default() });
+    }
+    assert_eq!(attempts, [1, 2], "one rerun, for the build that goes on");
+    for b in [stopping, going] {
+        assert_eq!(h.solver.build_status(b).expect("build").state, BuildState::Failed);
+    }
+    assert!(h.solver.failed_runs.is_empty());
+}
+
+/// A run handed back by its worker (its disk failed it) uses an attempt;
+/// a failure after it and the rerun count on from there, and each
+/// attempt's log is found by its number.
+#[test]
+fn attempts_count_on_across_a_lost_run_and_a_rerun() {
+    let mut h = Harness::new();
+    let w = worker_id(h.input(register("w1", 1, vec![])));
+    let b = build_id(h.input(submit(vec![JobDef { retry_on_failure: 1, retries: 2, ..job("flaky", &[]) }])));
+    let mut attempts = Vec::new();
+    for end in 0..3 {
+        h.later();
+        let (_, a) = h.assignments().pop().expect("assigned");
+        attempts.push(a.attempt);
+        let mut result = if end == 2 { ok(a.run, "flaky") } else { failed(a.run, 1) };
+        result.worker_fault = end == 0;
+        h.report(w, Report { finished: vec![result], ..Report::default() });
+    }
+    assert_eq!(attempts, [1, 2, 3]);
+    assert_eq!(h.solver.build_status(b).expect("build").state, BuildState::Succeeded);
+    for attempt in 1..=3 {
+        let (_, run) = h.solver.attempt_location(b, "flaky", attempt).expect("kept").expect("its worker");
+        assert_eq!(run, attempt as u64, "attempt {attempt} is run {attempt}");
+    }
+    assert_eq!(h.solver.attempt_location(b, "flaky", 4), Err(vec![1, 2, 3]));
+    h.assert_replays();
+}

@@ -92,8 +92,8 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, control: Ru
             tracing::warn!(
                 run,
                 job = %assignment.name,
-                "this worker's disk was full ({fault}); room was made in its cache, and the run goes back \
-                 to the queue"
+                "this worker's disk was full ({fault}) and takes writes again (its cache made what room it \
+                 could): the run goes back to the queue"
             );
             result.worker_fault = true;
             result.detail = format!("the worker's disk was full ({fault}); {}", result.detail);
@@ -107,11 +107,15 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, control: Ru
             );
             result.worker_fault = true;
             result.detail = format!("the worker cannot write its own disk ({fault}); {}", result.detail);
+            // Draining before the run's end is reported, so that the
+            // coordinator does not hand the job straight back to this worker
+            // (a coordinator that does not answer in time hears it later).
+            let session = *shared.outbox.session.borrow();
             if !shared.draining.swap(true, std::sync::atomic::Ordering::SeqCst)
-                && let Some(id) = *shared.outbox.session.borrow()
+                && let Some(id) = session
             {
-                let shared = shared.clone();
-                tokio::spawn(async move { crate::session::drain(&shared, id).await });
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(5), crate::session::drain(&shared, id)).await;
             }
         }
     }
@@ -174,7 +178,8 @@ fn disk_fault(shared: &Shared) -> Disk {
             let written = std::fs::write(&file, [0u8; 4096]);
             let _ = std::fs::remove_file(&file);
             if let Err(e) = written {
-                return Some((format!("{}: {e}", dir.display()), e.kind() == io::ErrorKind::StorageFull));
+                let full = matches!(e.kind(), io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded);
+                return Some((format!("{}: {e}", dir.display()), full));
             }
         }
         None
@@ -576,14 +581,12 @@ impl DirPool {
     }
 
     /// Takes a directory back after its run: kept if nothing was added to
-    /// it or removed from it (still sealed, with its mode and no
-    /// subdirectory), removed otherwise.
+    /// it or removed from it (still sealed, with its mode), removed
+    /// otherwise.
     fn give_back(&self, dir: PathBuf) {
-        use std::os::unix::fs::MetadataExt;
         let untouched = std::fs::symlink_metadata(&dir).is_ok_and(|m| {
             m.is_dir()
                 && m.permissions().mode() & 0o777 == self.mode
-                && m.nlink() == 2
                 && m.modified().ok() == Some(std::time::UNIX_EPOCH + Duration::from_secs(SEALED_MTIME))
         });
         if untouched {

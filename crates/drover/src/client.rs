@@ -787,7 +787,6 @@ pub(crate) async fn cancel(args: CancelArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Cancels build `id`.
 /// Cancels build `id` for an interrupted `submit --wait`: a coordinator
 /// that cannot be reached (restarting, say) is tried again for about half
 /// a minute, or until a second interrupt; a build left running says so,
@@ -829,6 +828,7 @@ async fn cancel_on_interrupt(
 /// Tries of [`cancel_on_interrupt`], [`RECONNECT_PAUSE`] apart.
 const CANCEL_TRIES: u32 = 60;
 
+/// Cancels build `id`.
 async fn cancel_build(http: &Http, base: &str, id: u64) -> Result<(), Failure> {
     http.post(&api(base, &format!("/v1/builds/{id}/cancel"))).await.map_err(|e| match e.status() {
         Some(404) => no_build(&e, id, ""),
@@ -1053,13 +1053,17 @@ pub(crate) async fn logs(args: LogsArgs) -> Result<(), Failure> {
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
-    // The attempt followed, to tell its end from the next one's.
+    // The attempt followed, to tell its end from the next one's, and to
+    // take up that run's log, not a later one's, after a broken connection.
     let followed = match args.follow {
-        true => build_status(&http, base, args.build)
-            .await
-            .ok()
-            .and_then(|s| s.jobs.into_iter().find(|j| j.name == args.job))
-            .map(|j| j.attempts),
+        true => match args.attempt {
+            Some(attempt) => Some(attempt),
+            None => build_status(&http, base, args.build)
+                .await
+                .ok()
+                .and_then(|s| s.jobs.into_iter().find(|j| j.name == args.job))
+                .map(|j| j.attempts),
+        },
         false => None,
     };
     let mut stdout = tokio::io::stdout();
@@ -1101,7 +1105,11 @@ pub(crate) async fn logs(args: LogsArgs) -> Result<(), Failure> {
                 eprintln!("drover: the log stream broke off ({why}); trying again for up to a minute");
             }
             tokio::time::sleep(RECONNECT_PAUSE).await;
-            match http.get_stream(&format!("{url}&from={written}")).await {
+            let attempt = match (args.attempt, followed) {
+                (None, Some(attempt)) => format!("&attempt={attempt}"),
+                _ => String::new(),
+            };
+            match http.get_stream(&format!("{url}{attempt}&from={written}")).await {
                 Ok(body) => break body,
                 Err(e) if e.status() == Some(404) => return Err(refused(e)),
                 Err(e) => why = e.to_string(),

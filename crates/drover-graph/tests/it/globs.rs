@@ -125,14 +125,18 @@ fn symbolic_links_inside_the_root() {
 fn a_link_into_the_excluded_directory_is_not_followed() {
     let dir = Dir::with(&[
         ("src/a.c", "a"),
-        ("out/app/bin", "b"),
+        ("build/out/app/bin", "b"),
+        ("build/log.txt", "l"),
         ("drover.yaml", "sources: ['**']\njobs: [{name: a, run: x}]\n"),
     ]);
-    std::os::unix::fs::symlink(dir.path().join("out"), dir.path().join("src/exported")).expect("symlink");
-    let build = drover_graph::load_excluding(&dir.path().join("drover.yaml"), Some(&dir.path().join("out")))
-        .expect("load");
+    // A link to it, and a link to the directory that holds it.
+    std::os::unix::fs::symlink(dir.path().join("build/out"), dir.path().join("src/exported"))
+        .expect("symlink");
+    std::os::unix::fs::symlink(dir.path().join("build"), dir.path().join("src/b")).expect("symlink");
+    let out = dir.path().join("build/out");
+    let build = drover_graph::load_excluding(&dir.path().join("drover.yaml"), Some(&out)).expect("load");
     let paths: Vec<String> = build.sources.into_iter().map(|s| s.path).collect();
-    assert_eq!(paths, ["drover.yaml", "src/a.c"]);
+    assert_eq!(paths, ["build/log.txt", "drover.yaml", "src/a.c", "src/b/log.txt"]);
 }
 
 #[test]
