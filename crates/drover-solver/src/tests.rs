@@ -1519,7 +1519,7 @@ mod random {
             // third runs again once after a failure.
             None => JobDef {
                 own: Some(Hash32([i as u8 + 1; 32])),
-                retry_on_failure: u32::from(i % 3 == 0),
+                retry_on_failure: u32::from(i.is_multiple_of(3)),
                 ..def
             },
         }
