@@ -335,19 +335,59 @@ impl Drop for Pushing {
 
 /// Push stage: sends an output to the coordinator's shared cache (`PUT
 /// /v1/cache/{job}`, the pack format, streamed), holding its pin until it
-/// is sent. Best effort: a failure is logged.
+/// is sent. A push that fails for a reason that may pass (the coordinator
+/// restarting or unreachable, a broken connection, a 5xx answer) is tried
+/// again, after pauses doubling from a second to a minute, for up to
+/// [`PUSH_RETRIES_FOR`]: an output that never reached the shared cache is
+/// built again once its worker is gone. Other failures are logged.
 async fn push(shared: Arc<Shared>, output: ArtifactGuard, run: u64) {
     let log = StageLog { shared: &shared, run, stage: Stage::Push };
-    let Ok(_grant) = shared.tokens.acquire(Request::stage(Stage::Push), || {}).await else { return };
     let job = Hash32(output.key().0);
-    let started = Instant::now();
+    let until = Instant::now() + PUSH_RETRIES_FOR;
+    let mut pause = Duration::from_secs(1);
+    loop {
+        let Ok(grant) = shared.tokens.acquire(Request::stage(Stage::Push), || {}).await else { return };
+        let started = Instant::now();
+        let (failed, again) = match push_once(&shared, &output, job).await {
+            Ok(info) => {
+                tracing::debug!(%job, "output pushed to the shared cache");
+                log.line(format_args!("pushed {job} to the shared cache: {}", rate(info.size, started)));
+                return;
+            }
+            Err(failure) => failure,
+        };
+        drop(grant);
+        if !again || Instant::now() + pause > until {
+            tracing::warn!(%job, "{}", one_line(&failed));
+            log.line(failed);
+            return;
+        }
+        tracing::info!(%job, "{}; trying again in {}", one_line(&failed), seconds(pause));
+        log.line(format_args!("{failed}; trying again in {}", seconds(pause)));
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(60));
+    }
+}
+
+/// How long a push that fails for a reason that may pass is tried again.
+const PUSH_RETRIES_FOR: Duration = Duration::from_secs(600);
+
+/// One try of [`push`]: the output's info once sent, or why not and
+/// whether trying again may help.
+async fn push_once(
+    shared: &Arc<Shared>,
+    output: &ArtifactGuard,
+    job: Hash32,
+) -> Result<drover_cas::ArtifactInfo, (String, bool)> {
     let (reader, writer) = tokio::io::duplex(256 * 1024);
     let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let reader = PackReader { inner: reader, failed: failed.clone() };
     let cas = shared.cas.clone();
+    // Pinned by `output`, which outlives the packing.
+    let key = *output.key();
     let packing = tokio::task::spawn_blocking(move || {
         let mut sync = tokio_util::io::SyncIoBridge::new(writer);
-        let packed = cas.pack(output.key(), &mut sync);
+        let packed = cas.pack(&key, &mut sync);
         // Before the stream ends (`sync` is dropped on return).
         failed.store(packed.is_err(), std::sync::atomic::Ordering::SeqCst);
         packed
@@ -356,18 +396,19 @@ async fn push(shared: Arc<Shared>, output: ArtifactGuard, run: u64) {
     let sent = shared.http.put_reader(&url, reader).await;
     let packed = packing.await;
     // A failed pack breaks the request off: its error is the cause.
-    let failed = match (packed, sent) {
-        (Ok(Ok(info)), Ok(())) => {
-            tracing::debug!(%job, "output pushed to the shared cache");
-            log.line(format_args!("pushed {job} to the shared cache: {}", rate(info.size, started)));
-            return;
+    match (packed, sent) {
+        (Ok(Ok(info)), Ok(())) => Ok(info),
+        (Ok(Err(e)), _) => Err((format!("cannot pack the output for the shared cache: {e}"), false)),
+        (Err(e), _) => Err((format!("cannot pack the output for the shared cache: {e}"), false)),
+        (Ok(Ok(_)), Err(e)) => {
+            let again = match &e {
+                HttpError::Status { status, .. } => *status >= 500 || matches!(status, 408 | 429),
+                HttpError::Connect { .. } | HttpError::Timeout { .. } => true,
+                _ => false,
+            };
+            Err((format!("cannot push the output to the shared cache: {e}"), again))
         }
-        (Ok(Err(e)), _) => format!("cannot pack the output for the shared cache: {e}"),
-        (Err(e), _) => format!("cannot pack the output for the shared cache: {e}"),
-        (Ok(Ok(_)), Err(e)) => format!("cannot push the output to the shared cache: {e}"),
-    };
-    tracing::warn!(%job, "{}", one_line(&failed));
-    log.line(failed);
+    }
 }
 
 /// The reading end of a pack that another task writes: where the writer

@@ -75,6 +75,38 @@ fn a_killed_worker_started_again_knows_its_silent_runs() {
     }
 }
 
+/// An output finished while the coordinator is down is pushed to the
+/// shared cache once it is back: the push is tried again, not given up at
+/// the first refused connection.
+#[test]
+fn an_output_finished_while_the_coordinator_is_down_is_pushed_once_it_is_back() {
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", 1, &[]);
+    let gate = cluster.scratch("gate");
+    let file = cluster.project(
+        "push-later",
+        &format!(
+            "jobs:\n  - name: made\n    run: [\"while [ ! -e {gate} ]; do sleep 0.05; done; echo out > {{{{out}}}}/f\"]\n"
+        ),
+        &[],
+    );
+    let build = cluster.submit(&file);
+    eventually("the job to start", || (cluster.status(build)["state"] == "running").then_some(()));
+    let id = job(&cluster.status(build), "made")["id"].as_str().expect("the job's ID").to_owned();
+    cluster.kill_coordinator();
+    std::fs::write(&gate, "").expect("open the gate");
+    // The output is committed, and its push (right after) is refused
+    // while the coordinator is down; then the coordinator comes back.
+    let committed = cluster.dir.path().join("w1/cache/artifacts").join(&id[..2]).join(&id);
+    eventually("the output to be committed", || committed.exists().then_some(()));
+    cluster.start_coordinator();
+    assert_eq!(cluster.final_status(build)["state"], "succeeded");
+    eventually("the output to reach the shared cache", || {
+        let (status, _) = crate::harness::http(&cluster.url, "GET", &format!("/v1/cache/{id}"), b"");
+        (status == 200).then_some(())
+    });
+}
+
 /// A worker whose cache holds about one output (150 KiB for outputs of
 /// 100 kB), running three jobs at once with one pusher: each new output
 /// would evict the one before it while it waits to be pushed, and its push
