@@ -395,19 +395,23 @@ async fn push_once(
     let url = shared.coordinator(&format!("/v1/cache/{job}"));
     let sent = shared.http.put_reader(&url, reader).await;
     let packed = packing.await;
-    // A failed pack breaks the request off: its error is the cause.
+    let may_pass = |e: &HttpError| match e {
+        HttpError::Status { status, .. } => *status >= 500 || matches!(status, 408 | 429),
+        HttpError::Connect { .. } | HttpError::Timeout { .. } => true,
+        _ => false,
+    };
+    // The request gone, the pack fails writing to it: the request's error
+    // is the cause.
+    let receiver_gone = |e: &drover_cas::CasError| matches!(e, drover_cas::CasError::Io { source, .. } if source.kind() == io::ErrorKind::BrokenPipe);
+    let unsent = |e: HttpError| (format!("cannot push the output to the shared cache: {e}"), may_pass(&e));
+    // Otherwise a failed pack breaks the request off: its error is the
+    // cause.
     match (packed, sent) {
         (Ok(Ok(info)), Ok(())) => Ok(info),
+        (Ok(Err(e)), Err(sent)) if receiver_gone(&e) => Err(unsent(sent)),
         (Ok(Err(e)), _) => Err((format!("cannot pack the output for the shared cache: {e}"), false)),
         (Err(e), _) => Err((format!("cannot pack the output for the shared cache: {e}"), false)),
-        (Ok(Ok(_)), Err(e)) => {
-            let again = match &e {
-                HttpError::Status { status, .. } => *status >= 500 || matches!(status, 408 | 429),
-                HttpError::Connect { .. } | HttpError::Timeout { .. } => true,
-                _ => false,
-            };
-            Err((format!("cannot push the output to the shared cache: {e}"), again))
-        }
+        (Ok(Ok(_)), Err(e)) => Err(unsent(e)),
     }
 }
 

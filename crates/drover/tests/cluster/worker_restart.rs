@@ -77,7 +77,9 @@ fn a_killed_worker_started_again_knows_its_silent_runs() {
 
 /// An output finished while the coordinator is down is pushed to the
 /// shared cache once it is back: the push is tried again, not given up at
-/// the first refused connection.
+/// the first refused connection. (The output is larger than the pipe the
+/// pack goes through, so the pack, too, fails when the request does: the
+/// request's failure is the one that counts.)
 #[test]
 fn an_output_finished_while_the_coordinator_is_down_is_pushed_once_it_is_back() {
     let mut cluster = Cluster::new();
@@ -86,7 +88,8 @@ fn an_output_finished_while_the_coordinator_is_down_is_pushed_once_it_is_back() 
     let file = cluster.project(
         "push-later",
         &format!(
-            "jobs:\n  - name: made\n    run: [\"while [ ! -e {gate} ]; do sleep 0.05; done; echo out > {{{{out}}}}/f\"]\n"
+            "jobs:\n  - name: made\n    run: [\"while [ ! -e {gate} ]; do sleep 0.05; done; \
+             head -c 1048576 /dev/zero > {{{{out}}}}/f\"]\n"
         ),
         &[],
     );
