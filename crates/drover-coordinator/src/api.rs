@@ -665,30 +665,12 @@ async fn put_blob(
 }
 
 /// Whether an I/O error of a blob's upload came from reading the request
-/// (a client that stalled or broke off), not from writing the blob down.
+/// (a client that stalled or broke off), not from writing the blob down: a
+/// full disk or quota, a file past the process's size limit, a read-only
+/// or vanished directory.
 fn is_upload_error(e: &std::io::Error) -> bool {
-    !matches!(
-        e.raw_os_error(),
-        Some(
-            libc_errno::ENOSPC
-                | libc_errno::EDQUOT
-                | libc_errno::EFBIG
-                | libc_errno::EROFS
-                | libc_errno::EIO
-                | libc_errno::ENOENT
-        )
-    )
-}
-
-/// The errno values of a disk that cannot take a write (Linux's; EFBIG:
-/// past the process's file size limit).
-mod libc_errno {
-    pub(super) const ENOENT: i32 = 2;
-    pub(super) const EIO: i32 = 5;
-    pub(super) const EFBIG: i32 = 27;
-    pub(super) const ENOSPC: i32 = 28;
-    pub(super) const EROFS: i32 = 30;
-    pub(super) const EDQUOT: i32 = 122;
+    use std::io::ErrorKind::{FileTooLarge, NotFound, QuotaExceeded, ReadOnlyFilesystem, StorageFull};
+    !matches!(e.kind(), StorageFull | QuotaExceeded | FileTooLarge | ReadOnlyFilesystem | NotFound)
 }
 
 async fn get_blob(State(app): State<App>, Path(digest): Path<String>) -> ApiResult<Response> {

@@ -59,7 +59,7 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, control: Ru
     // Failed before its commands ran, or could not start them: perhaps
     // for a fault of the worker's own (below).
     let before_commands = result.is_err() || control.failed_to_spawn();
-    let (result, output) = match result {
+    let (mut result, output) = match result {
         Ok((mut result, output)) => {
             result.duration_ms = duration_ms;
             (result, output)
@@ -80,7 +80,6 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, control: Ru
             None,
         ),
     };
-    let mut result = result;
     // A failure may be the worker's own: a disk that no longer takes a
     // write (full, or the cache directory removed under it) fails every
     // job it is given, and a worker that fails jobs fastest takes the most.

@@ -2,7 +2,7 @@
 //! resume` stop and continue a running job's processes, and so does
 //! preemption with `evict = "suspend"`.
 
-use crate::harness::{Cluster, eventually, job};
+use crate::harness::{Cluster, eventually, follow_log, job, next_line};
 
 /// The state letter of a process (`T` when stopped), from /proc.
 fn proc_state(pid: &str) -> Option<char> {
@@ -95,21 +95,8 @@ fn logs_follow_streams_a_running_job_until_it_ends() {
     );
     let build = cluster.submit(&file);
     eventually("the job to start", || (cluster.status(build)["state"] == "running").then_some(()));
-    let mut follow = cluster
-        .client(&["logs", &build.to_string(), "talk", "--follow"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("drover logs --follow");
-    // Lines arrive on a channel, so a broken follow fails the test at a
-    // generous deadline instead of hanging it.
-    let stdout = follow.stdout.take().expect("stdout");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let _ = tx.send(line.expect("read"));
-        }
-    });
-    let next = || rx.recv_timeout(std::time::Duration::from_secs(60)).ok();
+    let (mut follow, lines) = follow_log(&cluster, build, "talk");
+    let next = || next_line(&lines);
     assert_eq!(next().as_deref(), Some("one"), "printed while the job runs");
     // A job that has not started yet is waited for.
     let mut later = cluster
@@ -139,9 +126,6 @@ fn logs_follow_streams_a_running_job_until_it_ends() {
 /// the job writes comes once, in order, and it ends with the job.
 #[test]
 fn logs_follow_rides_through_a_coordinator_restart() {
-    use std::io::{BufRead, BufReader};
-    use std::process::Stdio;
-
     let mut cluster = Cluster::new();
     cluster.add_worker("w1", 1, &[]);
     let gate = cluster.scratch("gate");
@@ -154,20 +138,8 @@ fn logs_follow_rides_through_a_coordinator_restart() {
     );
     let build = cluster.submit(&file);
     eventually("the job to start", || (cluster.status(build)["state"] == "running").then_some(()));
-    let mut follow = cluster
-        .client(&["logs", &build.to_string(), "talk", "--follow"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("drover logs --follow");
-    let stdout = follow.stdout.take().expect("stdout");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let _ = tx.send(line.expect("read"));
-        }
-    });
-    let next = || rx.recv_timeout(std::time::Duration::from_secs(60)).ok();
+    let (mut follow, lines) = follow_log(&cluster, build, "talk");
+    let next = || next_line(&lines);
     assert_eq!(next().as_deref(), Some("one"));
     cluster.kill_coordinator();
     cluster.start_coordinator();

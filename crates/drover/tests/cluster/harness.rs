@@ -251,12 +251,48 @@ impl Drop for Cluster {
 /// `drover submit FILE --wait --json EXTRA...`: the exit code and the final
 /// status.
 pub(crate) fn wait_json(cluster: &Cluster, file: &Path, extra: &[&str]) -> (Option<i32>, Value) {
+    let (out, status) = wait_output(cluster, file, extra);
+    (out.status.code(), status)
+}
+
+/// [`wait_json`], with the whole output (the progress is on its standard
+/// error).
+pub(crate) fn wait_output(cluster: &Cluster, file: &Path, extra: &[&str]) -> (Output, Value) {
     let mut args = vec!["submit", file.to_str().expect("utf-8"), "--wait", "--json"];
     args.extend_from_slice(extra);
     let out = cluster.run(&args);
     let status = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("no status JSON ({e}); stderr: {}", String::from_utf8_lossy(&out.stderr)));
-    (out.status.code(), status)
+    (out, status)
+}
+
+/// `drover logs BUILD JOB --follow` (standard error discarded), with the
+/// lines it prints on a channel: a broken follow fails a test at a
+/// generous deadline ([`next_line`]) instead of hanging it.
+pub(crate) fn follow_log(
+    cluster: &Cluster,
+    build: u64,
+    job: &str,
+) -> (Child, std::sync::mpsc::Receiver<String>) {
+    let mut follow = cluster
+        .client(&["logs", &build.to_string(), job, "--follow"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("drover logs --follow");
+    let stdout = follow.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let _ = tx.send(line.expect("read"));
+        }
+    });
+    (follow, rx)
+}
+
+/// The next line of a [`follow_log`], if one comes within a minute.
+pub(crate) fn next_line(lines: &std::sync::mpsc::Receiver<String>) -> Option<String> {
+    lines.recv_timeout(Duration::from_secs(60)).ok()
 }
 
 /// The job named `name` in a status document.

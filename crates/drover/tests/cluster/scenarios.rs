@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use serde_json::Value;
 
 use crate::harness::{
-    Cluster, CutOnce, drover, eventually, free_port, http_with, job, process_gone, wait_json,
+    Cluster, CutOnce, drover, eventually, free_port, http_with, job, process_gone, wait_json, wait_output,
 };
 
 fn stderr(out: &std::process::Output) -> String {
@@ -125,9 +125,8 @@ fn a_failing_job_skips_its_dependents_and_fails_the_build() {
         "jobs:\n  - name: broken\n    run: [\"echo about to fail >&2; exit 3\"]\n  - name: after\n    needs: [broken]\n    run: [\"true\"]\n",
         &[],
     );
-    let out = cluster.run(&["submit", file.to_str().expect("utf-8"), "--wait", "--json"]);
+    let (out, status) = wait_output(&cluster, &file, &[]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    let status: Value = serde_json::from_slice(&out.stdout).expect("status JSON");
     assert_eq!(status["state"], "failed");
     assert_eq!(job(&status, "broken")["state"], "failed");
     assert_eq!(job(&status, "broken")["exit_code"], 3);
@@ -162,9 +161,8 @@ fn a_flaky_job_runs_again_after_failing() {
         ),
         &[],
     );
-    let out = cluster.run(&["submit", file.to_str().expect("utf-8"), "--wait", "--json"]);
+    let (out, status) = wait_output(&cluster, &file, &[]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let status: Value = serde_json::from_slice(&out.stdout).expect("status JSON");
     assert_eq!(status["state"], "succeeded");
     assert_eq!(job(&status, "flaky")["state"], "succeeded");
     assert_eq!(job(&status, "flaky")["attempts"], 2);
