@@ -172,6 +172,21 @@ fn reach(base: &str) -> impl Fn(HttpError) -> Failure + '_ {
         HttpError::Connect { .. } | HttpError::Timeout { .. } => Failure::Usage(anyhow!(
             "{e}\nis a coordinator running at {base}? (start one with `drover serve`, or set --coordinator / DROVER_COORDINATOR)"
         )),
+        HttpError::Status { status: 404, ref message, .. } if message == "not found" => {
+            Failure::Usage(anyhow!(
+                "{e}\nis {base} the address of a drover coordinator? (set --coordinator / DROVER_COORDINATOR)"
+            ))
+        }
+        other => Failure::Usage(other.into()),
+    }
+}
+
+/// A request the coordinator refused for a reason of its own (no such
+/// build or job, a build that cannot be retried): its words alone, without
+/// the request's URL.
+fn refused(e: HttpError) -> Failure {
+    match e {
+        HttpError::Status { message, .. } => Failure::Usage(anyhow!("{message}")),
         other => Failure::Usage(other.into()),
     }
 }
@@ -846,7 +861,7 @@ pub(crate) async fn suspend(args: SuspendArgs, resume: bool) -> Result<(), Failu
         path.push_str(&format!("?job={}", url_escape(job)));
     }
     http.post(&api(base, &path)).await.map_err(|e| match e.status() {
-        Some(404 | 409) => Failure::Usage(anyhow!("{e}")),
+        Some(404 | 409) => refused(e),
         _ => reach(base)(e),
     })?;
     let what = args.job.as_deref().map_or_else(|| format!("build {}", args.build), |j| format!("job {j}"));
@@ -876,7 +891,7 @@ pub(crate) async fn retry(args: RetryArgs) -> Result<(), Failure> {
     let history = count_events(&http, base, args.build).await?;
     http.post(&api(base, &format!("/v1/builds/{}/retry", args.build))).await.map_err(|e| {
         match e.status() {
-            Some(404 | 409) => Failure::Usage(anyhow!("{e}")),
+            Some(404 | 409) => refused(e),
             _ => reach(base)(e),
         }
     })?;
@@ -1022,8 +1037,8 @@ pub(crate) async fn logs(args: LogsArgs) -> Result<(), Failure> {
         &format!("/v1/builds/{}/jobs/{}/log?stream={stream}{follow}{attempt}", args.build, args.job),
     );
     let url = url.as_str();
-    let refused = |e: HttpError| match e.status() {
-        Some(404) => Failure::Usage(anyhow!("{e}")),
+    let failed = |e: HttpError| match e.status() {
+        Some(404) => refused(e),
         _ => reach(base)(e),
     };
     // With --follow, a job that has not started yet is waited for (`submit`
@@ -1034,7 +1049,7 @@ pub(crate) async fn logs(args: LogsArgs) -> Result<(), Failure> {
         let e = match http.get_stream(url).await {
             Ok(body) => break body,
             Err(e) if args.follow && e.status() == Some(404) && e.to_string().contains("has not run") => e,
-            Err(e) => return Err(refused(e)),
+            Err(e) => return Err(failed(e)),
         };
         let status = build_status(&http, base, args.build).await?;
         let state = status.jobs.iter().find(|j| j.name == args.job).map(|j| j.state);
@@ -1044,7 +1059,11 @@ pub(crate) async fn logs(args: LogsArgs) -> Result<(), Failure> {
                 Ok(body) => break body,
                 Err(_) => {
                     let state = state.map_or_else(String::new, |s| s.to_string());
-                    return Err(Failure::Usage(anyhow!("{e}: it ended {state} without running")));
+                    let said = match e {
+                        HttpError::Status { message, .. } => message,
+                        other => other.to_string(),
+                    };
+                    return Err(Failure::Usage(anyhow!("{said}: it ended {state} without running")));
                 }
             }
         }

@@ -143,6 +143,11 @@ fn a_failing_job_skips_its_dependents_and_fails_the_build() {
     let log = cluster.run(&["logs", &status["id"].to_string(), "aftr"]);
     assert_eq!(log.status.code(), Some(2));
     assert!(stderr(&log).contains("has no job \"aftr\""), "{}", stderr(&log));
+    assert!(
+        !stderr(&log).contains("/v1/"),
+        "the coordinator's words, not the request's URL: {}",
+        stderr(&log)
+    );
 }
 
 /// A flaky job (`retry_on_failure`) that fails its first run passes on
@@ -728,6 +733,15 @@ fn a_workers_address_given_for_the_coordinators_is_named() {
     let out = drover().args(["status", "--coordinator", url]).output().expect("run");
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("this is drover worker \"w1\", not a coordinator"), "{}", stderr(&out));
+    // A coordinator's address with a path the API is not under.
+    let wrong = format!("{}/drover", cluster.url);
+    let out = drover().args(["status", "--coordinator", &wrong]).output().expect("run");
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!("is {wrong} the address of a drover coordinator?")),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]
