@@ -69,7 +69,13 @@ struct JobRec {
     /// is forgotten (see `KEEP_LOST_WORKERS`), its jobs still name it.
     worker: Option<(u64, Arc<str>)>,
     run: Option<u64>,
+    /// The attempt its latest run was, counted across `drover retry`:
+    /// `before` plus the run's own attempt in the core.
     attempts: u32,
+    /// The attempts of its runs before the build was last retried (the
+    /// core counts a job sent to it again from 1).
+    #[serde(default)]
+    before: u32,
     exit_code: Option<i32>,
     detail: String,
     /// Set while the core holds the job for this build.
@@ -453,6 +459,7 @@ impl Build {
                 worker: None,
                 run: None,
                 attempts: 0,
+                before: 0,
                 exit_code: None,
                 detail: String::new(),
                 waiter: None,
@@ -789,14 +796,15 @@ impl Build {
     }
 
     /// Marks the running jobs (or the one named) suspended or resumed;
-    /// returns their (worker, run). A named job must be running (and, to
-    /// resume, suspended).
+    /// returns their (worker, run, whether the worker is to be told: not
+    /// while an eviction holds the run too). A named job must be running
+    /// (and, to resume, suspended).
     pub(crate) fn suspend(
         &mut self,
         job: Option<&str>,
         resume: bool,
         now: Millis,
-    ) -> Result<Vec<(u64, u64)>, String> {
+    ) -> Result<Vec<(u64, u64, bool)>, String> {
         let targets: Vec<u32> = match job {
             Some(name) => {
                 let &i = self
@@ -850,8 +858,8 @@ impl Build {
             rec.suspended = !resume;
             // A run an eviction also holds stays stopped until the core
             // resumes it.
-            if let (Some((worker, _)), Some(run), None) = (&rec.worker, rec.run, &rec.evicted) {
-                runs.push((*worker, run));
+            if let (Some((worker, _)), Some(run)) = (&rec.worker, rec.run) {
+                runs.push((*worker, run, rec.evicted.is_none()));
             }
             let job = self.name_of(i);
             self.event(
@@ -864,6 +872,30 @@ impl Build {
             );
         }
         Ok(runs)
+    }
+
+    /// Another build suspended (or resumed) `run`, which job `i` shares:
+    /// this build sees it held (or let go) too, and may resume it. Whether
+    /// that changed anything.
+    pub(crate) fn shared_suspension(&mut self, i: u32, run: u64, suspended: bool, now: Millis) -> bool {
+        let rec = &mut self.jobs[i as usize];
+        if rec.state != JobState::Running || rec.run != Some(run) || rec.suspended == suspended {
+            return false;
+        }
+        rec.suspended = suspended;
+        let job = self.name_of(i);
+        let kind = match suspended {
+            true => EventKind::JobSuspended { job, evicted_by: None },
+            false => EventKind::JobResumed { job },
+        };
+        self.event(now, kind);
+        true
+    }
+
+    /// Whether `drover suspend` holds job `i`'s run `run`.
+    pub(crate) fn holds_suspended(&self, i: u32, run: u64) -> bool {
+        let rec = &self.jobs[i as usize];
+        rec.suspended && rec.run == Some(run)
     }
 
     /// Job `i`'s run was suspended by an eviction for job `by`.
@@ -918,6 +950,7 @@ impl Build {
         rec.state = JobState::Running;
         rec.suspended = false;
         rec.evicted = None;
+        let attempt = rec.before + attempt;
         let name = worker_name.to_string();
         // The run before goes to the earlier ones, its log still readable.
         if let (Some(before), Some((w, n))) = (rec.run.filter(|&r| r != run), rec.worker.take()) {
@@ -954,12 +987,17 @@ impl Build {
         self.requeued(i, attempts, reason, now);
     }
 
-    /// The attempt job `i`'s latest run was.
+    /// The attempt job `i`'s latest run was in the core (not counting
+    /// the runs before a `drover retry`).
     pub(crate) fn attempts(&self, i: u32) -> u32 {
-        self.jobs[i as usize].attempts
+        let rec = &self.jobs[i as usize];
+        rec.attempts - rec.before
     }
 
+    /// Job `i` goes back to the queue after `attempts` attempts in the
+    /// core, for `reason`.
     pub(crate) fn requeued(&mut self, i: u32, attempts: u32, reason: &str, now: Millis) {
+        let attempts = self.jobs[i as usize].before + attempts;
         self.jobs[i as usize].state = JobState::Queued;
         self.jobs[i as usize].evicted = None;
         let job = self.name_of(i);
@@ -1118,6 +1156,9 @@ impl Build {
                 rec.exit_code = None;
                 rec.detail.clear();
                 rec.rewinds = 0;
+                // Its runs from here on count on from those before, so
+                // that each attempt's log keeps its own number.
+                rec.before = rec.attempts;
                 jobs += 1;
             }
         }
@@ -1227,8 +1268,16 @@ impl Build {
             return None;
         }
         let mut again = vec![false; self.jobs.len()];
-        let mut stack: Vec<u32> =
-            lost_needs.into_iter().filter(|&n| self.jobs[n as usize].state.is_success()).collect();
+        // The lost needs, and any other need of `i` whose output is gone
+        // too (its worker was lost since): all of them are built again in
+        // one round, not one round (and one rewind of `i`) each.
+        let mut stack: Vec<u32> = self
+            .needs_of(i)
+            .iter()
+            .copied()
+            .filter(|&n| self.jobs[n as usize].state.is_success())
+            .filter(|&n| lost_needs.contains(&n) || !available(self.def(n)))
+            .collect();
         for &n in &stack {
             again[n as usize] = true;
         }

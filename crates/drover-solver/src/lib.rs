@@ -1170,10 +1170,25 @@ impl Solver {
             return Err(SolverError::UnknownJob { build: id, job: name.to_owned() });
         }
         let runs = build.suspend(job, resume, self.now).map_err(SolverError::NotRunning)?;
-        for (worker, run) in runs {
-            self.effects.push(Effect::Suspend { worker, run, resume });
-        }
         self.effects.push(Effect::BuildChanged { build: id });
+        for (worker, run, tell) in runs {
+            if tell {
+                self.effects.push(Effect::Suspend { worker, run, resume });
+            }
+            // The run is shared: every build waiting for it sees it held
+            // (or let go), and any of them may resume it, whether or not
+            // the build that suspended it is still there.
+            let Some((_, job, _)) = self.core.run_info(RunId(run)) else { continue };
+            for (b, i) in self.job_waiters(&job) {
+                if b == id {
+                    continue;
+                }
+                let other = self.builds.get_mut(&b).map(Arc::make_mut).expect("build exists");
+                if other.shared_suspension(i, run, !resume, self.now) {
+                    self.effects.push(Effect::BuildChanged { build: b });
+                }
+            }
+        }
         Ok(Reply::Done)
     }
 
@@ -1481,8 +1496,16 @@ impl Solver {
             // `drover resume` leaves it to the core.
             let evicted_by = self.core.evicted_by(&id).map(|by| self.job_label(&by));
             let attempt = view.attempts + self.failed_runs.get(&id).map_or(0, |r| r.attempts);
+            // Held by `drover suspend` from a build that shares it.
+            let held = self
+                .job_waiters(&id)
+                .into_iter()
+                .any(|(b, i)| b != build && self.builds[&b].holds_suspended(i, run.0));
             let b = self.builds.get_mut(&build).map(Arc::make_mut).expect("build exists");
             b.started(job, worker.0, run.0, attempt, name, self.now);
+            if held {
+                b.shared_suspension(job, run.0, true, self.now);
+            }
             if let Some(by) = evicted_by {
                 b.evicted(job, by, self.now);
             }

@@ -926,14 +926,19 @@ fn retry_reruns_the_failed_job_and_what_it_skipped() {
         ["flaky"],
         "only the failure runs again"
     );
-    h.report(w, Report { finished: vec![ok(runs[0].1, "flaky")], ..Report::default() });
+    let runs_flaky = runs[0].1;
+    h.report(w, Report { finished: vec![ok(runs_flaky, "flaky")], ..Report::default() });
     h.later();
     let runs = h.assigned();
     assert_eq!(runs.iter().map(|r| r.2.as_str()).collect::<Vec<_>>(), ["after"]);
     h.report(w, Report { finished: vec![ok(runs[0].1, "after")], ..Report::default() });
     let status = h.solver.build_status(b).expect("build");
     assert_eq!(status.state, BuildState::Succeeded);
-    assert_eq!(status.jobs[1].attempts, 1, "the retried run is a new first attempt of a new run");
+    assert_eq!(status.jobs[1].attempts, 2, "the retried run counts on from the failed one");
+    // Each run's log keeps its own number: the failure retried for, too.
+    assert_eq!(h.solver.attempt_location(b, "flaky", 1), Ok(Some(("http://w1".to_owned(), flaky))));
+    assert_eq!(h.solver.attempt_location(b, "flaky", 2), Ok(Some(("http://w1".to_owned(), runs_flaky))));
+    assert_eq!(h.solver.attempt_location(b, "flaky", 3), Err(vec![1, 2]));
     let retried = h.input(Input::Retry { build: b });
     assert!(matches!(retried, Err(SolverError::CannotRetry(_))), "{retried:?}");
 }
@@ -2867,5 +2872,102 @@ fn attempts_count_on_across_a_lost_run_and_a_rerun() {
         assert_eq!(run, attempt as u64, "attempt {attempt} is run {attempt}");
     }
     assert_eq!(h.solver.attempt_location(b, "flaky", 4), Err(vec![1, 2, 3]));
+    h.assert_replays();
+}
+
+/// A run that several builds share is suspended for all of them: each
+/// sees it held, any of them may resume it, and it stays resumable once
+/// the build that suspended it is cancelled (it used to stay stopped,
+/// its timeout clock paused, with no build able to resume it).
+#[test]
+fn a_shared_run_suspended_by_one_build_is_held_and_resumable_for_all() {
+    let mut h = Harness::new();
+    let w = worker_id(h.input(register("w1", 2, vec![])));
+    let a = build_id(h.input(submit(vec![job("ticker", &[])])));
+    let b = build_id(h.input(submit(vec![job("ticker", &[])])));
+    h.later();
+    let runs = h.assigned();
+    assert_eq!(names(&runs), ["ticker"], "one run for both builds");
+    let run = runs[0].1;
+    let detail =
+        |h: &Harness, build: u64| h.solver.build_status(build).expect("build").jobs[0].detail.clone();
+    let suspends = |h: &mut Harness| -> Vec<(u64, bool)> {
+        h.solver
+            .take_effects()
+            .into_iter()
+            .filter_map(|e| match e {
+                Effect::Suspend { worker, run, resume } => Some((worker * 1000 + run, resume)),
+                _ => None,
+            })
+            .collect()
+    };
+
+    h.input(Input::Suspend { build: a, job: Some("ticker".into()), resume: false }).expect("suspend");
+    assert_eq!(suspends(&mut h), [(w * 1000 + run, false)]);
+    assert_eq!(detail(&h, b), "suspended", "the other build sees its run held");
+    // A third build joining the held run sees it held too.
+    let c = build_id(h.input(submit(vec![job("ticker", &[])])));
+    assert_eq!(detail(&h, c), "suspended");
+    h.input(Input::Suspend { build: b, job: Some("ticker".into()), resume: true }).expect("resume from b");
+    assert_eq!(suspends(&mut h), [(w * 1000 + run, true)]);
+    for build in [a, b, c] {
+        assert_eq!(detail(&h, build), "", "build {build}: resumed for all");
+    }
+
+    h.input(Input::Suspend { build: a, job: None, resume: false }).expect("suspend again");
+    assert_eq!(suspends(&mut h), [(w * 1000 + run, false)]);
+    h.input(Input::Cancel { build: a }).expect("cancel");
+    assert!(suspends(&mut h).is_empty(), "the run goes on (held) for the other builds");
+    h.input(Input::Suspend { build: c, job: None, resume: true }).expect("resume from c");
+    assert_eq!(suspends(&mut h), [(w * 1000 + run, true)]);
+    let (events, _) = h.solver.events(b, 0).expect("events");
+    let held = events.iter().filter(|e| matches!(e.kind, EventKind::JobSuspended { .. })).count();
+    let resumed = events.iter().filter(|e| matches!(e.kind, EventKind::JobResumed { .. })).count();
+    assert_eq!((held, resumed), (2, 2), "{events:?}");
+
+    h.report(w, Report { finished: vec![ok(run, "ticker")], ..Report::default() });
+    for build in [b, c] {
+        assert_eq!(h.solver.build_status(build).expect("build").state, BuildState::Succeeded);
+    }
+    h.assert_replays();
+    h.restore_from_snapshot();
+}
+
+/// A run that reports one input lost sends back every need of its job
+/// whose output is gone: both of a lost worker's outputs are built again
+/// in one round, not one round (and one of the job's bounded rewinds) per
+/// input as each later run finds the next one missing.
+#[test]
+fn a_lost_input_sends_back_every_need_whose_output_is_gone() {
+    let mut h = Harness::new();
+    let w1 = worker_id(h.input(register("w1", 2, vec![])));
+    let b = build_id(h.input(submit(vec![job("a1", &[]), job("a2", &[]), job("b", &["a1", "a2"])])));
+    h.later();
+    let runs = h.assigned();
+    assert_eq!(names(&runs), ["a1", "a2"]);
+    h.report(w1, Report { finished: vec![ok(runs[0].1, "a1"), ok(runs[1].1, "a2")], ..Report::default() });
+    h.later();
+    assert_eq!(names(&h.assigned()), ["b"]);
+    let w2 = worker_id(h.input(register("w2", 2, vec![])));
+    for _ in 0..12 {
+        h.now += 5_000;
+        h.input(Input::Poll { worker: w2 }).expect("w2 renews its lease");
+    }
+    assert!(!h.solver.worker_alive(w1), "w1 lost");
+    h.later();
+    let runs = h.assigned();
+    assert_eq!(names(&runs), ["b"]);
+    // The run found a1 missing first.
+    h.report(w2, Report { finished: vec![lost_input(runs[0].1, "a1")], ..Report::default() });
+    let mut runs = h.assigned();
+    runs.sort_by(|x, y| x.2.cmp(&y.2));
+    assert_eq!(names(&runs), ["a1", "a2"], "both go back at once");
+    h.report(w2, Report { finished: vec![ok(runs[0].1, "a1"), ok(runs[1].1, "a2")], ..Report::default() });
+    h.later();
+    let runs = h.assigned();
+    assert_eq!(names(&runs), ["b"]);
+    h.report(w2, Report { finished: vec![ok(runs[0].1, "b")], ..Report::default() });
+    assert_eq!(h.solver.build_status(b).expect("build").state, BuildState::Succeeded);
+    assert_no_failure(&h, b);
     h.assert_replays();
 }

@@ -679,17 +679,30 @@ async fn fetch(
             .await
             .map_err(|e| e.to_string())??;
         let mut deps = BTreeMap::new();
+        // The first input to be had from nowhere, and how many more.
+        let mut lost: Option<(String, usize)> = None;
+        let mut unreachable = BTreeSet::new();
         for dep in &a.deps {
-            match ensure_artifact(shared, dep, &log).await {
-                Ok(guard) => deps.insert(dep.name.clone(), guard),
+            match ensure_artifact(shared, dep, &log, &mut unreachable).await {
+                Ok(guard) => {
+                    deps.insert(dep.name.clone(), guard);
+                }
+                // The run fails, but the other inputs are tried all the
+                // same (a holder found unreachable is not tried again): a
+                // worker lost with several of them is found out in one run,
+                // not in one run (and one rebuild round) per input.
                 Err(Missing::Nowhere(e)) => {
                     control.lost_input(dep.job);
-                    return Err(e);
+                    lost.get_or_insert((e, 0)).1 += 1;
                 }
                 Err(Missing::Failed(e)) => return Err(e),
-            };
+            }
         }
-        Ok(deps)
+        match lost {
+            None => Ok(deps),
+            Some((e, 1)) => Err(e),
+            Some((e, n)) => Err(format!("{e}; and {} more inputs could not be had", n - 1)),
+        }
     };
     let result = tokio::select! {
         fetched = fetched => fetched,
@@ -849,6 +862,7 @@ async fn ensure_artifact(
     shared: &Arc<Shared>,
     dep: &DepInput,
     log: &StageLog<'_>,
+    unreachable: &mut BTreeSet<String>,
 ) -> Result<ArtifactGuard, Missing> {
     let key = Key(dep.artifact().0);
     loop {
@@ -865,7 +879,7 @@ async fn ensure_artifact(
             }
             continue;
         }
-        let result = fetch_artifact(shared, dep, log).await;
+        let result = fetch_artifact(shared, dep, log, unreachable).await;
         shared.fetching.lock().expect("fetching").remove(&key);
         shared.fetched.notify_waiters();
         result?;
@@ -877,8 +891,15 @@ async fn ensure_artifact(
 /// then, after asking the coordinator who holds it now, the new ones and,
 /// after a short pause, once more those whose failure may pass (see
 /// `worth_retrying`), so a holder's passing trouble does not cost a
-/// rebuild of the output.
-async fn fetch_artifact(shared: &Arc<Shared>, dep: &DepInput, log: &StageLog<'_>) -> Result<(), Missing> {
+/// rebuild of the output. A holder in `unreachable` (it could not be
+/// reached for another input of the run) is passed over; one that cannot
+/// be reached now joins it.
+async fn fetch_artifact(
+    shared: &Arc<Shared>,
+    dep: &DepInput,
+    log: &StageLog<'_>,
+    unreachable: &mut BTreeSet<String>,
+) -> Result<(), Missing> {
     // The artifact that holds the output: the dependency's own, or another
     // job's whose output it is (early cutoff), kept here under that key.
     let artifact = dep.artifact();
@@ -931,6 +952,10 @@ async fn fetch_artifact(shared: &Arc<Shared>, dep: &DepInput, log: &StageLog<'_>
                     None
                 }
                 Some(_) => continue,
+                None if unreachable.contains(holder) => {
+                    errors.push(format!("{holder}: could not be reached for another input"));
+                    continue;
+                }
                 None => {
                     tried.push((holder.clone(), false));
                     Some(tried.len() - 1)
@@ -949,6 +974,9 @@ async fn fetch_artifact(shared: &Arc<Shared>, dep: &DepInput, log: &StageLog<'_>
                     tracing::warn!(dep = %name, %holder, "artifact fetch failed: {}", one_line(&why));
                     log.line(format_args!("dependency {name} from {holder} failed: {e}"));
                     errors.push(format!("{holder}: {e}"));
+                    if matches!(e, HttpError::Connect { .. } | HttpError::Timeout { .. }) {
+                        unreachable.insert(holder.clone());
+                    }
                     if let Some(i) = first
                         && round == 0
                         && worth_retrying(&e)

@@ -541,6 +541,47 @@ fn an_output_lost_with_its_worker_is_built_again_for_its_dependent() {
     assert_eq!(made_runs, 2, "made ran once on w1, once more on w2");
 }
 
+/// Five outputs lost with the only worker that held them are all built
+/// again in one round: the dependent's run tries every input (a holder
+/// found unreachable is not tried again) and the coordinator sends back
+/// every need whose output is gone. Found one at a time, the dependent
+/// went back once per input and failed past its bound of rewinds.
+#[test]
+fn many_outputs_lost_with_their_worker_are_built_again_together() {
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", 2, &["--no-push"]);
+    let go = cluster.scratch("go");
+    let mut build =
+        format!("jobs:\n  - name: gate\n    run: [\"while [ ! -e {go} ]; do sleep 0.02; done\"]\n");
+    let (mut needs, mut reads) = (String::new(), String::new());
+    for n in 1..=5 {
+        let runs = cluster.scratch(&format!("m{n}-runs"));
+        build.push_str(&format!(
+            "  - name: m{n}\n    run: [\"echo run >> {runs}; echo {n} > {{{{out}}}}/r\"]\n"
+        ));
+        needs.push_str(&format!("m{n}, "));
+        reads.push_str(&format!(" {{{{dep:m{n}}}}}/r"));
+    }
+    build.push_str(&format!(
+        "  - name: after\n    needs: [{needs}gate]\n    run: [\"cat{reads} > {{{{out}}}}/all\"]\n"
+    ));
+    let id = cluster.submit(&cluster.project("lost-outputs", &build, &[]));
+    eventually("m1 to m5 to succeed on w1", || {
+        let status = cluster.status(id);
+        (1..=5).all(|n| job(&status, &format!("m{n}"))["state"] == "succeeded").then_some(())
+    });
+    cluster.add_worker("w2", 2, &["--no-push"]);
+    cluster.kill_worker("w1");
+    std::fs::write(&go, "").expect("open the gate");
+    let status = cluster.final_status(id);
+    assert_eq!(status["state"], "succeeded", "{status}");
+    for n in 1..=5 {
+        let runs = std::fs::read_to_string(cluster.scratch(&format!("m{n}-runs"))).expect("ran");
+        assert_eq!(runs.lines().count(), 2, "m{n} ran once on w1, once more on w2: {status}");
+    }
+    assert_eq!(job(&status, "after")["worker"], "w2");
+}
+
 /// A gang whose member finds a dependency's output lost with its worker
 /// goes back whole: the output is built again on the live worker, then the
 /// gang starts together again there, and the build succeeds.
