@@ -172,6 +172,9 @@ fn reach(base: &str) -> impl Fn(HttpError) -> Failure + '_ {
         HttpError::Connect { .. } | HttpError::Timeout { .. } => Failure::Usage(anyhow!(
             "{e}\nis a coordinator running at {base}? (start one with `drover serve`, or set --coordinator / DROVER_COORDINATOR)"
         )),
+        HttpError::Status { status: 401, ref message, .. } => {
+            Failure::Usage(anyhow!("the coordinator at {base} refused the request: {message}"))
+        }
         HttpError::Status { status: 404, ref message, .. } if message == "not found" => {
             Failure::Usage(anyhow!(
                 "{e}\nis {base} the address of a drover coordinator? (set --coordinator / DROVER_COORDINATOR)"
