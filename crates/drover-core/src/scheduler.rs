@@ -179,6 +179,9 @@ enum Gone {
 /// a bound on what a churn of short-lived workers can make it keep.
 const MAX_LOST: usize = 1024;
 
+/// Most workers a waiting reason names; the rest are counted.
+const MAX_NAMED: usize = 5;
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 struct Tenant {
     name: String,
@@ -878,11 +881,38 @@ impl Scheduler {
             if class.key.memory > 0 {
                 needs.push(format!("{} of memory", bytes(class.key.memory)));
             }
+            for &(t, n) in &class.key.tokens {
+                let name = &self.tokens[t as usize];
+                needs.push(match (class.key.exclusive.contains(&t), n) {
+                    (true, _) => format!("token {name} to itself"),
+                    (false, 1) => format!("1 {name} token"),
+                    (false, n) => format!("{n} {name} tokens"),
+                });
+            }
             let needs = match needs.split_last() {
                 Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
                 _ => needs.join(""),
             };
-            return Some(format!("no worker has room for it now (it needs {needs})"));
+            // The workers that could run it at all (labels, tokens and
+            // size), all busy: so that an idle worker left out says why.
+            let mut able: Vec<&str> = self
+                .workers
+                .iter()
+                .filter(|w| {
+                    w.alive && !w.draining && w.capable.get(job.class as usize).copied().unwrap_or(false)
+                })
+                .map(|w| w.name.as_str())
+                .collect();
+            able.sort_unstable();
+            let more = able.len().saturating_sub(MAX_NAMED);
+            able.truncate(MAX_NAMED);
+            let able = match more {
+                0 => able.join(", "),
+                n => format!("{} and {n} more", able.join(", ")),
+            };
+            return Some(format!(
+                "no worker has room for it now (it needs {needs}; the workers that can run it: {able})"
+            ));
         }
         Some(format!("waiting for its turn in queue {queue_name}"))
     }

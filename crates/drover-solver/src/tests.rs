@@ -2069,7 +2069,7 @@ fn queued_jobs_say_why_they_wait() {
     // finds no room.
     let runs = h.assigned();
     assert_eq!(runs.iter().map(|r| r.2.as_str()).collect::<Vec<_>>(), ["a"]);
-    let no_room = "no worker has room for it now (it needs a slot)";
+    let no_room = "no worker has room for it now (it needs a slot; the workers that can run it: w1)";
     assert_eq!(detail(&h, "b"), no_room);
     // a ends: w1 takes b, and `after` reads a's output, which only w1 holds:
     // it waits for w1 a little before any worker may take it.
@@ -2086,6 +2086,35 @@ fn queued_jobs_say_why_they_wait() {
     assert_eq!(
         detail(&h, "after"),
         "the only workers that could run it are draining (w1): it waits for one that is not"
+    );
+}
+
+/// A job that needs a token only some workers offer, all of them busy,
+/// says so, and which workers could run it: an idle worker without the
+/// token is not one of them.
+#[test]
+fn a_job_waiting_for_a_token_names_it_and_the_workers_that_offer_it() {
+    let mut h = Harness::new();
+    let mut with_token = register("net", 1, vec![]);
+    if let Input::Register(r) = &mut with_token {
+        r.capacity.tokens.insert("network".into(), 1);
+    }
+    worker_id(h.input(with_token));
+    worker_id(h.input(register("plain", 1, vec![])));
+    let online = |name: &str| JobDef { tokens: [("network".to_owned(), 1)].into(), ..job(name, &[]) };
+    let mut alone = online("alone");
+    alone.exclusive = vec!["network".into()];
+    let b = build_id(h.input(submit(vec![online("first"), online("second"), alone])));
+    h.later();
+    assert_eq!(names(&h.assigned()), ["first"]);
+    let status = h.solver.build_status(b).expect("build");
+    assert_eq!(
+        status.jobs[1].detail,
+        "no worker has room for it now (it needs a slot and 1 network token; the workers that can run it: net)"
+    );
+    assert_eq!(
+        status.jobs[2].detail,
+        "no worker has room for it now (it needs a slot and token network to itself; the workers that can run it: net)"
     );
 }
 
