@@ -265,7 +265,7 @@ fn parse(file: &Path, text: &str, root: &Path, excluded: Option<&str>) -> Result
         .map(|job| {
             job.inputs
                 .as_ref()
-                .map(|patterns| sources::select(&source_paths, patterns, job.label(), &mut diags))
+                .map(|patterns| sources::select(root, &source_paths, patterns, job.label(), &mut diags))
         })
         .collect();
     diags.finish()?;

@@ -27,9 +27,10 @@ pub enum PlaceholderError {
     /// `{{` with no `}}` after it.
     #[error("unterminated placeholder: \"{{{{\" without a closing \"}}}}\"")]
     Unterminated,
-    /// `{{dep:NAME}}` where `NAME` is not a dependency of the job.
-    #[error("placeholder \"{{{{dep:{0}}}}}\" names {0:?}, which is not in needs")]
-    NotADependency(String),
+    /// `{{dep:NAME}}` where `NAME` is not a dependency of the job, with a
+    /// suggestion among its needs (or nothing).
+    #[error("placeholder \"{{{{dep:{0}}}}}\" names {0:?}, which is not in needs{1}")]
+    NotADependency(String, String),
     /// A path to substitute is not valid UTF-8.
     #[error("path {} is not valid UTF-8", .0.display())]
     NonUtf8Path(PathBuf),
@@ -86,7 +87,8 @@ pub(crate) fn check(text: &str, needs: &[String]) -> Vec<PlaceholderError> {
         if let Piece::Placeholder(Placeholder::Dep(name)) = piece
             && !needs.iter().any(|need| need == name)
         {
-            errors.push(PlaceholderError::NotADependency(name.to_owned()));
+            let hint = crate::suggest::did_you_mean(name, needs.iter().map(String::as_str));
+            errors.push(PlaceholderError::NotADependency(name.to_owned(), hint));
         }
     }
     errors
@@ -116,7 +118,9 @@ pub fn render(
             Piece::Placeholder(Placeholder::Src) => rendered.push_str(path_str(src)?),
             Piece::Placeholder(Placeholder::Out) => rendered.push_str(path_str(out)?),
             Piece::Placeholder(Placeholder::Dep(name)) => {
-                let path = deps.get(name).ok_or_else(|| PlaceholderError::NotADependency(name.to_owned()))?;
+                let path = deps
+                    .get(name)
+                    .ok_or_else(|| PlaceholderError::NotADependency(name.to_owned(), String::new()))?;
                 rendered.push_str(path_str(path)?);
             }
         }
@@ -155,6 +159,19 @@ mod tests {
                 "placeholder \"{{dep:}}\" names no job",
                 "unterminated placeholder: \"{{\" without a closing \"}}\"",
                 "placeholder \"{{dep:x}}\" names \"x\", which is not in needs",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_misspelled_dependency_gets_a_suggestion_among_the_needs() {
+        let needs = ["cc-lzio".to_owned(), "cc-lvm".to_owned()];
+        let messages: Vec<String> =
+            check("ar {{dep:cc-lzoi}}/a.o", &needs).iter().map(ToString::to_string).collect();
+        assert_eq!(
+            messages,
+            [
+                "placeholder \"{{dep:cc-lzoi}}\" names \"cc-lzoi\", which is not in needs (did you mean \"cc-lzio\"?)"
             ]
         );
     }

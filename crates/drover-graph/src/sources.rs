@@ -230,8 +230,11 @@ fn leads_outside(root: &Path, path: &Path) -> bool {
 }
 
 /// The sources matched by each of a job's `inputs` patterns (sorted, without
-/// repeats). Each pattern must be valid and match at least one source.
+/// repeats). Each pattern must be valid and match at least one source; one
+/// that does not says why when it can: the build has no `sources`, or the
+/// file it names is in `root` but no `sources` pattern takes it in.
 pub(crate) fn select(
+    root: &Path,
     sources: &[String],
     inputs: &[Located<String>],
     job: Option<&str>,
@@ -247,10 +250,17 @@ pub(crate) fn select(
                 let before = selected.len();
                 selected.extend(sources.iter().filter(|path| pattern.matches(path)).cloned());
                 if selected.len() == before {
+                    let why = if sources.is_empty() {
+                        " (the build file's `sources` names no file: `inputs` picks among those it names)"
+                    } else if pattern.literal_path().is_some_and(|p| root.join(p).is_file()) {
+                        " (the file exists, but no `sources` pattern takes it in)"
+                    } else {
+                        ""
+                    };
                     diags.push(
                         Some(located.line),
                         job,
-                        format!("inputs pattern {:?} matches no source", located.value),
+                        format!("inputs pattern {:?} matches no source{why}", located.value),
                     );
                 }
             }

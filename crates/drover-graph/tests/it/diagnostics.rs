@@ -473,7 +473,27 @@ jobs:
       - src/a.c
       - other.c
 ";
-    assert_eq!(only(dir.errors(yaml)), at(7, Some("a"), "inputs pattern \"other.c\" matches no source"));
+    assert_eq!(
+        only(dir.errors(yaml)),
+        at(
+            7,
+            Some("a"),
+            "inputs pattern \"other.c\" matches no source (the file exists, but no `sources` pattern takes it in)"
+        )
+    );
+    // A pattern for a file that is nowhere gets no such hint.
+    let yaml = "sources: [src/**]\njobs:\n  - name: a\n    run: x\n    inputs: [gone.c]\n";
+    assert_eq!(only(dir.errors(yaml)), at(5, Some("a"), "inputs pattern \"gone.c\" matches no source"));
+    // Without `sources`, a job sees no file at all.
+    let yaml = "jobs:\n  - name: a\n    run: x\n    inputs: [\"src/**\"]\n";
+    assert_eq!(
+        only(dir.errors(yaml)),
+        at(
+            4,
+            Some("a"),
+            "inputs pattern \"src/**\" matches no source (the build file's `sources` names no file: `inputs` picks among those it names)"
+        )
+    );
 }
 
 #[test]
