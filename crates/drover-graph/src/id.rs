@@ -32,6 +32,13 @@
 //! writes: changing a job's timeout runs that job again, not its
 //! dependents.
 //!
+//! A job with `cache: false` also hashes its submission's nonce (after the
+//! gang, under an `uncached-v1` tag; other jobs hash nothing there): its
+//! ID, and so every ID downstream of it, is new in each build, and it has
+//! no early-cutoff key of its own. It runs in every build, and its
+//! dependents are taken from the cache only by early cutoff, on what it
+//! wrote this time.
+//!
 //! Not hashed: the job's own name (but in a gang), the build name, priority
 //! and the line; so the same job in another file, or renamed, keeps its ID.
 //! Any change to this encoding must change the version tag, but for one
@@ -62,6 +69,9 @@ pub(crate) struct JobKey<'a> {
     pub(crate) deps: Vec<(&'a str, Digest)>,
     /// The job's gang, and the job's name in it.
     pub(crate) gang: Option<(&'a crate::Gang, &'a str)>,
+    /// For a job with `cache: false`: its submission's nonce, so that the
+    /// job (and everything downstream) has an ID no earlier build had.
+    pub(crate) uncached: Option<Digest>,
 }
 
 impl JobKey<'_> {
@@ -111,9 +121,9 @@ impl JobKey<'_> {
     /// dependencies. With the digests of those outputs it makes the key
     /// of the early cutoff (a job whose dependencies ran again and wrote
     /// what they wrote before takes its earlier output). `None` for a gang
-    /// member, which runs with its gang.
+    /// member, which runs with its gang, and for a job that is never cached.
     pub(crate) fn own(&self) -> Option<Digest> {
-        if self.gang.is_some() {
+        if self.gang.is_some() || self.uncached.is_some() {
             return None;
         }
         let mut out = Encoder(blake3::Hasher::new());
@@ -141,6 +151,10 @@ impl JobKey<'_> {
             out.u64(u64::from(gang.min_available));
             out.0.update(&[u8::from(gang.restart)]);
             out.str(member);
+        }
+        if let Some(nonce) = self.uncached {
+            out.str("uncached-v1");
+            out.0.update(&nonce.0);
         }
         out.0.finalize().into()
     }
@@ -252,6 +266,7 @@ mod tests {
             sources: sources_digest([&source]),
             gang: None,
             deps: vec![("lib", dep_id)],
+            uncached: None,
         };
 
         let mut expected = Vec::new();
@@ -308,6 +323,7 @@ mod tests {
                 sources: sources_digest([]),
                 gang: None,
                 deps: Vec::new(),
+                uncached: None,
             }
             .id()
         };

@@ -324,12 +324,29 @@ fn default_name(root: &Path) -> String {
 }
 
 /// Turns checked job specs into jobs, in topological order, with their IDs.
+/// A value no other submission has: this process, the time, and how many
+/// nonces it made before (a build file loaded twice in one process within
+/// the clock's resolution still gets two).
+fn submission_nonce() -> Digest {
+    static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let made = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(b"drover-nonce-v1");
+    hasher.update(&std::process::id().to_le_bytes());
+    hasher.update(&now.as_nanos().to_le_bytes());
+    hasher.update(&made.to_le_bytes());
+    hasher.finalize().into()
+}
+
 fn resolve_jobs(
     specs: Vec<JobSpec>,
     inputs: Vec<Option<Vec<String>>>,
     edges: &[Vec<usize>],
     sources: &[SourceFile],
 ) -> Vec<Job> {
+    // Made at the first job with `cache: false`, shared by all of them.
+    let mut nonce: Option<Digest> = None;
     let names: Vec<String> = specs.iter().map(|spec| spec.label().unwrap_or_default().to_owned()).collect();
     // Each gang's settings; `min_available` defaults to all its jobs.
     let mut sizes: BTreeMap<&str, u32> = BTreeMap::new();
@@ -382,6 +399,7 @@ fn resolve_jobs(
             sources: seen,
             deps,
             gang: gangs[i].as_ref().map(|gang| (gang, names[i].as_str())),
+            uncached: (!spec.cache).then(|| *nonce.get_or_insert_with(submission_nonce)),
         };
         let own = key.own();
         let base = key.id();

@@ -28,6 +28,7 @@ const JOB_KEYS: &[&str] = &[
     "timeout",
     "retries",
     "retry_on_failure",
+    "cache",
     "gang",
 ];
 /// The most reruns `retry_on_failure` may ask for: a job that failed this
@@ -89,6 +90,8 @@ pub(crate) struct JobSpec {
     pub(crate) timeout_ms: Option<u64>,
     pub(crate) retries: u32,
     pub(crate) retry_on_failure: u32,
+    /// `cache: false`: the job runs in every build (see `id::JobKey`).
+    pub(crate) cache: bool,
     pub(crate) gang: Option<GangSpec>,
 }
 
@@ -339,6 +342,7 @@ fn job_spec(node: &Node, diags: &mut Diagnostics) -> Option<JobSpec> {
         timeout_ms: None,
         retries: DEFAULT_RETRIES,
         retry_on_failure: 0,
+        cache: true,
         gang: None,
     };
 
@@ -459,6 +463,12 @@ fn job_spec(node: &Node, diags: &mut Diagnostics) -> Option<JobSpec> {
     }
     if let Some(value) = fields.get("retry_on_failure") {
         job.retry_on_failure = cx.int(value, "retry_on_failure", 0, MAX_RETRY_ON_FAILURE.into()).unwrap_or(0);
+    }
+    if let Some(value) = fields.get("cache") {
+        match value.kind {
+            Kind::Bool(cache) => job.cache = cache,
+            _ => cx.wrong_type(value, "cache", "true or false"),
+        }
     }
     if let Some(value) = fields.get("gang")
         && let Some(entries) = cx.map(value, "gang")

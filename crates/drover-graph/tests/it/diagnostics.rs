@@ -29,7 +29,7 @@ jobs:
                 7,
                 Some("a"),
                 "unknown key \"frobnicate\" in job (expected one of: name, run, env, needs, inputs, \
-                 resources, exclusive, labels, priority, timeout, retries, retry_on_failure, gang)"
+                 resources, exclusive, labels, priority, timeout, retries, retry_on_failure, cache, gang)"
             ),
         ]
     );
@@ -51,6 +51,7 @@ jobs:
     labels: {os: [linux]}
   - name: b
     run: [x, 7, true]
+    cache: \"no\"
   - 42
 ";
     assert_eq!(
@@ -78,7 +79,8 @@ jobs:
                 Some("b"),
                 "\"run entry\" must be a string, found a boolean (quote it to mean text: \"true\")"
             ),
-            at(13, None, "a job must be a mapping, found an integer"),
+            at(13, Some("b"), "\"cache\" must be true or false, found a string"),
+            at(14, None, "a job must be a mapping, found an integer"),
         ]
     );
 }
@@ -733,7 +735,7 @@ jobs:
             "drover.yaml:6: job \"app\": invalid memory \"5 apples\": expected a size like 1024, 512Mi, 1Gi, 100M or 2G",
             "drover.yaml:9: job \"lib\": invalid timeout \"soon\": expected a duration like 500ms, 30s, 10m, 1h or 1h30m",
             "drover.yaml:10: job \"lib\": unknown key \"colour\" in job (expected one of: name, run, env, needs, \
-             inputs, resources, exclusive, labels, priority, timeout, retries, retry_on_failure, gang)",
+             inputs, resources, exclusive, labels, priority, timeout, retries, retry_on_failure, cache, gang)",
             "drover.yaml:11: job \"app\": duplicate job name \"app\" (first defined at line 3)",
         ]
     );

@@ -375,3 +375,37 @@ fn own_changes_with_the_job_not_its_dependencies() {
     let ids = ids_of(BASE);
     assert!(base.iter().all(|(name, own)| *own != Some(ids[name])), "own is not the ID");
 }
+
+/// `cache: false` gives the job an ID no other load of the file gives it,
+/// and so every job downstream of it too; jobs beside it keep theirs. The
+/// job has no early-cutoff key, so it cannot be taken from an earlier run;
+/// its dependents keep theirs, so one whose inputs came out the same is.
+#[test]
+fn a_job_that_is_never_cached_has_a_new_id_in_every_load() {
+    let yaml = BASE.replacen(
+        "    inputs: [src/lib.c, include/*.h]\n",
+        "    inputs: [src/lib.c, include/*.h]\n    cache: false\n",
+        1,
+    );
+    let dir = sources();
+    let (first, second) = (dir.parse(&yaml), dir.parse(&yaml));
+    let (a, b) = (ids(&first), ids(&second));
+    for name in ["lib", "app", "test"] {
+        assert_ne!(a[name], b[name], "{name}: lib and what needs it are new in each load");
+    }
+    assert_changed(&a, &["app", "lib", "test"]);
+    let own = |build: &drover_graph::Build, name: &str| {
+        build.jobs.iter().find(|j| j.name == name).expect("job").own
+    };
+    assert_eq!(own(&first, "lib"), None, "no early cutoff for the job itself");
+    assert_eq!(own(&first, "app"), own(&second, "app"), "its dependents keep their cutoff keys");
+    assert!(own(&first, "app").is_some());
+    // `cache: true` is the default.
+    assert_eq!(
+        ids_with(
+            "    inputs: [src/lib.c, include/*.h]\n",
+            "    inputs: [src/lib.c, include/*.h]\n    cache: true\n"
+        ),
+        ids_of(BASE)
+    );
+}

@@ -116,6 +116,28 @@ fn an_identical_second_build_runs_nothing() {
     assert_eq!(std::fs::read_to_string(&counter).expect("counter"), "a\nb\n", "a job ran again");
 }
 
+/// A job with `cache: false` (a publish step) runs in every build; the
+/// rest of the build is cached, and its dependent too when it wrote what
+/// it wrote before (early cutoff on its output).
+#[test]
+fn a_job_that_is_never_cached_runs_in_every_build() {
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", 2, &[]);
+    let counter = cluster.scratch("executions");
+    let build = format!(
+        "jobs:\n  - name: a\n    run: [\"echo a >> {counter}; echo a > {{{{out}}}}/a\"]\n  - name: publish\n    needs: [a]\n    cache: false\n    run: [\"echo publish >> {counter}; cp {{{{dep:a}}}}/a {{{{out}}}}/receipt\"]\n  - name: after\n    needs: [publish]\n    run: [\"echo after >> {counter}; cat {{{{dep:publish}}}}/receipt > {{{{out}}}}/b\"]\n"
+    );
+    let file = cluster.project("publish", &build, &[]);
+    let (code, first) = wait_json(&cluster, &file, &[]);
+    assert_eq!(code, Some(0), "{first}");
+    let (code, second) = wait_json(&cluster, &file, &[]);
+    assert_eq!(code, Some(0), "{second}");
+    assert_eq!(job(&second, "a")["state"], "cached");
+    assert_eq!(job(&second, "publish")["state"], "succeeded");
+    assert_eq!(job(&second, "after")["state"], "cached", "{second}");
+    assert_eq!(std::fs::read_to_string(&counter).expect("counter"), "a\npublish\nafter\npublish\n");
+}
+
 #[test]
 fn a_failing_job_skips_its_dependents_and_fails_the_build() {
     let mut cluster = Cluster::new();
