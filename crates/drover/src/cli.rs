@@ -360,7 +360,9 @@ pub(crate) struct LogsArgs {
     /// Print standard error instead of standard output (build stage).
     #[arg(long)]
     pub(crate) stderr: bool,
-    /// Keep printing what the job writes until its run ends.
+    /// Keep printing what the job writes until its run ends, and on into
+    /// its next run if it runs again; exits 1 if the job failed or was
+    /// cancelled.
     #[arg(long, short)]
     pub(crate) follow: bool,
     /// The log of this attempt (the `started ... (attempt N)` lines; an

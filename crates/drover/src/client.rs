@@ -1034,61 +1034,154 @@ pub(crate) async fn logs(args: LogsArgs) -> Result<(), Failure> {
         (LogStage::Push, false) => "push",
     };
     let follow = if args.follow { "&follow=true" } else { "" };
-    let attempt = args.attempt.map_or_else(String::new, |n| format!("&attempt={n}"));
-    let url = api(
-        base,
-        &format!("/v1/builds/{}/jobs/{}/log?stream={stream}{follow}{attempt}", args.build, args.job),
-    );
-    let url = url.as_str();
+    let path = format!("/v1/builds/{}/jobs/{}/log?stream={stream}{follow}", args.build, args.job);
     let failed = |e: HttpError| match e.status() {
         Some(404) => refused(e),
         _ => reach(base)(e),
     };
-    // With --follow, a job that has not started yet is waited for (`submit`
-    // then `logs --follow` at once is the usual order), until it starts or
-    // ends without running (skipped, cached, cancelled).
-    let mut said = false;
-    let mut body = loop {
-        let e = match http.get_stream(url).await {
-            Ok(body) => break body,
-            Err(e) if args.follow && e.status() == Some(404) && e.to_string().contains("has not run") => e,
-            Err(e) => return Err(failed(e)),
+    let mut stdout = tokio::io::stdout();
+    // The attempt to read: the one asked for, or with --follow the rerun
+    // that came after the run followed.
+    let mut pinned = args.attempt;
+    loop {
+        let url = match pinned {
+            Some(n) => api(base, &format!("{path}&attempt={n}")),
+            None => api(base, &path),
         };
-        let status = build_status(&http, base, args.build).await?;
-        let state = status.jobs.iter().find(|j| j.name == args.job).map(|j| j.state);
-        if state.is_some_and(JobState::is_final) {
-            // It may have run and ended since the first answer.
-            match http.get_stream(url).await {
+        let url = url.as_str();
+        // With --follow, a job that has not started yet is waited for
+        // (`submit` then `logs --follow` at once is the usual order), until
+        // it starts or ends without running (skipped, cached, cancelled).
+        let mut said = false;
+        let mut body = loop {
+            let e = match http.get_stream(url).await {
                 Ok(body) => break body,
-                Err(_) => {
-                    let state = state.map_or_else(String::new, |s| s.to_string());
-                    let said = match e {
-                        HttpError::Status { message, .. } => message,
-                        other => other.to_string(),
-                    };
-                    return Err(Failure::Usage(anyhow!("{said}: it ended {state} without running")));
+                Err(e) if args.follow && e.status() == Some(404) && e.to_string().contains("has not run") => {
+                    e
+                }
+                Err(e) => return Err(failed(e)),
+            };
+            let status = build_status(&http, base, args.build).await?;
+            let state = status.jobs.iter().find(|j| j.name == args.job).map(|j| j.state);
+            if state.is_some_and(JobState::is_final) {
+                // It may have run and ended since the first answer.
+                match http.get_stream(url).await {
+                    Ok(body) => break body,
+                    Err(_) => {
+                        let state = state.map_or_else(String::new, |s| s.to_string());
+                        let said = match e {
+                            HttpError::Status { message, .. } => message,
+                            other => other.to_string(),
+                        };
+                        return Err(Failure::Usage(anyhow!("{said}: it ended {state} without running")));
+                    }
                 }
             }
+            if !std::mem::replace(&mut said, true) {
+                eprintln!(
+                    "drover: job {} of build {} has not started yet; waiting for it",
+                    args.job, args.build
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        };
+        // The attempt followed, to tell its end from the next one's, and to
+        // take up that run's log, not a later one's, after a broken
+        // connection.
+        let followed = match args.follow {
+            true => match pinned {
+                Some(attempt) => Some(attempt),
+                None => build_status(&http, base, args.build)
+                    .await
+                    .ok()
+                    .and_then(|s| s.jobs.into_iter().find(|j| j.name == args.job))
+                    .map(|j| j.attempts),
+            },
+            false => None,
+        };
+        copy_log(&http, &args, url, &mut body, &mut stdout, pinned.is_none().then_some(followed).flatten())
+            .await?;
+        stdout.flush().await.map_err(crate::stdout_error)?;
+        let Some(attempt) = followed else { return Ok(()) };
+        // Followed to its end: say how the job stands, on standard error,
+        // once the coordinator has the run's end (its report comes a
+        // moment after the log ends); a job that runs again (a rerun on
+        // failure, a lost worker's run) is followed into its next run.
+        match run_ended(&http, base, &args, attempt).await {
+            RunEnd::Again(next) => pinned = Some(next),
+            RunEnd::Ended(state) if state.is_success() => return Ok(()),
+            RunEnd::Ended(_) => return Err(Failure::Build),
+            RunEnd::Unknown => return Ok(()),
         }
-        if !std::mem::replace(&mut said, true) {
-            eprintln!("drover: job {} of build {} has not started yet; waiting for it", args.job, args.build);
+    }
+}
+
+/// How a followed run's job stands after the run.
+enum RunEnd {
+    /// The job ended in this state.
+    Ended(JobState),
+    /// The job runs again, as this attempt.
+    Again(u32),
+    /// The coordinator could not say.
+    Unknown,
+}
+
+/// Waits for the coordinator to have the end of job `args.job`'s run
+/// `attempt` (for up to a minute) and says on standard error how the job
+/// stands: ended (in what state), or running again (then for as long as
+/// it waits to, until that run has started).
+async fn run_ended(http: &Http, base: &str, args: &LogsArgs, attempt: u32) -> RunEnd {
+    let note = |text: String| {
+        // Standard error may be closed by now: no panic for a note.
+        let _ = std::io::Write::write_fmt(&mut std::io::stderr(), format_args!("drover: {text}\n"));
+    };
+    let name = printable(&args.job);
+    let mut again_said = false;
+    // Polls while the coordinator still has the run going (its end comes a
+    // moment after its log's).
+    let mut running = 0;
+    while running < 600 {
+        let Ok(status) = build_status(http, base, args.build).await else { return RunEnd::Unknown };
+        let Some(job) = status.jobs.into_iter().find(|j| j.name == args.job) else { return RunEnd::Unknown };
+        // A later run started, and may have ended already.
+        if job.attempts > attempt && (job.state == JobState::Running || job.state.is_final()) {
+            if !again_said {
+                note(format!("the run ended; job {name} ran again"));
+            }
+            note(format!("following job {name}'s attempt {}", job.attempts));
+            return RunEnd::Again(job.attempts);
         }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    };
-    // The attempt followed, to tell its end from the next one's, and to
-    // take up that run's log, not a later one's, after a broken connection.
-    let followed = match args.follow {
-        true => match args.attempt {
-            Some(attempt) => Some(attempt),
-            None => build_status(&http, base, args.build)
-                .await
-                .ok()
-                .and_then(|s| s.jobs.into_iter().find(|j| j.name == args.job))
-                .map(|j| j.attempts),
-        },
-        false => None,
-    };
-    let mut stdout = tokio::io::stdout();
+        if job.state.is_final() {
+            let code = job.exit_code.filter(|_| job.state == JobState::Failed);
+            let code = code.map_or_else(String::new, |c| format!(" (exit code {c})"));
+            match again_said {
+                false => note(format!("the run ended; job {name} ended {}{code}", job.state)),
+                true => note(format!("job {name} ended {}{code} without running again", job.state)),
+            }
+            return RunEnd::Ended(job.state);
+        }
+        if job.state == JobState::Running {
+            running += 1;
+        } else if !std::mem::replace(&mut again_said, true) {
+            note(format!("the run ended; job {name} is {} again", job.state));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    RunEnd::Unknown
+}
+
+/// Copies one run's log to `stdout` until it ends. With `--follow`, a
+/// stream that breaks (the coordinator restarting) is taken up where it
+/// was, for about a minute, pinned to `attempt` when the URL is not.
+async fn copy_log(
+    http: &Http,
+    args: &LogsArgs,
+    url: &str,
+    body: &mut drover_http::ByteStream,
+    stdout: &mut tokio::io::Stdout,
+    attempt: Option<u32>,
+) -> Result<(), Failure> {
+    use tokio::io::AsyncWriteExt;
     // What was written so far: a follow whose connection breaks (the
     // coordinator restarting) takes up from there, for about a minute.
     let mut written = 0u64;
@@ -1105,7 +1198,7 @@ pub(crate) async fn logs(args: LogsArgs) -> Result<(), Failure> {
                 Some(Err(e)) => break Some(e.to_string()),
             }
         };
-        let Some(mut why) = broke else { break };
+        let Some(mut why) = broke else { return Ok(()) };
         if !args.follow {
             return Err(Failure::Runtime(anyhow!(
                 "the log stream broke off: its worker or the coordinator stopped answering \
@@ -1114,7 +1207,7 @@ pub(crate) async fn logs(args: LogsArgs) -> Result<(), Failure> {
             )));
         }
         stdout.flush().await.map_err(crate::stdout_error)?;
-        body = loop {
+        *body = loop {
             failures += 1;
             if failures > RECONNECTS {
                 return Err(Failure::Runtime(anyhow!(
@@ -1127,10 +1220,7 @@ pub(crate) async fn logs(args: LogsArgs) -> Result<(), Failure> {
                 eprintln!("drover: the log stream broke off ({why}); trying again for up to a minute");
             }
             tokio::time::sleep(RECONNECT_PAUSE).await;
-            let attempt = match (args.attempt, followed) {
-                (None, Some(attempt)) => format!("&attempt={attempt}"),
-                _ => String::new(),
-            };
+            let attempt = attempt.map_or_else(String::new, |a| format!("&attempt={a}"));
             match http.get_stream(&format!("{url}{attempt}&from={written}")).await {
                 Ok(body) => break body,
                 Err(e) if e.status() == Some(404) => return Err(refused(e)),
@@ -1138,33 +1228,6 @@ pub(crate) async fn logs(args: LogsArgs) -> Result<(), Failure> {
             }
         };
     }
-    stdout.flush().await.map_err(crate::stdout_error)?;
-    // Followed to its end: say how the job stands, on standard error, once
-    // the coordinator has the run's end (its report comes a moment after
-    // the log ends).
-    if let Some(attempt) = followed {
-        for _ in 0..50 {
-            let Ok(status) = build_status(&http, base, args.build).await else { break };
-            let Some(job) = status.jobs.into_iter().find(|j| j.name == args.job) else { break };
-            if job.state == JobState::Running && job.attempts == attempt {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-            let code = job.exit_code.filter(|_| job.state == JobState::Failed);
-            let code = code.map_or_else(String::new, |c| format!(" (exit code {c})"));
-            let state = match job.state {
-                s if s.is_final() => format!("ended {s}{code}"),
-                s => format!("is {s} again"),
-            };
-            // Standard error may be closed by now: no panic for a note.
-            let _ = std::io::Write::write_fmt(
-                &mut std::io::stderr(),
-                format_args!("drover: the run ended; job {} {state}\n", printable(&args.job)),
-            );
-            break;
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

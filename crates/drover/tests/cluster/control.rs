@@ -122,6 +122,37 @@ fn logs_follow_streams_a_running_job_until_it_ends() {
     assert!(rest.contains("the run ended; job after ended succeeded"), "{rest}");
 }
 
+/// A follow of a job that fails and runs again (`retry_on_failure`) goes
+/// on into the rerun's log, and exits with the job's result: 0 for the
+/// rerun that passed, 1 for a job that failed.
+#[test]
+fn logs_follow_goes_on_into_a_rerun_and_exits_with_the_jobs_result() {
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", 2, &[]);
+    let (gate, marker) = (cluster.scratch("gate"), cluster.scratch("ran-once"));
+    let file = cluster.project(
+        "follow-rerun",
+        &format!(
+            "jobs:\n  - name: flaky\n    retry_on_failure: 1\n    run: \"if [ -e {marker} ]; then echo second; else touch {marker}; echo first; while [ ! -e {gate} ]; do sleep 0.05; done; exit 5; fi\"\n  \
+             - name: broken\n    needs: [flaky]\n    run: \"echo last words; exit 3\"\n"
+        ),
+        &[],
+    );
+    let build = cluster.submit(&file);
+    eventually("the job to start", || (cluster.status(build)["state"] == "running").then_some(()));
+    let (mut follow, lines) = follow_log(&cluster, build, "flaky");
+    assert_eq!(next_line(&lines).as_deref(), Some("first"));
+    std::fs::write(&gate, "").expect("open the gate");
+    assert_eq!(next_line(&lines).as_deref(), Some("second"), "the rerun's log follows");
+    assert_eq!(next_line(&lines), None, "the stream ends with the job");
+    assert!(follow.wait().expect("wait").success(), "the job passed on its rerun");
+    let broken = cluster.run(&["logs", &build.to_string(), "broken", "--follow"]);
+    assert_eq!(String::from_utf8_lossy(&broken.stdout), "last words\n");
+    let said = String::from_utf8_lossy(&broken.stderr);
+    assert_eq!(broken.status.code(), Some(1), "{said}");
+    assert!(said.contains("the run ended; job broken ended failed (exit code 3)"), "{said}");
+}
+
 /// A follow whose coordinator restarts takes up where it was: every line
 /// the job writes comes once, in order, and it ends with the job.
 #[test]
