@@ -42,7 +42,7 @@ use drover_proto::{BuildEvent, BuildState, BuildStatus, EventKind, JobState};
 use crate::Failure;
 use crate::cli::{BenchArgs, Scenario};
 use crate::client;
-use crate::cluster::Embedded;
+use crate::cluster::{Embedded, Offer};
 
 /// One measured row.
 #[derive(Debug)]
@@ -480,17 +480,18 @@ async fn queues(dir: &Path, seconds: u64) -> Result<Vec<Row>, Failure> {
     let (workers, slots) = (2u32, 3u32);
     let total_slots = u64::from(workers * slots);
     eprintln!("queues: 3 queues weighted 1:2:3 on {workers} workers x {slots} slots, {seconds} s ...");
-    let cluster = Embedded::start_with(&dir.join("queues-state"), workers, slots, |core| {
-        core.queues = WEIGHTS
-            .iter()
-            .map(|&(name, weight)| drover_core::QueueConfig {
-                name: name.into(),
-                weight,
-                ..drover_core::QueueConfig::default()
-            })
-            .collect();
-    })
-    .await?;
+    let cluster =
+        Embedded::start_with(&dir.join("queues-state"), workers, slots, &Offer::default(), |core| {
+            core.queues = WEIGHTS
+                .iter()
+                .map(|&(name, weight)| drover_core::QueueConfig {
+                    name: name.into(),
+                    weight,
+                    ..drover_core::QueueConfig::default()
+                })
+                .collect();
+        })
+        .await?;
     // Enough jobs that every queue could fill the whole cluster throughout.
     let n = (total_slots * (WARM_UP_MS + seconds * 1000) / JOB_MS + total_slots) as usize;
     let http = cluster.http();
@@ -807,7 +808,7 @@ async fn pull(dir: &Path, n: usize) -> Result<Vec<Row>, Failure> {
     let loaded = build_file(dir, "pull", &jobs)?;
     // A short lease, so that the killed worker is soon declared lost (its
     // outputs then count only in the shared cache).
-    let cluster = Embedded::start_with(&dir.join("pull-state"), 0, 2, |core| {
+    let cluster = Embedded::start_with(&dir.join("pull-state"), 0, 2, &Offer::default(), |core| {
         core.lease_timeout = drover_core::Millis(2_000);
     })
     .await?;

@@ -166,6 +166,14 @@ pub(crate) struct RunArgs {
     /// Where the embedded cluster keeps its state and caches.
     #[arg(long, default_value = ".drover", value_name = "DIR")]
     pub(crate) state: PathBuf,
+    /// Labels every local worker has, as KEY=VALUE,... (besides os, arch
+    /// and worker=local-N), for jobs that require them.
+    #[arg(long, default_value = "")]
+    pub(crate) labels: String,
+    /// Named tokens every local worker offers, as NAME=N,... (e.g.
+    /// network=1), for jobs that ask for them.
+    #[arg(long, default_value = "")]
+    pub(crate) tokens: String,
 }
 
 #[derive(Debug, Args)]

@@ -444,15 +444,16 @@ impl Embedded {
     /// `workers` workers with `slots` each (caches in `state/worker-N`), and
     /// waits until every worker has registered.
     pub(crate) async fn start(state: &Path, workers: u32, slots: u32) -> Result<Embedded, Failure> {
-        Embedded::start_with(state, workers, slots, |_| {}).await
+        Embedded::start_with(state, workers, slots, &Offer::default(), |_| {}).await
     }
 
-    /// [`Embedded::start`], with the core's settings adjusted by `tune`
-    /// (queues, say).
+    /// [`Embedded::start`], with workers that also offer `offer`, and the
+    /// core's settings adjusted by `tune` (queues, say).
     pub(crate) async fn start_with(
         state: &Path,
         workers: u32,
         slots: u32,
+        offer: &Offer,
         tune: impl FnOnce(&mut drover_core::Config),
     ) -> Result<Embedded, Failure> {
         let coordinator = embedded_coordinator(state, tune).await.map_err(|e| {
@@ -473,7 +474,8 @@ impl Embedded {
         // them.
         client::forget_workers(&http, &embedded.url).await?;
         for i in 1..=workers {
-            let config = embedded_worker(state, i, slots, &embedded.coordinator).map_err(Failure::Runtime)?;
+            let config =
+                embedded_worker(state, i, slots, offer, &embedded.coordinator).map_err(Failure::Runtime)?;
             embedded
                 ._workers
                 .push(drover_worker::start(config).await.map_err(|e| Failure::Runtime(e.into()))?);
@@ -495,7 +497,11 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), Failure> {
     // Check the build file before starting anything.
     let loaded = client::load_excluding(&args.build.file, args.build.out.as_deref())?;
     let slots = args.slots.unwrap_or_else(|| units::cpus().div_ceil(args.workers).max(1));
-    let cluster = Embedded::start(&args.state, args.workers, slots).await?;
+    let offer = Offer {
+        labels: units::pairs("--labels", &args.labels).map_err(Failure::Usage)?,
+        tokens: units::tokens(&args.tokens).map_err(Failure::Usage)?,
+    };
+    let cluster = Embedded::start_with(&args.state, args.workers, slots, &offer, |_| {}).await?;
     let http = cluster.http();
     let work = client::build_and_wait(&http, &cluster.url, loaded, &args.build, &args.state);
     tokio::select! {
@@ -551,12 +557,23 @@ async fn embedded_coordinator(
     }
 }
 
+/// Labels and tokens every embedded worker offers besides its own
+/// (`drover run --labels --tokens`).
+#[derive(Debug, Default)]
+pub(crate) struct Offer {
+    pub(crate) labels: std::collections::BTreeMap<String, String>,
+    pub(crate) tokens: std::collections::BTreeMap<String, u64>,
+}
+
 fn embedded_worker(
     state: &Path,
     i: u32,
     slots: u32,
+    offer: &Offer,
     coordinator: &drover_coordinator::Coordinator,
 ) -> anyhow::Result<WorkerConfig> {
+    let mut own = offer.labels.clone();
+    own.insert("worker".to_owned(), format!("local-{i}"));
     let cpus = units::cpus();
     Ok(WorkerConfig {
         coordinator: coordinator.url(),
@@ -569,10 +586,10 @@ fn embedded_worker(
             slots,
             cpu_millis: u64::from(cpus.max(slots)) * 1000,
             memory: units::memory(),
-            tokens: Default::default(),
+            tokens: offer.tokens.clone(),
         },
         // `worker=local-N` lets a build file pin a job to one of them.
-        labels: labels([("worker".to_owned(), format!("local-{i}"))].into()),
+        labels: labels(own),
         dir: PathBuf::from(state).join(format!("worker-{i}")),
         cache_bytes: 10 << 30,
         cache_keep_free: drover_cas::DEFAULT_KEEP_FREE,

@@ -1070,6 +1070,31 @@ fn jobs_running_at_once_have_temporary_directories_of_their_own() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
 }
 
+/// `drover run --labels --tokens` gives the embedded workers what a
+/// pipeline written for a real cluster asks of its workers; without them
+/// such a job fails at once, saying what no worker has.
+#[test]
+fn run_offers_labels_and_tokens_to_its_local_workers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let yaml = "jobs:\n  - name: lint\n    labels: {py: \"3\"}\n    resources: {tokens: {network: 1}}\n    exclusive: [network]\n    run: [\"true\"]\n";
+    std::fs::write(dir.path().join("drover.yaml"), yaml).expect("write");
+    let run = |extra: &[&str]| {
+        drover()
+            .args(["run", "drover.yaml", "--workers", "1"])
+            .args(extra)
+            .current_dir(dir.path())
+            .output()
+            .expect("run")
+    };
+    let out = run(&[]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("no worker has label py=3"), "{}", stderr(&out));
+    let out = run(&["--labels", "py=3", "--tokens", "network=1"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = run(&["--tokens", "network=lots"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
+
 /// `--out` inside the project is never read for sources, even by `**`:
 /// exporting does not change the next build's sources. A `--out` that
 /// cannot be a directory is refused before anything runs.
