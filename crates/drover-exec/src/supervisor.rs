@@ -434,6 +434,10 @@ fn send_report(out: &mut File, report: &JobReport) -> Result<(), String> {
     out.write_all(line.as_bytes()).map_err(|e| format!("cannot send the report: {e}"))
 }
 
+/// How far into a log's kept end [`Log::finish`] looks for the end of the
+/// line the cut fell in.
+const LINE_SEARCH: usize = 4096;
+
 /// One log of the job: the pipe its commands write to, and the file the
 /// supervisor copies the pipe to, opened (created, with its directory, if
 /// missing; appended to) on the first byte. Past its limit, the file gets
@@ -492,7 +496,15 @@ impl Log {
         if self.tail.is_empty() && self.dropped == 0 {
             return;
         }
-        let tail: Vec<u8> = std::mem::take(&mut self.tail).into();
+        let mut tail: Vec<u8> = std::mem::take(&mut self.tail).into();
+        // The kept end starts at a line's start: the partial line the cut
+        // fell in (if it ends within a few KiB) is dropped with the rest.
+        if self.dropped > 0
+            && let Some(newline) = tail.iter().take(LINE_SEARCH).position(|&b| b == b'\n')
+        {
+            tail.drain(..=newline);
+            self.dropped += newline as u64 + 1;
+        }
         if self.dropped > 0 {
             let line = format!(
                 "\n[drover: this log passed its limit of {} bytes: {} bytes were dropped here; its last {} bytes follow]\n",

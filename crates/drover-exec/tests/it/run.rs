@@ -251,8 +251,9 @@ async fn the_zygotes_extra_environment_stays_out_of_the_jobs() {
 }
 
 /// A log past its limit keeps its first bytes and its last quarter of the
-/// limit, with a line between them saying how much was dropped; the job
-/// is not held back, and a log within its limit is whole.
+/// limit (from the first whole line in it), with a line between them
+/// saying how much was dropped; the job is not held back, and a log within
+/// its limit is whole.
 #[tokio::test]
 async fn a_log_past_its_limit_keeps_its_head_and_its_tail() {
     let fx = Fixture::new();
@@ -264,12 +265,17 @@ async fn a_log_past_its_limit_keeps_its_head_and_its_tail() {
 
     let whole: String = (1..=100_000).map(|n| format!("{n}\n")).collect();
     let (head, tail) = (48 * 1024, 16 * 1024);
+    // The last 16 KiB start within a line: the kept end starts after it.
+    let cut = whole.len() - tail;
+    let start = cut + whole[cut..].find('\n').expect("a newline") + 1;
+    assert_ne!(whole.as_bytes()[cut - 1], b'\n', "the test cuts within a line");
     let out = fx.stdout();
     let marker = format!(
-        "\n[drover: this log passed its limit of 65536 bytes: {} bytes were dropped here; its last {tail} bytes follow]\n",
-        whole.len() - head - tail
+        "\n[drover: this log passed its limit of 65536 bytes: {} bytes were dropped here; its last {} bytes follow]\n",
+        start - head,
+        whole.len() - start
     );
-    assert_eq!(out, format!("{}{marker}{}", &whole[..head], &whole[whole.len() - tail..]));
+    assert_eq!(out, format!("{}{marker}{}", &whole[..head], &whole[start..]));
     assert_eq!(fx.stderr(), "the error at the end\n", "a log within its limit is whole");
 
     // A limit too small for a tail still says what it dropped.
