@@ -172,6 +172,8 @@ struct Shared {
     /// Why the session ended, when the coordinator refused the worker's
     /// first registration (see `session::run`).
     refused: Mutex<Option<String>>,
+    /// The worker's ID in its latest session, once it has registered.
+    joined: tokio::sync::watch::Sender<Option<u64>>,
 }
 
 /// How the session reaches a run in progress: cancelling the token stops
@@ -334,6 +336,22 @@ impl Worker {
     /// The URL it serves artifacts and logs at.
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// Its ID once the coordinator has taken its registration (waiting
+    /// for that: the coordinator may be down, or not there yet).
+    pub fn joined(&self) -> impl std::future::Future<Output = u64> + Send + 'static {
+        let mut joined = self.shared.joined.subscribe();
+        async move {
+            let id = joined.wait_for(Option::is_some).await.map(|id| *id);
+            // The sender lives as long as the worker.
+            id.ok().flatten().unwrap_or_default()
+        }
+    }
+
+    /// Whether the coordinator has taken its registration yet.
+    pub fn has_joined(&self) -> bool {
+        self.shared.joined.borrow().is_some()
     }
 
     /// Runs until the worker's tasks end. They end on their own only when
@@ -519,6 +537,7 @@ pub async fn start(mut config: WorkerConfig) -> Result<Worker, WorkerError> {
         empty_dirs: job::DirPool::empty(),
         tmp_dirs: job::DirPool::tmp(),
         refused: Mutex::new(None),
+        joined: tokio::sync::watch::Sender::new(None),
         config,
     });
     let mut tasks = tokio::task::JoinSet::new();

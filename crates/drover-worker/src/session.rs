@@ -31,6 +31,7 @@ pub(crate) async fn run(shared: Arc<Shared>) {
             stop(&shared, *run);
         }
         shared.outbox.set_session(Some(reply.worker));
+        shared.joined.send_replace(Some(reply.worker));
         tracing::info!(worker = reply.worker, coordinator = %shared.config.coordinator, "registered");
         if shared.draining.load(std::sync::atomic::Ordering::SeqCst) {
             drain(&shared, reply.worker).await;

@@ -309,10 +309,24 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<(), Failure> {
         .transpose()
         .map_err(Failure::Usage)?;
     let mut worker = drover_worker::start(config).await.map_err(|e| Failure::Runtime(e.into()))?;
-    eprintln!("drover worker serving on {}, coordinator {}", worker.url(), args.coordinator);
-    tokio::select! {
-        done = worker.wait() => return done.map_err(|e| Failure::Usage(e.into())),
-        () = shutdown_signal() => {}
+    eprintln!("drover worker serving on {}; joining the coordinator at {}", worker.url(), args.coordinator);
+    let mut said = false;
+    let joined = worker.joined();
+    tokio::pin!(joined);
+    loop {
+        tokio::select! {
+            done = worker.wait() => return done.map_err(|e| Failure::Usage(e.into())),
+            () = shutdown_signal() => break,
+            id = &mut joined, if !said => {
+                said = true;
+                eprintln!("drover worker: joined the cluster (worker {id})");
+            }
+        }
+    }
+    if !worker.has_joined() {
+        // Nothing was ever given to it: there is nothing to drain.
+        eprintln!("drover worker: stopped before it joined the cluster");
+        return Ok(());
     }
     // A first stop request drains: the running jobs finish and are
     // reported, nothing new starts. A second one stops them now. Either

@@ -786,6 +786,55 @@ fn a_coordinator_that_cannot_record_its_state_exits() {
     assert!(log.contains("the coordinator stopped: it cannot record its state"), "{log}");
 }
 
+/// A worker says when it has joined the cluster; one stopped before it
+/// could join (no coordinator there yet) says that, not that it drained.
+#[test]
+fn a_worker_says_when_it_joined_and_one_that_never_did_stops_plainly() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let start = |coordinator: &str, cache: &str| {
+        drover()
+            .args(["worker", "--coordinator", coordinator, "--name", "w", "--cache"])
+            .arg(dir.path().join(cache))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start drover worker")
+    };
+    let stop = |mut worker: std::process::Child| {
+        let status = Command::new("kill").args(["-TERM", &worker.id().to_string()]).status().expect("kill");
+        assert!(status.success());
+        let mut lines = Vec::new();
+        for line in BufReader::new(worker.stderr.take().expect("stderr")).lines() {
+            lines.push(line.expect("read"));
+        }
+        (worker.wait().expect("wait"), lines.join("\n"))
+    };
+    let first_line = |worker: &mut std::process::Child, want: &str| {
+        let mut err = BufReader::new(worker.stderr.as_mut().expect("stderr"));
+        let mut line = String::new();
+        while !line.contains(want) {
+            line.clear();
+            assert!(err.read_line(&mut line).expect("read") > 0, "the worker ended before saying {want:?}");
+        }
+    };
+    // Nothing listens there.
+    let nowhere = format!("http://127.0.0.1:{}", free_port());
+    let mut lonely = start(&nowhere, "lonely");
+    first_line(&mut lonely, "serving on");
+    let (status, said) = stop(lonely);
+    assert!(status.success(), "{said}");
+    assert!(said.contains("stopped before it joined the cluster"), "{said}");
+    assert!(!said.contains("drained"), "{said}");
+
+    let cluster = Cluster::new();
+    let mut joined = start(&cluster.url, "joined");
+    first_line(&mut joined, "joined the cluster (worker ");
+    let (status, said) = stop(joined);
+    assert!(status.success(), "{said}");
+    assert!(said.contains("drained; leaving the cluster"), "{said}");
+}
+
 /// A client given a worker's address for the coordinator's is told so.
 #[test]
 fn a_workers_address_given_for_the_coordinators_is_named() {
