@@ -1123,10 +1123,12 @@ async fn run_commands(
             Ok((succeeded(a, output.info(), false), Some(output)))
         }
         Outcome::Failed { exit_code } => {
-            failed(Some(exit_code), with_tail(format!("exit code {exit_code}"), &spec.stderr, &spec.stdout))
+            let detail = with_tail(format!("exit code {exit_code}"), &spec.stderr, &spec.stdout);
+            failed(Some(exit_code), detail + &empty_needs(shared, deps))
         }
         Outcome::Signaled { signal } => {
-            failed(None, with_tail(format!("killed by signal {signal}"), &spec.stderr, &spec.stdout))
+            let detail = with_tail(format!("killed by signal {signal}"), &spec.stderr, &spec.stdout);
+            failed(None, detail + &empty_needs(shared, deps))
         }
         Outcome::TimedOut => failed(None, timed_out(spec.timeout.unwrap_or_default(), running.report())),
         Outcome::Cancelled => failed(None, "cancelled".into()),
@@ -1136,6 +1138,25 @@ async fn run_commands(
             control.spawn_failed();
             failed(None, message)
         }
+    }
+}
+
+/// A note for a failed run's detail naming the dependencies it read whose
+/// outputs are empty (a job that forgot `{{out}}` succeeds with nothing,
+/// and the job reading it fails on a missing file), or nothing.
+fn empty_needs(shared: &Shared, deps: &BTreeMap<String, ArtifactGuard>) -> String {
+    let empty = shared.cas.empty_info().tree;
+    let names: Vec<&str> =
+        deps.iter().filter(|(_, g)| g.info().tree == empty).map(|(n, _)| n.as_str()).collect();
+    match names.as_slice() {
+        [] => String::new(),
+        [one] => format!(
+            "\nnote: the output of {one}, which it reads, is empty: {one} wrote nothing to {{{{out}}}}"
+        ),
+        many => format!(
+            "\nnote: the outputs of {}, which it reads, are empty: they wrote nothing to {{{{out}}}}",
+            many.join(", ")
+        ),
     }
 }
 

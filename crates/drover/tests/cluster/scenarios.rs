@@ -172,6 +172,24 @@ fn a_failing_job_skips_its_dependents_and_fails_the_build() {
     );
 }
 
+/// A job that fails reading a dependency that wrote nothing (it forgot
+/// `{{out}}`) is told so: the failure notes the empty output by name.
+#[test]
+fn a_failure_reading_an_empty_dependency_names_it() {
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", 1, &[]);
+    let file = cluster.project(
+        "empty-need",
+        "jobs:\n  - name: forgot\n    run: [\"echo data\"]\n  - name: reader\n    needs: [forgot]\n    run: [\"cat {{dep:forgot}}/x\"]\n",
+        &[],
+    );
+    let (out, status) = wait_output(&cluster, &file, &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert_eq!(job(&status, "forgot")["state"], "succeeded");
+    let note = "note: the output of forgot, which it reads, is empty: forgot wrote nothing to {{out}}";
+    assert!(stderr(&out).contains(note), "{}", stderr(&out));
+}
+
 /// A flaky job (`retry_on_failure`) that fails its first run passes on
 /// its second: the build succeeds, the progress says why the job ran
 /// again, its log is the passing run's, and the failed run's log is read
