@@ -256,6 +256,16 @@ async fn accept(app: App, req: SubmitRequest, cached: Option<Cached>) -> ApiResu
     if missing > 0 {
         return Err(bad(format!("{missing} source file(s) were not uploaded; upload them first")));
     }
+    // Job IDs are cache keys shared by every tenant: each is made again
+    // from its job's content, once per spec (a spec already accepted, byte
+    // for byte, was checked then).
+    if cached.as_ref().is_none_or(|c| c.holder.is_none()) {
+        let spec = req.build.clone();
+        tokio::task::spawn_blocking(move || crate::checks::job_ids(&spec))
+            .await
+            .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+            .map_err(bad)?;
+    }
     let spec = req.build.clone();
     // A spec no build can hold yet will be recorded whole: its record is
     // encoded here, off the state thread.

@@ -15,7 +15,7 @@
 //! submission straight to the API, without the CLI's checks, is held to it
 //! too.
 
-use drover_proto::{JobDef, RegisterRequest, SourceFile, SubmitRequest, WorkerCapacity};
+use drover_proto::{BuildSpec, Hash32, JobDef, RegisterRequest, SourceFile, SubmitRequest, WorkerCapacity};
 
 /// Longest name of a build, tenant, queue, worker, label or token.
 const MAX_NAME: usize = 256;
@@ -203,6 +203,65 @@ pub(crate) fn submission(req: &SubmitRequest) -> Result<(), String> {
     }
     sources(&req.build.sources)?;
     req.build.jobs.iter().try_for_each(job)
+}
+
+/// The ID and early-cutoff key each job of `spec` gets from its content,
+/// as a client makes them from a build file (`drover_graph::ids`).
+pub fn content_ids(spec: &BuildSpec) -> Result<Vec<(Hash32, Option<Hash32>)>, String> {
+    let sources: Vec<drover_graph::SourceFile> = spec
+        .sources
+        .iter()
+        .map(|s| drover_graph::SourceFile {
+            path: s.path.clone(),
+            digest: drover_graph::Digest(s.digest.0),
+            size: s.size,
+            executable: s.executable,
+        })
+        .collect();
+    let stated: Vec<drover_graph::StatedJob<'_>> = spec
+        .jobs
+        .iter()
+        .map(|j| drover_graph::StatedJob {
+            name: &j.name,
+            commands: &j.commands,
+            env: &j.env,
+            cpu_millis: j.cpu_millis,
+            memory: j.memory,
+            tokens: &j.tokens,
+            exclusive: &j.exclusive,
+            labels: &j.labels,
+            needs: &j.needs,
+            inputs: j.inputs.as_deref(),
+            gang: j.gang.as_ref().map(|g| drover_graph::Gang {
+                name: g.name.clone(),
+                min_available: g.min_available,
+                restart: g.restart,
+            }),
+            timeout_ms: j.timeout_ms,
+            retries: j.retries,
+            retry_on_failure: j.retry_on_failure,
+            nonce: j.nonce.map(|n| drover_graph::Digest(n.0)),
+        })
+        .collect();
+    let made = drover_graph::ids(&sources, &stated)?;
+    Ok(made.into_iter().map(|(id, own)| (Hash32(id.0), own.map(|o| Hash32(o.0)))).collect())
+}
+
+/// Every job's ID and early-cutoff key are those its content makes
+/// ([`content_ids`]): a job whose ID is not would be cached, and shared
+/// with other builds, under another job's key.
+pub(crate) fn job_ids(spec: &BuildSpec) -> Result<(), String> {
+    for (job, (id, own)) in spec.jobs.iter().zip(content_ids(spec)?) {
+        if job.id != id || job.own.is_some_and(|o| own != Some(o)) {
+            return Err(format!(
+                "job {:?}: its ID is not the one its content makes (a job's ID is its cache key, made \
+                 from its commands, environment, resources, sources and needs; is the client another \
+                 drover version?)",
+                job.name
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The build's source paths: each short enough to lay out, and none a file

@@ -18,6 +18,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use checks::content_ids;
 use drover_cas::Cas;
 use drover_http::Http;
 use drover_solver::{Input, Solver};

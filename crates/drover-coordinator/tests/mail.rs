@@ -110,13 +110,14 @@ fn submit_request(name: &str, jobs: usize) -> SubmitRequest {
             id[8..8 + name.len().min(24)].copy_from_slice(&name.as_bytes()[..name.len().min(24)]);
             JobDef {
                 commands: vec![format!("true {i}")],
+                env: [("BUILD".to_owned(), name.to_owned())].into(),
                 retries: 2,
                 ..JobDef::new(format!("j{i}"), Hash32(id))
             }
         })
         .collect();
     SubmitRequest {
-        build: BuildSpec { name: name.into(), sources: Vec::new(), jobs }.into(),
+        build: common::sealed(BuildSpec { name: name.into(), sources: Vec::new(), jobs }).into(),
         tenant: "test".into(),
         no_cache: false,
         on_error: drover_proto::OnError::Continue,

@@ -16,15 +16,16 @@ use drover_solver::{Input, Solver};
 fn request(name: &str, tenant: &str, max_parallel: Option<u32>) -> SubmitRequest {
     let job = |n: &str, needs: &[&str]| JobDef {
         commands: vec![format!("echo {n}")],
+        env: [("BUILD".to_owned(), name.to_owned())].into(),
         needs: needs.iter().map(|s| s.to_string()).collect(),
         ..JobDef::new(n, Hash32(*blake3::hash(format!("{name}/{n}").as_bytes()).as_bytes()))
     };
     SubmitRequest {
-        build: BuildSpec {
+        build: common::sealed(BuildSpec {
             name: name.into(),
             sources: Vec::new(),
             jobs: vec![job("a", &[]), job("b", &["a"])],
-        }
+        })
         .into(),
         tenant: tenant.into(),
         no_cache: false,
@@ -274,7 +275,7 @@ async fn a_source_whose_size_is_not_its_contents_is_refused() {
         let mut build = (*req.build).clone();
         build.sources =
             vec![drover_proto::SourceFile { path: "a.c".into(), digest, size, executable: false }];
-        req.build = build.into();
+        req.build = common::sealed(build).into();
         req
     };
     let refused = http

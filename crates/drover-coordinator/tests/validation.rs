@@ -84,7 +84,7 @@ fn refusal(e: HttpError) -> (u16, String) {
 /// A build of one job, `job`, running `true`.
 fn one_job(job: JobDef) -> SubmitRequest {
     SubmitRequest {
-        build: BuildSpec { name: "b".into(), sources: Vec::new(), jobs: vec![job] }.into(),
+        build: common::sealed(BuildSpec { name: "b".into(), sources: Vec::new(), jobs: vec![job] }).into(),
         tenant: "t".into(),
         no_cache: false,
         on_error: OnError::Quit,
@@ -247,4 +247,32 @@ async fn a_registration_is_refused_absurd_capacity_and_lookalike_names() {
     assert!(workers.is_empty(), "no worker joined: {workers:?}");
     // The largest machine there can be is welcome.
     api.register(&worker("w1", 8192, 8_192_000, 1 << 52)).await.expect("a big machine");
+}
+
+/// A job's ID is its cache key, shared by every tenant: a submission whose
+/// job claims another job's ID (a different command, cached under the ID
+/// of a release job that others then take from the cache) is refused, and
+/// so is a need that is not an earlier job. The ID its content makes is
+/// taken; a job with `cache: false` states the nonce its ID hashes.
+#[tokio::test]
+async fn a_job_whose_id_is_not_its_contents_is_refused() {
+    let api = Api::start().await;
+    let release = one_job(JobDef { commands: vec!["echo genuine > {{out}}/x".into()], ..job("release") });
+    let genuine = release.build.jobs[0].id;
+    let mut poisoned =
+        one_job(JobDef { commands: vec!["echo POISONED > {{out}}/x".into()], ..job("release") });
+    let mut build = (*poisoned.build).clone();
+    build.jobs[0].id = genuine;
+    poisoned.build = build.into();
+    api.refuses(&poisoned, "job \"release\": its ID is not the one its content makes").await;
+    assert_eq!(api.builds().await, 0, "nothing was submitted");
+    api.submit(&release).await.expect("the genuine job is taken");
+    // A nonce makes another ID, which the coordinator makes again too.
+    let mut fresh = one_job(JobDef { nonce: Some(Hash32([9; 32])), ..job("publish") });
+    assert_ne!(fresh.build.jobs[0].id, one_job(job("publish")).build.jobs[0].id);
+    api.submit(&fresh).await.expect("a job with a nonce");
+    let mut build = (*fresh.build).clone();
+    build.jobs[0].nonce = Some(Hash32([8; 32]));
+    fresh.build = build.into();
+    api.refuses(&fresh, "its ID is not the one its content makes").await;
 }

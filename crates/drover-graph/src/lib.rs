@@ -47,6 +47,7 @@ mod node;
 mod placeholder;
 mod schema;
 mod sources;
+mod stated;
 mod suggest;
 mod unclosed;
 pub mod units;
@@ -61,6 +62,7 @@ use serde::{Deserialize, Serialize};
 pub use digest::{Digest, ParseDigestError, digest_bytes, digest_file};
 pub use error::{Diagnostic, GraphError};
 pub use placeholder::{PlaceholderError, render};
+pub use stated::{StatedJob, ids};
 
 use error::Diagnostics;
 use schema::{JobSpec, Located};
@@ -150,6 +152,9 @@ pub struct Job {
     pub retry_on_failure: u32,
     /// The gang it belongs to, if any.
     pub gang: Option<Gang>,
+    /// For a job with `cache: false`: the nonce its ID hashes, new in each
+    /// load of the file (see the `id` module).
+    pub nonce: Option<Digest>,
     /// Line of the build file where the job starts.
     pub line: usize,
 }
@@ -401,6 +406,7 @@ fn resolve_jobs(
             gang: gangs[i].as_ref().map(|gang| (gang, names[i].as_str())),
             uncached: (!spec.cache).then(|| *nonce.get_or_insert_with(submission_nonce)),
         };
+        let uncached = key.uncached;
         let own = key.own();
         let base = key.id();
         bases[i] = Some(base);
@@ -429,6 +435,7 @@ fn resolve_jobs(
             retries: spec.retries,
             retry_on_failure: spec.retry_on_failure,
             gang: gangs[i].clone(),
+            nonce: uncached,
             line: spec.line,
         });
     }

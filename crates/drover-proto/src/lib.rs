@@ -218,6 +218,10 @@ pub struct JobDef {
     /// gang's other jobs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gang: Option<GangDef>,
+    /// For a job with `cache: false`: the submission's nonce, which its ID
+    /// hashes (so that the coordinator can make the ID again from the rest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nonce: Option<Hash32>,
 }
 
 fn is_default<T: Default + PartialEq>(value: &T) -> bool {
@@ -248,6 +252,7 @@ impl JobDef {
             retry_on_failure: 0,
             inputs: None,
             gang: None,
+            nonce: None,
         }
     }
 }

@@ -86,6 +86,7 @@ pub(crate) fn load_excluding(file: &Path, out: Option<&Path>) -> Result<Loaded, 
                     min_available: g.min_available,
                     restart: g.restart,
                 }),
+                nonce: j.nonce.map(hash),
             })
             .collect(),
     };
@@ -614,6 +615,42 @@ async fn export(
             .with_context(|| format!("exporting to {}", dest.display()))?;
         eprintln!("{}: output in {}", job.name, dest.display());
     }
+    let exported = loaded.spec.jobs.iter().map(|j| j.name.as_str()).filter(|name| !needed.contains(name));
+    forget_stale_exports(out, &exported.collect(), &loaded.root)
+}
+
+/// The list, in an `--out` directory, of the jobs drover exported there
+/// last, one name per line.
+const EXPORTS: &str = ".drover-exports";
+
+/// Removes `out/<job>` for each job the previous export there made that
+/// this one did not (a job that something now depends on, or that left
+/// the build file), then lists this export's jobs: an export leaves no
+/// stale output beside the fresh ones. Only what drover listed is
+/// removed, never a directory that holds the build's own files.
+fn forget_stale_exports(out: &Path, exported: &BTreeSet<&str>, root: &Path) -> Result<(), Failure> {
+    let list = out.join(EXPORTS);
+    let earlier = std::fs::read_to_string(&list).unwrap_or_default();
+    let root = root.canonicalize().ok();
+    for name in earlier.lines() {
+        let plain = !name.is_empty() && !name.starts_with('.') && !name.contains('/');
+        if !plain || exported.contains(name) {
+            continue;
+        }
+        let dir = out.join(name);
+        let is_dir = std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir());
+        let holds_the_build =
+            dir.canonicalize().ok().zip(root.as_ref()).is_some_and(|(d, r)| r.starts_with(d));
+        if is_dir && !holds_the_build {
+            drover_cas::remove_tree(&dir).with_context(|| format!("cannot remove {}", dir.display()))?;
+            eprintln!(
+                "{name}: removed {}, an earlier export (the job's output is no longer exported)",
+                dir.display()
+            );
+        }
+    }
+    let names: String = exported.iter().map(|name| format!("{name}\n")).collect();
+    std::fs::write(&list, names).with_context(|| format!("cannot write {}", list.display()))?;
     Ok(())
 }
 

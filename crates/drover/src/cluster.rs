@@ -308,6 +308,10 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<(), Failure> {
         .map(|text| units::duration("--drain-timeout", text))
         .transpose()
         .map_err(Failure::Usage)?;
+    // Stop requests are caught from here on, by one listener for the
+    // whole life of the worker: one that came between two listeners would
+    // be lost.
+    let mut stops = Interrupts::new().context("cannot catch SIGINT and SIGTERM").map_err(Failure::Runtime)?;
     let mut worker = drover_worker::start(config).await.map_err(|e| Failure::Runtime(e.into()))?;
     eprintln!("drover worker serving on {}; joining the coordinator at {}", worker.url(), args.coordinator);
     let mut said = false;
@@ -316,7 +320,7 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<(), Failure> {
     loop {
         tokio::select! {
             done = worker.wait() => return done.map_err(|e| Failure::Usage(e.into())),
-            () = shutdown_signal() => break,
+            () = stops.next() => break,
             id = &mut joined, if !said => {
                 said = true;
                 eprintln!("drover worker: joined the cluster (worker {id})");
@@ -343,7 +347,7 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<(), Failure> {
     };
     tokio::select! {
         () = worker.drain() => eprintln!("drover worker: drained; leaving the cluster"),
-        () = shutdown_signal() => eprintln!("drover worker: stopping its jobs and leaving the cluster"),
+        () = stops.next() => eprintln!("drover worker: stopping its jobs and leaving the cluster"),
         () = timeout => eprintln!("drover worker: --drain-timeout passed; stopping its jobs and leaving the cluster"),
     }
     worker.leave().await;

@@ -409,3 +409,47 @@ fn a_job_that_is_never_cached_has_a_new_id_in_every_load() {
         ids_of(BASE)
     );
 }
+
+/// `drover_graph::ids` makes from a build as submitted (what a coordinator
+/// checks) the IDs and early-cutoff keys that loading the file made: with
+/// inputs, resources, a gang, limits and a job that is never cached.
+#[test]
+fn ids_made_again_from_the_stated_jobs_are_the_loaded_ones() {
+    let yaml = format!(
+        "{BASE}    timeout: 5m\n    retry_on_failure: 2\n  - name: shard-1\n    run: x\n    gang: {{name: g, on_failure: restart}}\n  - name: shard-2\n    run: x\n    gang: {{name: g, on_failure: restart}}\n  - name: publish\n    needs: [test]\n    cache: false\n    run: y\n"
+    );
+    let build = sources().parse(&yaml);
+    let stated: Vec<drover_graph::StatedJob<'_>> = build
+        .jobs
+        .iter()
+        .map(|j| drover_graph::StatedJob {
+            name: &j.name,
+            commands: &j.commands,
+            env: &j.env,
+            cpu_millis: j.cpu_millis,
+            memory: j.memory,
+            tokens: &j.tokens,
+            exclusive: &j.exclusive,
+            labels: &j.labels,
+            needs: &j.needs,
+            inputs: j.inputs.as_deref(),
+            gang: j.gang.clone(),
+            timeout_ms: j.timeout_ms,
+            retries: j.retries,
+            retry_on_failure: j.retry_on_failure,
+            nonce: j.nonce,
+        })
+        .collect();
+    let made = drover_graph::ids(&build.sources, &stated).expect("ids");
+    let loaded: Vec<(Digest, Option<Digest>)> = build.jobs.iter().map(|j| (j.id, j.own)).collect();
+    assert_eq!(made, loaded);
+    assert!(build.jobs.iter().any(|j| j.nonce.is_some()) && build.jobs.iter().any(|j| j.gang.is_some()));
+    // A need stated out of order, and an input that is no source, are refused.
+    let mut reversed = stated;
+    reversed.swap(0, 1);
+    assert!(
+        drover_graph::ids(&build.sources, &reversed)
+            .expect_err("out of order")
+            .contains("not an earlier job")
+    );
+}

@@ -1197,6 +1197,29 @@ fn the_out_directory_is_not_a_source_and_a_bad_one_is_refused_first() {
     assert!(out.stdout.is_empty());
 }
 
+/// An export removes what the previous export made for a job that is no
+/// longer exported (something now needs it), and nothing else.
+#[test]
+fn an_export_removes_the_earlier_exports_of_jobs_it_no_longer_exports() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = |yaml: &str| {
+        std::fs::write(dir.path().join("drover.yaml"), yaml).expect("write");
+        drover().args(["run", "drover.yaml", "--out", "out"]).current_dir(dir.path()).output().expect("run")
+    };
+    let out = run("jobs:\n  - name: test\n    run: [\"echo ok > {{out}}/r\"]\n");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(dir.path().join("out/test/r").exists());
+    std::fs::create_dir(dir.path().join("out/mine")).expect("a directory of the user's own");
+    let out = run(
+        "jobs:\n  - name: test\n    run: [\"echo ok > {{out}}/r\"]\n  - name: dist\n    needs: [test]\n    run: [\"cp {{dep:test}}/r {{out}}/\"]\n",
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(dir.path().join("out/dist/r").exists());
+    assert!(!dir.path().join("out/test").exists(), "the stale export is gone: {}", stderr(&out));
+    assert!(stderr(&out).contains("test: removed"), "{}", stderr(&out));
+    assert!(dir.path().join("out/mine").exists(), "what drover did not export stays");
+}
+
 /// An export replaces `out/<job>`: a job whose name is that of the
 /// sources' directory or of the state directory, exported into the
 /// project, is refused before it runs, and deletes nothing. A failed build
