@@ -338,20 +338,26 @@ impl Queues {
         }
     }
 
-    /// Why a job asking for `amounts` can never start in `leaf`: it exceeds
-    /// the capability of the queue or of one of its parents.
-    pub(crate) fn beyond_capability(&self, leaf: QueueIdx, amounts: Amounts) -> Option<String> {
+    /// Why `who` (a job, or a gang's members at once), asking for `amounts`,
+    /// can never start in `leaf`: it exceeds the capability of the queue or
+    /// of one of its parents.
+    pub(crate) fn beyond_capability(&self, leaf: QueueIdx, amounts: Amounts, who: &str) -> Option<String> {
         let mut q = Some(leaf);
         while let Some(i) = q {
             let node = &self.nodes[i as usize];
             if !amounts.within(&node.capability) {
-                const DIMS: [&str; 3] = ["slots", "CPU", "memory"];
                 let d = (0..3).find(|&d| amounts.0[d] > node.capability.0[d]).unwrap_or(0);
-                let show = |v: u64| if d == 0 { (v / SLOT_UNITS).to_string() } else { v.to_string() };
+                let show = |v: u64| match d {
+                    0 => match v / SLOT_UNITS {
+                        1 => "1 slot".to_owned(),
+                        n => format!("{n} slots"),
+                    },
+                    1 => crate::scheduler::cpu(v),
+                    _ => format!("{} of memory", crate::scheduler::bytes(v)),
+                };
                 return Some(format!(
-                    "the job asks for {} {} but queue {} allows at most {} at once",
+                    "{who} asks for {} but queue {} allows at most {} at once",
                     show(amounts.0[d]),
-                    DIMS[d],
                     node.name,
                     show(node.capability.0[d])
                 ));

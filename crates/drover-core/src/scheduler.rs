@@ -1676,7 +1676,7 @@ impl Scheduler {
         self.job_mut(j).state = JobState::Queued(Stage::Cache);
         self.queued_changed(j, true);
         let queue = self.tenants[self.job(j).tenant as usize].queue;
-        if let Some(why) = self.quotas.beyond_capability(queue, self.classes[class as usize].amounts) {
+        if let Some(why) = self.quotas.beyond_capability(queue, self.classes[class as usize].amounts, "the job") {
             self.give_up(j, FailReason::Unplaceable(why));
             return;
         }
@@ -1689,6 +1689,7 @@ impl Scheduler {
             let key = self.job(j).key;
             self.job_mut(j).state = JobState::Queued(Stage::Gang);
             self.change_gang(g, |gang| gang.queued.insert((key, j)));
+            self.give_up_gang_beyond_capability(g, queue);
             return;
         }
         let holders = self.holders.get(&id).cloned().unwrap_or_default();
@@ -2084,6 +2085,31 @@ impl Scheduler {
         let id = job.id;
         self.remove_job(j);
         self.decisions.push(Decision::Finished { job: id, waiters, completion: Completion::GaveUp(reason) });
+    }
+
+    /// A gang that has not started, whose `min` members (the least of them
+    /// in each of slots, CPU and memory) ask together for more than its
+    /// queue's capability, can never start: its queued members fail, saying
+    /// why, instead of waiting for ever.
+    fn give_up_gang_beyond_capability(&mut self, g: GangIdx, queue: QueueIdx) {
+        let gang = &self.gangs[&g];
+        if gang.started || (gang.queued.len() as u32) < gang.min || !self.quotas.active() {
+            return;
+        }
+        let amounts: Vec<Amounts> =
+            gang.queued.iter().map(|&(_, j)| self.classes[self.job(j).class as usize].amounts).collect();
+        let mut least = Amounts::default();
+        for d in 0..3 {
+            let mut values: Vec<u64> = amounts.iter().map(|a| a.0[d]).collect();
+            values.sort_unstable();
+            least.0[d] = values.iter().take(gang.min as usize).fold(0u64, |sum, &v| sum.saturating_add(v));
+        }
+        let who = format!("its gang {} ({} of its jobs at once)", gang.id, gang.min);
+        let Some(why) = self.quotas.beyond_capability(queue, least, &who) else { return };
+        let members: Vec<JobIdx> = gang.queued.iter().map(|&(_, j)| j).collect();
+        for j in members {
+            self.give_up(j, FailReason::Unplaceable(why.clone()));
+        }
     }
 
     /// Jobs of classes that lost their last capable worker cannot wait in the
@@ -3237,7 +3263,7 @@ fn duration(millis: u64) -> String {
 
 /// CPU for people to read: whole cores as such (`4 CPUs`), else
 /// millicores (`500m CPU`).
-fn cpu(millis: u64) -> String {
+pub(crate) fn cpu(millis: u64) -> String {
     match millis {
         1000 => "1 CPU".to_owned(),
         m if m.is_multiple_of(1000) => format!("{} CPUs", m / 1000),
@@ -3247,7 +3273,7 @@ fn cpu(millis: u64) -> String {
 
 /// A size for people to read, in binary units to a tenth: `1.5 GiB`,
 /// `512 B`.
-fn bytes(n: u64) -> String {
+pub(crate) fn bytes(n: u64) -> String {
     const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
     let mut unit = 0;
     while unit + 1 < UNITS.len() && n >= 1u64 << (10 * (unit + 1)) {
