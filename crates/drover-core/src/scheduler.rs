@@ -1676,7 +1676,9 @@ impl Scheduler {
         self.job_mut(j).state = JobState::Queued(Stage::Cache);
         self.queued_changed(j, true);
         let queue = self.tenants[self.job(j).tenant as usize].queue;
-        if let Some(why) = self.quotas.beyond_capability(queue, self.classes[class as usize].amounts, "the job") {
+        if let Some(why) =
+            self.quotas.beyond_capability(queue, self.classes[class as usize].amounts, "the job")
+        {
             self.give_up(j, FailReason::Unplaceable(why));
             return;
         }

@@ -292,10 +292,23 @@ fn coordinator_config(args: &ServeArgs) -> anyhow::Result<CoordinatorConfig> {
 pub(crate) async fn serve(args: ServeArgs) -> Result<(), Failure> {
     let config = coordinator_config(&args).map_err(Failure::Usage)?;
     let coordinator = drover_coordinator::start(config).await.map_err(|e| Failure::Runtime(e.into()))?;
+    warn_if_open(args.listen, args.token.is_some(), "clients and workers");
     eprintln!("drover coordinator listening on {}", coordinator.url());
     tokio::select! {
         stopped = coordinator.wait() => stopped.map_err(|e| Failure::Runtime(e.into())),
         () = shutdown_signal() => Ok(()),
+    }
+}
+
+/// Warns when a server listens beyond this machine without a token: then
+/// anyone who reaches the port may run commands on the workers (submit a
+/// build) or read what they hold.
+fn warn_if_open(listen: std::net::SocketAddr, token: bool, who: &str) {
+    if !token && !listen.ip().is_loopback() {
+        eprintln!(
+            "drover: WARNING: listening on {listen} without a token: anyone who can reach it can run commands \
+             on the workers; set --token (or DROVER_TOKEN) for {who} too"
+        );
     }
 }
 
@@ -313,6 +326,7 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<(), Failure> {
     // be lost.
     let mut stops = Interrupts::new().context("cannot catch SIGINT and SIGTERM").map_err(Failure::Runtime)?;
     let mut worker = drover_worker::start(config).await.map_err(|e| Failure::Runtime(e.into()))?;
+    warn_if_open(args.listen, args.token.is_some(), "peers and the coordinator");
     eprintln!("drover worker serving on {}; joining the coordinator at {}", worker.url(), args.coordinator);
     let mut said = false;
     let joined = worker.joined();

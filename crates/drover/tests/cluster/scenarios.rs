@@ -946,6 +946,35 @@ fn a_token_is_required_when_configured() {
     );
 }
 
+/// A coordinator listening beyond loopback without a token says, loudly,
+/// that anyone who reaches it can run commands; with a token it does not.
+#[test]
+fn listening_beyond_loopback_without_a_token_is_warned_of() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().expect("tempdir");
+    for token in [None, Some("s3cret")] {
+        let mut serve = drover();
+        serve.args(["serve", "--listen", "0.0.0.0:0", "--data"]).arg(dir.path().join("c"));
+        serve.env_remove("DROVER_TOKEN").stderr(Stdio::piped()).stdout(Stdio::null());
+        if let Some(token) = token {
+            serve.env("DROVER_TOKEN", token);
+        }
+        let mut serve = serve.spawn().expect("drover serve");
+        // The warning comes before the line that says it listens.
+        let before: Vec<String> = BufReader::new(serve.stderr.take().expect("stderr"))
+            .lines()
+            .map_while(Result::ok)
+            .take_while(|l| !l.contains("drover coordinator listening on"))
+            .collect();
+        serve.kill().expect("kill");
+        serve.wait().expect("reap");
+        let warned = before
+            .iter()
+            .any(|l| l.contains("WARNING: listening on 0.0.0.0:") && l.contains("without a token"));
+        assert_eq!(warned, token.is_none(), "token {token:?}: {before:?}");
+    }
+}
+
 #[test]
 fn metrics_count_builds_jobs_runs_and_workers_for_a_scraper() {
     let mut cluster = Cluster::with_token(Some("s3cret"));
