@@ -295,15 +295,31 @@ pub struct QueueView {
     pub running: u64,
 }
 
-/// Amounts of a queue view.
+/// Amounts of a queue view. In a capability, a dimension without a limit
+/// is `u64::MAX`, which JSON writes as `null` (a number that large is not
+/// one a JSON reader can be trusted to keep).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QueueAmounts {
     /// Job slots, in thousandths.
+    #[serde(serialize_with = "unlimited_as_null", deserialize_with = "null_as_unlimited")]
     pub slots_milli: u64,
     /// CPU in millicores.
+    #[serde(serialize_with = "unlimited_as_null", deserialize_with = "null_as_unlimited")]
     pub cpu: u64,
     /// Memory in bytes.
+    #[serde(serialize_with = "unlimited_as_null", deserialize_with = "null_as_unlimited")]
     pub memory: u64,
+}
+
+fn unlimited_as_null<S: serde::Serializer>(value: &u64, s: S) -> Result<S::Ok, S::Error> {
+    match *value {
+        u64::MAX => s.serialize_none(),
+        n => s.serialize_some(&n),
+    }
+}
+
+fn null_as_unlimited<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    Ok(<Option<u64> as Deserialize>::deserialize(d)?.unwrap_or(u64::MAX))
 }
 
 /// A queue as named in views: where a queued job is visible.

@@ -46,6 +46,10 @@ fn a_capped_queue_runs_one_job_at_a_time_and_drover_queues_shows_it() {
     let capped = queue(&queues, "capped");
     assert_eq!(capped["queued_jobs"], 2, "{queues}");
     assert_eq!(capped["capability"]["slots_milli"], 1000);
+    // No limit on CPU or memory: `null`, not a number past what JSON
+    // readers keep exactly.
+    assert_eq!(capped["capability"]["cpu"], Value::Null, "{queues}");
+    assert_eq!(capped["capability"]["memory"], Value::Null, "{queues}");
     assert_eq!(queue(&queues, "open")["weight"], 3);
     let table = cluster.run(&["queues"]);
     let table = String::from_utf8_lossy(&table.stdout);
