@@ -98,11 +98,32 @@ struct TierSection {
 }
 
 /// A plugin of a tier: its name, or a table with its arguments.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[derive(Debug)]
 enum PluginEntry {
     Name(String),
     Table(PluginTable),
+}
+
+// By hand rather than `untagged`, so that a mistake in a table says what
+// it is (`unknown field "wieght"`), not only that no form matched.
+impl<'de> Deserialize<'de> for PluginEntry {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Entry;
+        impl<'de> serde::de::Visitor<'de> for Entry {
+            type Value = PluginEntry;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a plugin's name, or a table such as { name = \"binpack\", weight = 2 }")
+            }
+            fn visit_str<E: serde::de::Error>(self, name: &str) -> Result<PluginEntry, E> {
+                Ok(PluginEntry::Name(name.to_owned()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<PluginEntry, A::Error> {
+                PluginTable::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(PluginEntry::Table)
+            }
+        }
+        d.deserialize_any(Entry)
+    }
 }
 
 /// `{ name = "binpack", weight = 2 }`, `{ name = "drf", preemptable = true }`.
@@ -148,7 +169,12 @@ impl LimitsSection {
     fn limits(&self, queue: &str) -> anyhow::Result<drover_core::QueueLimits> {
         Ok(drover_core::QueueLimits {
             slots: self.slots,
-            cpu: self.cpu.as_deref().map(units::cpu).transpose().with_context(|| format!("queue {queue}"))?,
+            cpu: self
+                .cpu
+                .as_deref()
+                .map(|c| units::cpu("cpu", c))
+                .transpose()
+                .with_context(|| format!("queue {queue}"))?,
             memory: self
                 .memory
                 .as_deref()
@@ -257,6 +283,10 @@ fn coordinator_config(args: &ServeArgs) -> anyhow::Result<CoordinatorConfig> {
         }
         if let Some(size) = &file.cache.size {
             config.artifact_cache_bytes = units::size("[cache] size", size)?;
+            anyhow::ensure!(
+                config.artifact_cache_bytes > 0,
+                "[cache] size cannot be 0: the shared cache would keep nothing (leave it out for the default)"
+            );
         }
         if let Some(keep) = &file.cache.keep_free {
             config.cache_keep_free = units::reserve("[cache] keep_free", keep)?;
@@ -379,7 +409,7 @@ fn worker_config(args: &WorkerArgs) -> anyhow::Result<WorkerConfig> {
     let capacity = WorkerCapacity {
         slots,
         cpu_millis: match &args.cpu {
-            Some(text) => units::cpu(text)?,
+            Some(text) => units::cpu("--cpu", text)?,
             // A core per builder at least, as `drover run`'s workers have
             // one per slot: `--slots` jobs of one core each (the default
             // request) run at once even on fewer CPUs. The coordinator
@@ -757,8 +787,34 @@ mod tests {
             assert!(errors.iter().any(|e| e.starts_with(problem)), "missing {problem:?} in {errors:?}");
         }
         assert_eq!(errors.len(), 4, "{errors:?}");
+        // A mistake in a plugin's table says what it is, and where.
         let unknown_key = "[[tiers]]\nplugins = [{ name = \"drf\", preempt = true }]\n";
-        assert!(toml::from_str::<ConfigFile>(unknown_key).is_err());
+        let error = toml::from_str::<ConfigFile>(unknown_key).expect_err("an unknown key").to_string();
+        assert!(error.contains("unknown field `preempt`") && error.contains("line 2"), "{error}");
+        let not_a_plugin = "[[tiers]]\nplugins = [3]\n";
+        let error = toml::from_str::<ConfigFile>(not_a_plugin).expect_err("a number").to_string();
+        assert!(error.contains("a plugin's name, or a table"), "{error}");
+    }
+
+    /// Sizes and amounts in the file are named as the file names them, not
+    /// as a command-line flag; a shared cache of no size is refused.
+    #[test]
+    fn bad_amounts_in_the_file_name_their_setting() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let error = |text: &str| {
+            let path = dir.path().join("config.toml");
+            std::fs::write(&path, text).expect("config");
+            let args = ServeArgs {
+                listen: ([127, 0, 0, 1], 0).into(),
+                data: dir.path().join("data"),
+                config: Some(path),
+                token: None,
+            };
+            format!("{:#}", coordinator_config(&args).expect_err("refused"))
+        };
+        let cpu = error("[[queues]]\nname = \"a\"\ncapability = { cpu = \"16x\" }\n");
+        assert!(cpu.contains("queue a: bad cpu \"16x\"") && !cpu.contains("--cpu"), "{cpu}");
+        assert!(error("[cache]\nsize = \"0\"\n").contains("[cache] size cannot be 0"));
     }
 
     #[test]

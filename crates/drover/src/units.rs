@@ -40,11 +40,11 @@ pub(crate) fn reserve(what: &str, text: &str) -> anyhow::Result<drover_cas::Rese
     Ok(reserve)
 }
 
-/// `2`, `0.5`, `500m`: millicores.
-pub(crate) fn cpu(text: &str) -> anyhow::Result<u64> {
+/// `2`, `0.5`, `500m`: millicores, for `what` (a flag or a setting).
+pub(crate) fn cpu(what: &str, text: &str) -> anyhow::Result<u64> {
     drover_graph::units::parse_cpu_str(text)
         .map_err(anyhow::Error::msg)
-        .with_context(|| format!("bad --cpu {text:?}"))
+        .with_context(|| format!("bad {what} {text:?}"))
 }
 
 /// `30s`, `1h30m`, `500ms`.
