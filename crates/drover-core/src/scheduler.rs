@@ -1161,6 +1161,7 @@ impl Scheduler {
                 let j = self.lookup(&job).ok_or(Rejected::UnknownJob(job))?;
                 self.add_waiter(j, job, waiter)
             }
+            Event::Rehome { job, tenant, queue } => self.rehome(job, &tenant, queue.as_deref()),
             Event::Cancel { job, waiter } => self.cancel(job, waiter),
             Event::JobStarted { run } => self.job_started(run),
             Event::JobExited { run, result } => self.job_exited(run, result),
@@ -1477,6 +1478,21 @@ impl Scheduler {
             });
             self.job_mut(j).gang = Some(g);
         }
+        self.enqueue(j);
+        Ok(())
+    }
+
+    /// Job `id` moves to `tenant` (see [`Event::Rehome`]): out of every
+    /// queue, and back in as that tenant's, its locality stages anew.
+    fn rehome(&mut self, id: JobId, tenant: &str, queue: Option<&str>) -> Result<(), Rejected> {
+        let j = self.lookup(&id).ok_or(Rejected::UnknownJob(id))?;
+        let q = self.quotas.resolve(queue, tenant).map_err(|why| Rejected::InvalidSpec { job: id, why })?;
+        let t = self.intern_tenant(tenant, q);
+        if self.job(j).tenant == t || !matches!(self.job(j).state, JobState::Queued(_)) {
+            return Ok(());
+        }
+        self.unqueue(j);
+        self.job_mut(j).tenant = t;
         self.enqueue(j);
         Ok(())
     }

@@ -306,6 +306,21 @@ pub enum Event {
         /// Who waits for it.
         waiter: WaiterId,
     },
+    /// The job now belongs to `tenant` (and the queue it names, if any),
+    /// as if that tenant had scheduled it: the shell says so when the
+    /// waiter whose tenant it had leaves and another still waits. A queued
+    /// job moves to that tenant's queue (and is checked against its
+    /// capability there); a job already assigned or running keeps its run,
+    /// charged where it started. Nothing changes for a job that belongs
+    /// there already.
+    Rehome {
+        /// The job.
+        job: JobId,
+        /// Its new tenant.
+        tenant: String,
+        /// The queue that tenant named for it, if any.
+        queue: Option<String>,
+    },
     /// The waiter no longer needs the job.
     Cancel {
         /// The job.

@@ -659,6 +659,11 @@ impl Build {
         });
     }
 
+    /// Whose job this build's jobs are, and the queue it names for them.
+    pub(crate) fn owner(&self) -> (&str, Option<&str>) {
+        (&self.tenant, self.queue.as_deref())
+    }
+
     /// The core's view of a job.
     pub(crate) fn core_spec(&self, i: u32) -> JobSpec {
         let def = self.def(i);

@@ -1238,6 +1238,16 @@ impl Solver {
         for (job, waiter) in waiters {
             self.waiters.remove(&waiter);
             let _ = self.core.handle(self.now, Event::Cancel { job, waiter });
+            // A job other builds still wait for belongs to the first of
+            // them from now on: it leaves the queue (and the quota) of a
+            // build that no longer wants it (the core moves it only if it
+            // is queued and belonged elsewhere).
+            if let Some(&(b, _)) = self.job_waiters(&job).first() {
+                let (tenant, queue) = self.builds[&b].owner();
+                let rehome =
+                    Event::Rehome { job, tenant: tenant.to_owned(), queue: queue.map(str::to_owned) };
+                let _ = self.core.handle(self.now, rehome);
+            }
         }
     }
 

@@ -3000,3 +3000,43 @@ fn a_lost_input_sends_back_every_need_whose_output_is_gone() {
     assert_no_failure(&h, b);
     h.assert_replays();
 }
+
+/// A queued job two tenants share belongs to the one that scheduled it;
+/// once that build is cancelled, it moves to the other build's queue
+/// instead of waiting under the cancelled tenant's capability (which
+/// another build of that tenant keeps full).
+#[test]
+fn a_shared_job_leaves_the_queue_of_a_cancelled_build() {
+    use drover_core::{QueueConfig, QueueLimits};
+    let queue = |name: &str, cap: Option<u32>| QueueConfig {
+        name: name.into(),
+        weight: 1,
+        capability: QueueLimits { slots: cap, ..QueueLimits::default() },
+        ..QueueConfig::default()
+    };
+    let config = Config {
+        queues: vec![queue("capped", Some(1)), queue("open", None)],
+        tenant_queues: [("ml".to_owned(), "capped".to_owned()), ("web".to_owned(), "open".to_owned())].into(),
+        ..Config::default()
+    };
+    let mut h = Harness { solver: Solver::new(config), log: Vec::new(), now: 1_000 };
+    let submit_as = |tenant: &str, jobs: Vec<JobDef>| {
+        let Input::Submit(mut req) = submit(jobs) else { unreachable!() };
+        req.tenant = tenant.into();
+        Input::Submit(req)
+    };
+    worker_id(h.input(register("w1", 4, vec![])));
+    // ml's first build fills its queue's one slot; its second queues
+    // `shared`, which web's build then joins.
+    build_id(h.input(submit_as("ml", vec![job("long", &[])])));
+    h.later();
+    assert_eq!(names(&h.assigned()), ["long"]);
+    let first = build_id(h.input(submit_as("ml", vec![job("shared", &[])])));
+    let web = build_id(h.input(submit_as("web", vec![job("shared", &[])])));
+    h.later();
+    assert!(h.assigned().is_empty(), "shared waits under ml's capability");
+    h.input(Input::Cancel { build: first }).expect("cancel");
+    h.later();
+    assert_eq!(names(&h.assigned()), ["shared"], "web's queue runs it at once");
+    assert_eq!(h.states(web), [("shared".to_string(), JobState::Running)]);
+}

@@ -87,6 +87,8 @@ enum Op {
     Join(usize, u64),
     /// Cancel for one of the waiters of a pending job.
     Cancel(Index),
+    /// A pending job moves to tenant `.1`.
+    Rehome(Index, usize),
     /// Start a run that has not started.
     Start(Index),
     /// A run in flight exits (successfully or not).
@@ -166,6 +168,7 @@ fn op() -> impl Strategy<Value = Op> {
         6 => (0..JOBS, 0..4u64).prop_map(|(job, waiter)| Op::Schedule(job, waiter)),
         2 => (0..JOBS, 0..4u64).prop_map(|(job, waiter)| Op::Join(job, waiter)),
         3 => any::<Index>().prop_map(Op::Cancel),
+        1 => (any::<Index>(), 0..TENANTS.len()).prop_map(|(i, t)| Op::Rehome(i, t)),
         4 => any::<Index>().prop_map(Op::Start),
         4 => (any::<Index>(), prop::bool::weighted(0.8)).prop_map(|(i, ok)| Op::Exit(i, ok)),
         1 => any::<Index>().prop_map(Op::LoseRun),
@@ -492,6 +495,11 @@ impl Harness {
                     pairs.get(i.index(pairs.len().max(1))).copied().unwrap_or((job_id(0), WaiterId(0)));
                 Event::Cancel { job, waiter }
             }
+            Op::Rehome(i, t) => {
+                let pending: Vec<JobId> = self.pending.keys().copied().collect();
+                let job = pending.get(i.index(pending.len().max(1))).copied().unwrap_or(job_id(0));
+                Event::Rehome { job, tenant: TENANTS[*t].to_owned(), queue: None }
+            }
             Op::Start(i) => {
                 let unstarted = self.runs.iter().filter(|r| !r.1.started).map(|r| *r.0).collect();
                 Event::JobStarted { run: pick(i, unstarted).unwrap_or(RunId(0)) }
@@ -615,6 +623,7 @@ impl Harness {
                 self.saw("join a pending job");
                 self.pending.get_mut(job).expect("accepted: pending").waiters.push(*waiter);
             }
+            Event::Rehome { .. } => self.saw("a pending job moves to another tenant"),
             Event::Cancel { job, waiter } => {
                 let p = self.pending.get_mut(job).expect("accepted: pending");
                 p.waiters.retain(|w| w != waiter);

@@ -24,6 +24,7 @@
 //!          exclusive=network labels=os:linux priority=5 attempts=2 queue=q1
 //!          path=3000                (remaining critical path, ms)
 //!          gang=shards:4            (gang ID and min_available)
+//! rehome j1 tenant=t [queue=q]  the job now belongs to tenant t
 //! cancel j1 waiter=1
 //! start j1 | exit j1 ok|fail=CODE|cached   (the job's latest run)
 //! heartbeat w1 | leave w1 | add w1 a,b | evict w1 a,b | lose-run j1
@@ -166,6 +167,12 @@ impl Runner {
                 });
                 let waiter = WaiterId(get("waiter").map_or(1, |v| v.parse().expect("waiter")));
                 self.event(Event::Schedule { spec, waiter }, &mut out);
+            }
+            "rehome" => {
+                let a = args(&words[2..]);
+                let tenant = a.get("tenant").expect("rehome needs tenant=").to_string();
+                let queue = a.get("queue").map(|q| q.to_string());
+                self.event(Event::Rehome { job: JobId::named(words[1]), tenant, queue }, &mut out);
             }
             "cancel" => {
                 let a = args(&words[2..]);
