@@ -556,22 +556,40 @@ impl Build {
         self.no_cache || self.rerun.contains(&i)
     }
 
-    /// After gang member `i` failed: if its gang restarts on failure and
-    /// has restarts left, every member goes back to the queue (cancelling
-    /// those the core holds) and runs again, cache or not. Returns the core
-    /// waiters to cancel and the members to schedule; `None` if the failure
-    /// stands.
-    pub(crate) fn restart_gang(&mut self, i: u32, now: Millis) -> Option<GangRestart> {
+    /// After gang member `i` failed (or lost its run, `what` says which):
+    /// if its gang restarts on failure and has restarts left, every member
+    /// goes back to the queue (cancelling those the core holds) and runs
+    /// again, cache or not. Returns the core waiters to cancel and the
+    /// members to schedule; `None` if the failure stands.
+    pub(crate) fn restart_gang(&mut self, i: u32, what: &str, now: Millis) -> Option<GangRestart> {
         let name = self.def(i).gang.as_ref()?.name.clone();
         let gang = self.gangs.get_mut(&name)?;
         if !gang.restart || gang.restarts >= MAX_GANG_RESTARTS || self.stopping || self.cancelled {
             return None;
         }
         gang.restarts += 1;
+        let restarts = gang.restarts;
+        let member = self.name_of(i);
+        let reason = format!(
+            "gang {name} restarts whole ({restarts} of {MAX_GANG_RESTARTS} restarts): its member {member} {what}"
+        );
         let mut cancel = Vec::new();
-        let mut again = self.send_gang_again(&name, &mut cancel, None, now);
+        let mut again = self.send_gang_again(&name, &mut cancel, Some(&reason), now);
         self.order(&mut again);
         Some((cancel, again))
+    }
+
+    /// Whether member `i` of a gang that restarts on failure lost its run
+    /// while the gang ran: another member of it is running or done, and
+    /// needed `i` running beside it.
+    pub(crate) fn gang_broken_by(&self, i: u32) -> bool {
+        let Some(g) = &self.def(i).gang else { return false };
+        let Some(gang) = self.gangs.get(&g.name) else { return false };
+        gang.restart
+            && gang.members.iter().any(|&m| {
+                let state = self.jobs[m as usize].state;
+                m != i && (state == JobState::Running || state.is_success())
+            })
     }
 
     /// Sends gang `name` back whole, as a new instance: every member's core

@@ -1629,13 +1629,31 @@ impl Solver {
                 self.worker_lost(worker.0);
             }
             Decision::Requeued { job, attempts, reason } => {
-                for (b, i) in self.job_waiters(&job) {
+                let waiters = self.job_waiters(&job);
+                for &(b, i) in &waiters {
                     self.builds
                         .get_mut(&b)
                         .map(Arc::make_mut)
                         .expect("build exists")
                         .requeued(i, attempts, &reason, self.now);
                     self.effects.push(Effect::BuildChanged { build: b });
+                }
+                // A member of a running gang that restarts on failure lost
+                // its run (its worker, an eviction): the others need it
+                // beside them, so the whole gang runs again, as after a
+                // failure.
+                for (b, i) in waiters {
+                    let build = self.builds.get_mut(&b).map(Arc::make_mut).expect("build exists");
+                    if !build.gang_broken_by(i) {
+                        continue;
+                    }
+                    if let Some((cancel, again)) = build.restart_gang(i, "lost its run", self.now) {
+                        self.withdraw(cancel);
+                        for m in again {
+                            self.schedule(b, m);
+                        }
+                        self.release_gangs(b);
+                    }
                 }
             }
             Decision::Cancelled { job, .. } => {
@@ -1681,7 +1699,7 @@ impl Solver {
             for d in build.unblocked_by(i) {
                 self.schedule(b, d);
             }
-        } else if let Some((cancel, again)) = build.restart_gang(i, self.now) {
+        } else if let Some((cancel, again)) = build.restart_gang(i, "failed", self.now) {
             // A gang that restarts on failure runs again, whole.
             self.withdraw(cancel);
             for m in again {

@@ -3040,3 +3040,52 @@ fn a_shared_job_leaves_the_queue_of_a_cancelled_build() {
     assert_eq!(names(&h.assigned()), ["shared"], "web's queue runs it at once");
     assert_eq!(h.states(web), [("shared".to_string(), JobState::Running)]);
 }
+
+/// A running gang that restarts on failure whose member loses its run
+/// with its worker restarts whole: the members still running are stopped
+/// and the gang starts together again, instead of the lost member running
+/// alone after the others (which needed it beside them) ended. The
+/// progress says why.
+#[test]
+fn a_gang_whose_member_lost_its_worker_restarts_whole() {
+    let mut h = Harness::new();
+    let w1 = worker_id(h.input(register("w1", 1, vec![])));
+    let w2 = worker_id(h.input(register("w2", 1, vec![])));
+    let b = build_id(h.input(submit(vec![
+        in_gang(job("m1", &[]), "pair", 2, true),
+        in_gang(job("m2", &[]), "pair", 2, true),
+    ])));
+    h.later();
+    let pair = h.assigned();
+    assert_eq!(pair.len(), 2, "the gang starts together");
+    let on_w1 = pair.iter().find(|a| a.0 == w1).expect("a member on w1").clone();
+    h.report(w1, Report { started: vec![on_w1.1], ..Report::default() });
+    // w2 is lost; w1 keeps its lease.
+    for _ in 0..12 {
+        h.now += 5_000;
+        h.input(Input::Poll { worker: w1 }).expect("w1 renews its lease");
+    }
+    assert!(!h.solver.worker_alive(w2));
+    let effects = h.solver.take_effects();
+    assert!(
+        effects.iter().any(|e| matches!(e, Effect::Stop { worker, run } if *worker == w1 && *run == on_w1.1)),
+        "the member still running is stopped: {effects:?}"
+    );
+    let events = h.solver.events(b, 0).expect("events").0;
+    assert!(
+        events.iter().any(|e| matches!(&e.kind, EventKind::JobRequeued { reason: Some(r), .. }
+            if r.starts_with("gang pair restarts whole (1 of 3 restarts): its member"))),
+        "{events:?}"
+    );
+    // The stopped run ends; a new worker comes, and the gang starts again.
+    h.report(w1, Report { finished: vec![failed(on_w1.1, 143)], ..Report::default() });
+    worker_id(h.input(register("w3", 1, vec![])));
+    h.later();
+    let mut again = h.assigned();
+    again.sort_by(|x, y| x.2.cmp(&y.2));
+    assert_eq!(names(&again), ["m1", "m2"], "whole, together");
+    for (worker, run, name) in again {
+        h.report(worker, Report { finished: vec![ok(run, &name)], ..Report::default() });
+    }
+    assert_eq!(h.solver.build_status(b).expect("build").state, BuildState::Succeeded);
+}
