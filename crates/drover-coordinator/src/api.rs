@@ -51,7 +51,23 @@ pub(crate) struct App {
     pub(crate) uploads: Arc<tokio::sync::Semaphore>,
     /// How long an upload may go without a byte before it is dropped.
     pub(crate) upload_idle: Duration,
+    /// MiB of JSON request bodies that may be read and decoded at once
+    /// ([`JSON_IN_FLIGHT_MIB`]).
+    pub(crate) json_room: Arc<tokio::sync::Semaphore>,
 }
+
+/// MiB of JSON request bodies read and decoded at once, all requests
+/// together: a few clients sending the largest bodies at the same time
+/// (each up to [`MAX_JSON`]) wait their turn instead of taking gigabytes.
+/// A body without a declared length counts as the largest.
+pub(crate) const JSON_IN_FLIGHT_MIB: usize = 512;
+
+/// A JSON body below this many bytes takes no room among those in flight.
+const SMALL_JSON: u64 = 64 << 10;
+
+/// How long a JSON request waits for room among those in flight before it
+/// is answered 503.
+const JSON_ROOM_WAIT: Duration = Duration::from_secs(60);
 
 /// Uploads written at once; more wait, holding no thread. Each reads its
 /// body on a thread of the runtime's blocking pool, which also serves every
@@ -143,7 +159,7 @@ pub(crate) fn router(app: App) -> Router {
         .route("/v1/workers/{id}/drain", post(drain))
         .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(MAX_JSON))
-        .layer(middleware::from_fn(declared_size))
+        .layer(middleware::from_fn_with_state(app.clone(), declared_size))
         .layer(middleware::from_fn_with_state(app.clone(), require_token));
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
@@ -158,17 +174,36 @@ fn declared_length(headers: &axum::http::HeaderMap) -> Option<u64> {
 }
 
 /// A JSON request (every `POST`) that declares a body over the limit is
-/// refused at once (413), before its body is read or a `100 Continue` sent.
-async fn declared_size(req: Request, next: Next) -> Response {
-    if req.method() == axum::http::Method::POST
-        && declared_length(req.headers()).is_some_and(|n| n > MAX_JSON as u64)
-    {
+/// refused at once (413), before its body is read or a `100 Continue` sent;
+/// one within it waits for room among the JSON bodies in flight
+/// ([`JSON_IN_FLIGHT_MIB`]), and holds it until it is answered.
+async fn declared_size(State(app): State<App>, req: Request, next: Next) -> Response {
+    if req.method() != axum::http::Method::POST {
+        return next.run(req).await;
+    }
+    let declared = declared_length(req.headers());
+    if declared.is_some_and(|n| n > MAX_JSON as u64) {
         return ApiError(
             StatusCode::PAYLOAD_TOO_LARGE,
             format!("a request body is at most {} MiB", MAX_JSON >> 20),
         )
         .into_response();
     }
+    // Small bodies (a worker's poll or report, a cancel) cost little even
+    // all at once, and a long poll holds its request for a while: only
+    // larger ones take room.
+    if declared.is_some_and(|n| n < SMALL_JSON) {
+        return next.run(req).await;
+    }
+    let mib = declared.unwrap_or(MAX_JSON as u64).div_ceil(1 << 20).max(1) as u32;
+    let room = tokio::time::timeout(JSON_ROOM_WAIT, app.json_room.clone().acquire_many_owned(mib)).await;
+    let Ok(Ok(_room)) = room else {
+        return ApiError(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the coordinator is reading as many large requests as it takes at once; try again".into(),
+        )
+        .into_response();
+    };
     next.run(req).await
 }
 

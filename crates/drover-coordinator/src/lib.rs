@@ -264,6 +264,7 @@ pub async fn start(config: CoordinatorConfig) -> Result<Coordinator, Coordinator
         specs,
         renew_every: Duration::from_millis((config.core.lease_timeout.0 / 10).max(50)),
         uploads: Arc::new(tokio::sync::Semaphore::new(api::MAX_UPLOADS)),
+        json_room: Arc::new(tokio::sync::Semaphore::new(api::JSON_IN_FLIGHT_MIB)),
         upload_idle: config.upload_idle,
     };
     let listener = tokio::net::TcpListener::bind(config.listen)
