@@ -677,7 +677,15 @@ impl Scheduler {
         let jobs = self.job_index.len() as u64;
         let runs = self.runs.len() as u64;
         if jobs > 0 || runs > 0 {
-            return Err(Rejected::Busy { jobs, runs });
+            let changed: Vec<&str> = [
+                (config.queues != old.queues, "the queues (their names, weights, limits or parents)"),
+                (config.tenant_queues != old.tenant_queues, "the tenants' queues"),
+                (config.tiers != old.tiers, "the tiers"),
+            ]
+            .into_iter()
+            .filter_map(|(differs, what)| differs.then_some(what))
+            .collect();
+            return Err(Rejected::Busy { changed: changed.join(" and "), jobs, runs });
         }
         let mut fresh = Scheduler::new(config);
         fresh.now = self.now;

@@ -528,9 +528,12 @@ pub enum Rejected {
     /// New queues, tenant mapping or tiers while jobs are queued or runs
     /// in flight (see [`crate::Scheduler::reconfigure`]).
     #[error(
-        "the queues, their tenants or the tiers cannot change while jobs are queued or running (now: {jobs} queued or running, {runs} runs in flight)"
+        "{changed} changed, and those cannot change while jobs are queued or running (now: {jobs} queued or running, {runs} runs in flight)"
     )]
     Busy {
+        /// What changed: "the queues", "the tenants' queues", "the tiers"
+        /// (joined with "and").
+        changed: String,
         /// Jobs the core holds.
         jobs: u64,
         /// Runs in flight.

@@ -76,7 +76,8 @@ fn new_queues_wait_for_an_empty_core() {
     let queues =
         Config { queues: vec![QueueConfig { name: "ci".into(), ..Default::default() }], ..Config::default() };
     let before = s.clone();
-    assert_eq!(s.reconfigure(queues.clone()), Err(Rejected::Busy { jobs: 2, runs: 1 }));
+    let changed = "the queues (their names, weights, limits or parents)".to_owned();
+    assert_eq!(s.reconfigure(queues.clone()), Err(Rejected::Busy { changed, jobs: 2, runs: 1 }));
     assert!(s == before, "a refused change changes nothing");
     let ok = JobResult { success: true, exit_code: Some(0), cached: false, detail: String::new() };
     s.handle(Millis(2), Event::JobExited { run: RunId(first[0].2), result: ok.clone() }).expect("a ends");
