@@ -52,6 +52,7 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, control: Ru
     let run = assignment.run;
     forget_logs(&shared, run);
     shared.outbox.started(run);
+    tracing::info!(run, job = %assignment.name, attempt = assignment.attempt, "run started");
     let start = Instant::now();
     let cancel = &control.cancel;
     let result = execute(&shared, &assignment, &control).await;
@@ -119,7 +120,7 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, control: Ru
         }
     }
     if result.success {
-        tracing::debug!(run, job = %assignment.name, cached = result.cached, "run succeeded");
+        tracing::info!(run, job = %assignment.name, cached = result.cached, ms = result.duration_ms, "run succeeded");
         // Push stage: a new output goes to the coordinator's shared cache in
         // the background, so a slow push never holds a slot. It stays
         // pinned until it is pushed: in a busy or small cache, the next

@@ -326,7 +326,12 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<(), Failure> {
     eprintln!("drover coordinator listening on {}", coordinator.url());
     tokio::select! {
         stopped = coordinator.wait() => stopped.map_err(|e| Failure::Runtime(e.into())),
-        () = shutdown_signal() => Ok(()),
+        () = shutdown_signal() => {
+            // Its state is on disk as each input is: builds go on when it
+            // starts again, and workers wait for it meanwhile.
+            eprintln!("drover coordinator: stopping; builds and workers carry on when it starts again");
+            Ok(())
+        }
     }
 }
 
