@@ -481,6 +481,9 @@ pub struct BuildStatus {
     /// Its name.
     #[serde(default)]
     pub name: String,
+    /// Whose build it is.
+    #[serde(default)]
+    pub tenant: String,
     /// Where it stands.
     pub state: BuildState,
     /// Its jobs, in build-file order.
@@ -497,6 +500,9 @@ pub struct BuildSummary {
     /// Its name.
     #[serde(default)]
     pub name: String,
+    /// Whose build it is.
+    #[serde(default)]
+    pub tenant: String,
     /// Where it stands.
     pub state: BuildState,
     /// How many jobs it has.
@@ -1167,6 +1173,7 @@ mod tests {
         let status = BuildStatus {
             id: 3,
             name: "hello".into(),
+            tenant: "web".into(),
             state: BuildState::Failed,
             jobs: vec![JobStatus {
                 name: "a".into(),
@@ -1183,6 +1190,7 @@ mod tests {
         };
         let v: serde_json::Value = serde_json::to_value(&status).expect("json");
         assert_eq!(v["state"], "failed");
+        assert_eq!(v["tenant"], "web");
         assert_eq!(v["jobs"][0]["state"], "skipped");
         for key in ["name", "id", "state", "worker", "attempts", "exit_code"] {
             assert!(v["jobs"][0].get(key).is_some(), "missing {key}");

@@ -1506,6 +1506,7 @@ impl Build {
         drover_proto::BuildSummary {
             id: self.id,
             name: self.plan.spec.name.clone(),
+            tenant: self.tenant.clone(),
             state: self.state,
             jobs: self.jobs.len() as u64,
             done: self.jobs.iter().filter(|rec| rec.state.is_final()).count() as u64,
@@ -1516,6 +1517,7 @@ impl Build {
         BuildStatus {
             id: self.id,
             name: self.plan.spec.name.clone(),
+            tenant: self.tenant.clone(),
             state: self.state,
             jobs: self
                 .plan

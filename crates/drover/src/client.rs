@@ -756,10 +756,26 @@ pub(crate) async fn status(args: StatusArgs) -> Result<(), Failure> {
             if builds.is_empty() {
                 eprintln!("no builds yet");
             } else {
-                outln!("{:>6}  {:<10} {:>5}/{:<5} {}", "BUILD", "STATE", "DONE", "JOBS", "NAME");
+                outln!(
+                    "{:>6}  {:<10} {:>5}/{:<5} {:<16} {}",
+                    "BUILD",
+                    "STATE",
+                    "DONE",
+                    "JOBS",
+                    "TENANT",
+                    "NAME"
+                );
             }
             for b in &builds {
-                outln!("{:>6}  {:<10} {:>5}/{:<5} {}", b.id, b.state, b.done, b.jobs, printable(&b.name));
+                outln!(
+                    "{:>6}  {:<10} {:>5}/{:<5} {:<16} {}",
+                    b.id,
+                    b.state,
+                    b.done,
+                    b.jobs,
+                    printable(&b.tenant),
+                    printable(&b.name)
+                );
             }
         }
         return Ok(());

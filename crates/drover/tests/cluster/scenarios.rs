@@ -49,14 +49,15 @@ fn status_lists_the_builds_with_their_counts() {
     assert!(out.status.success(), "{}", stderr(&out));
     let table = String::from_utf8_lossy(&out.stdout);
     let header: Vec<&str> = table.lines().next().unwrap_or_default().split_whitespace().collect();
-    assert_eq!(header, ["BUILD", "STATE", "DONE/JOBS", "NAME"], "{table}");
+    assert_eq!(header, ["BUILD", "STATE", "DONE/JOBS", "TENANT", "NAME"], "{table}");
     let row: Vec<&str> = table
         .lines()
         .find(|l| l.split_whitespace().next() == Some(&id.to_string()))
         .expect("the build's row")
         .split_whitespace()
         .collect();
-    assert_eq!(row, [id.to_string().as_str(), "succeeded", "2/2", "two"], "{table}");
+    assert_eq!(row, [id.to_string().as_str(), "succeeded", "2/2", "default", "two"], "{table}");
+    assert_eq!(status["tenant"], "default", "{status}");
     // Built again, all from the cache: no log, and `logs` says why.
     let (code, again) = wait_json(&cluster, &file, &[]);
     assert_eq!((code, &job(&again, "a")["state"]), (Some(0), &Value::from("cached")), "{again}");
