@@ -181,7 +181,10 @@ async fn declared_size(State(app): State<App>, req: Request, next: Next) -> Resp
     if req.method() != axum::http::Method::POST {
         return next.run(req).await;
     }
-    let declared = declared_length(req.headers());
+    // A request made in this process (the embedded cluster's) declares no
+    // length, but its body knows its size.
+    let declared =
+        declared_length(req.headers()).or_else(|| axum::body::HttpBody::size_hint(req.body()).exact());
     if declared.is_some_and(|n| n > MAX_JSON as u64) {
         return ApiError(
             StatusCode::PAYLOAD_TOO_LARGE,

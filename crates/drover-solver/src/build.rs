@@ -101,6 +101,32 @@ struct JobRec {
 /// Earlier runs of a job kept for their logs.
 const MAX_EARLIER_RUNS: usize = 16;
 
+impl JobRec {
+    /// Files its latest run among the earlier ones (its log stays
+    /// readable by attempt), if it has one.
+    fn keep_earlier_run(&mut self) {
+        let (Some(run), Some((worker, name))) = (self.run, self.worker.take()) else { return };
+        let mut earlier = self.earlier.take().map(Vec::from).unwrap_or_default();
+        earlier.push(EarlierRun { attempt: self.attempts, run, worker, name });
+        // Bounded however often it runs again (`drover retry` after retry):
+        // the latest of them are kept.
+        if earlier.len() > MAX_EARLIER_RUNS {
+            earlier.remove(0);
+        }
+        self.earlier = Some(earlier.into_boxed_slice());
+    }
+
+    /// The job leaves its run for a new one in the core (a gang sent again,
+    /// a need rebuilt): the run is kept among the earlier ones, and the
+    /// new run's attempts count on from it (the core counts from 1 again).
+    fn retire_run(&mut self) {
+        self.keep_earlier_run();
+        self.run = None;
+        self.worker = None;
+        self.before = self.attempts;
+    }
+}
+
 /// A run of a job before its latest.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 struct EarlierRun {
@@ -579,17 +605,12 @@ impl Build {
         Some((cancel, again))
     }
 
-    /// Whether member `i` of a gang that restarts on failure lost its run
-    /// while the gang ran: another member of it is running or done, and
-    /// needed `i` running beside it.
-    pub(crate) fn gang_broken_by(&self, i: u32) -> bool {
-        let Some(g) = &self.def(i).gang else { return false };
-        let Some(gang) = self.gangs.get(&g.name) else { return false };
-        gang.restart
-            && gang.members.iter().any(|&m| {
-                let state = self.jobs[m as usize].state;
-                m != i && (state == JobState::Running || state.is_success())
-            })
+    /// The other members of job `i`'s gang, if it restarts on failure
+    /// (the caller asks the core which of them still run).
+    pub(crate) fn restarting_partners(&self, i: u32) -> Vec<JobId> {
+        let Some(g) = &self.def(i).gang else { return Vec::new() };
+        let Some(gang) = self.gangs.get(&g.name).filter(|gang| gang.restart) else { return Vec::new() };
+        gang.members.iter().filter(|&&m| m != i).map(|&m| JobId::from(self.def(m).id)).collect()
     }
 
     /// Sends gang `name` back whole, as a new instance: every member's core
@@ -630,8 +651,7 @@ impl Build {
             }
             let rec = &mut self.jobs[m as usize];
             rec.state = JobState::Queued;
-            rec.run = None;
-            rec.worker = None;
+            rec.retire_run();
             rec.exit_code = None;
             rec.detail.clear();
             let attempts = rec.attempts;
@@ -976,15 +996,8 @@ impl Build {
         let attempt = rec.before + attempt;
         let name = worker_name.to_string();
         // The run before goes to the earlier ones, its log still readable.
-        if let (Some(before), Some((w, n))) = (rec.run.filter(|&r| r != run), rec.worker.take()) {
-            let mut earlier = rec.earlier.take().map(Vec::from).unwrap_or_default();
-            earlier.push(EarlierRun { attempt: rec.attempts, run: before, worker: w, name: n });
-            // Bounded however often it runs again (`drover retry` after
-            // retry): the latest of them are kept.
-            if earlier.len() > MAX_EARLIER_RUNS {
-                earlier.remove(0);
-            }
-            rec.earlier = Some(earlier.into_boxed_slice());
+        if rec.run.is_some_and(|r| r != run) {
+            rec.keep_earlier_run();
         }
         rec.worker = Some((worker, worker_name));
         rec.run = Some(run);
@@ -1241,8 +1254,7 @@ impl Build {
         let waiter = self.take_waiter(i).map(|w| (JobId::from(self.def(i).id), w));
         let rec = &mut self.jobs[i as usize];
         rec.state = JobState::Queued;
-        rec.run = None;
-        rec.worker = None;
+        rec.retire_run();
         let (job, attempts) = (self.name_of(i), self.jobs[i as usize].attempts);
         self.event(now, EventKind::JobRequeued { job, attempts, reason: Some(reason.to_owned()) });
         waiter

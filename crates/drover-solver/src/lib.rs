@@ -1638,15 +1638,28 @@ impl Solver {
                         .requeued(i, attempts, &reason, self.now);
                     self.effects.push(Effect::BuildChanged { build: b });
                 }
-                // A member of a running gang that restarts on failure lost
-                // its run (its worker, an eviction): the others need it
-                // beside them, so the whole gang runs again, as after a
-                // failure.
+                // A member of a gang that restarts on failure lost its run
+                // (its worker was lost, or lost the run) while others of
+                // the gang still run: they need it beside them, so the
+                // whole gang runs again, as after a failure. Not for an
+                // eviction (the `gang` plugin keeps members from being
+                // victims; without it, members are placed one by one), nor
+                // when the core requeued the whole gang at once (one
+                // worker held it all): it starts again together anyway.
+                if reason.starts_with("evicted") {
+                    return;
+                }
                 for (b, i) in waiters {
-                    let build = self.builds.get_mut(&b).map(Arc::make_mut).expect("build exists");
-                    if !build.gang_broken_by(i) {
+                    let partners = self.builds[&b].restarting_partners(i);
+                    let running = partners.iter().any(|p| {
+                        self.core.job_view(p).is_some_and(|v| {
+                            matches!(v.status, JobStatus::Assigned { .. } | JobStatus::Running { .. })
+                        })
+                    });
+                    if !running {
                         continue;
                     }
+                    let build = self.builds.get_mut(&b).map(Arc::make_mut).expect("build exists");
                     if let Some((cancel, again)) = build.restart_gang(i, "lost its run", self.now) {
                         self.withdraw(cancel);
                         for m in again {
@@ -1699,7 +1712,11 @@ impl Solver {
             for d in build.unblocked_by(i) {
                 self.schedule(b, d);
             }
-        } else if let Some((cancel, again)) = build.restart_gang(i, "failed", self.now) {
+        } else if !matches!(completion, Completion::GaveUp(_))
+            && let Some((cancel, again)) = build.restart_gang(i, "failed", self.now)
+        {
+            // (A member the core gave up on, one that can never be placed
+            // or that lost too many runs, would fail the same way again.)
             // A gang that restarts on failure runs again, whole.
             self.withdraw(cancel);
             for m in again {

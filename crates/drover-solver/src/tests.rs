@@ -3087,5 +3087,47 @@ fn a_gang_whose_member_lost_its_worker_restarts_whole() {
     for (worker, run, name) in again {
         h.report(worker, Report { finished: vec![ok(run, &name)], ..Report::default() });
     }
-    assert_eq!(h.solver.build_status(b).expect("build").state, BuildState::Succeeded);
+    let status = h.solver.build_status(b).expect("build");
+    assert_eq!(status.state, BuildState::Succeeded);
+    // The new instance's runs count on from the first's, whose logs stay
+    // readable by attempt.
+    assert!(status.jobs.iter().all(|j| j.attempts == 2), "{status:?}");
+    assert_eq!(h.solver.attempt_location(b, &on_w1.2, 1), Ok(Some(("http://w1".to_owned(), on_w1.1))));
+}
+
+/// A gang that restarts on failure but can never start (its members ask
+/// together for more than their queue's capability) fails once, without
+/// spending its restarts on a failure that would come again.
+#[test]
+fn a_gang_that_can_never_start_fails_without_restarting() {
+    use drover_core::{QueueConfig, QueueLimits};
+    let capped = QueueConfig {
+        name: "capped".into(),
+        weight: 1,
+        capability: QueueLimits { slots: Some(1), ..QueueLimits::default() },
+        ..QueueConfig::default()
+    };
+    let config = Config {
+        queues: vec![capped],
+        tenant_queues: [("t".to_owned(), "capped".to_owned())].into(),
+        ..Config::default()
+    };
+    let mut h = Harness { solver: Solver::new(config), log: Vec::new(), now: 1_000 };
+    worker_id(h.input(register("w1", 4, vec![])));
+    let b = build_id(h.input(submit(vec![
+        in_gang(job("m1", &[]), "pair", 2, true),
+        in_gang(job("m2", &[]), "pair", 2, true),
+    ])));
+    h.later();
+    let status = h.solver.build_status(b).expect("build");
+    assert_eq!(status.state, BuildState::Failed, "{status:?}");
+    assert!(
+        status
+            .jobs
+            .iter()
+            .any(|j| j.detail.contains("its gang") && j.detail.contains("allows at most 1 slot at once")),
+        "{status:?}"
+    );
+    let events = h.solver.events(b, 0).expect("events").0;
+    assert!(!events.iter().any(|e| matches!(e.kind, EventKind::JobRequeued { .. })), "{events:?}");
 }

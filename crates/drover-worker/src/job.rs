@@ -975,7 +975,9 @@ async fn fetch_artifact(
                     tracing::warn!(dep = %name, %holder, "artifact fetch failed: {}", one_line(&why));
                     log.line(format_args!("dependency {name} from {holder} failed: {e}"));
                     errors.push(format!("{holder}: {e}"));
-                    if matches!(e, HttpError::Connect { .. } | HttpError::Timeout { .. }) {
+                    // Unreachable twice, a pause apart: not tried again for
+                    // the run's other inputs.
+                    if round == 1 && matches!(e, HttpError::Connect { .. } | HttpError::Timeout { .. }) {
                         unreachable.insert(holder.clone());
                     }
                     if let Some(i) = first
