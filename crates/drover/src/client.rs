@@ -274,7 +274,7 @@ async fn finish(
     if export_to.is_some() || args.logs || args.json {
         let status = build_status(http, base, id).await?;
         if let Some(out) = export_to {
-            export(http, base, loaded, &status, out).await?;
+            export(http, base, (&args.file, loaded), &status, out).await?;
         }
         if args.logs {
             print_logs(http, base, &status).await;
@@ -554,7 +554,7 @@ impl Drop for Scratch {
 async fn export(
     http: &Http,
     base: &str,
-    loaded: &Loaded,
+    (file, loaded): (&Path, &Loaded),
     status: &BuildStatus,
     out: &Path,
 ) -> Result<(), Failure> {
@@ -616,41 +616,79 @@ async fn export(
         eprintln!("{}: output in {}", job.name, dest.display());
     }
     let exported = loaded.spec.jobs.iter().map(|j| j.name.as_str()).filter(|name| !needed.contains(name));
-    forget_stale_exports(out, &exported.collect(), &loaded.root)
+    forget_stale_exports(out, &exported.collect(), file, loaded)
 }
 
-/// The list, in an `--out` directory, of the jobs drover exported there
-/// last, one name per line.
+/// The lists, in an `--out` directory, of the jobs drover exported there
+/// last, one per build file: a line naming the build file (`# build file:
+/// PATH`), then one job name per line.
 const EXPORTS: &str = ".drover-exports";
 
-/// Removes `out/<job>` for each job the previous export there made that
-/// this one did not (a job that something now depends on, or that left
-/// the build file), then lists this export's jobs: an export leaves no
-/// stale output beside the fresh ones. Only what drover listed is
-/// removed, never a directory that holds the build's own files.
-fn forget_stale_exports(out: &Path, exported: &BTreeSet<&str>, root: &Path) -> Result<(), Failure> {
+/// Removes `out/<job>` for each job the previous export of the same build
+/// file made there that this one did not (a job that something now
+/// depends on, or that left the build file), then lists this export's
+/// jobs: an export leaves no stale output beside the fresh ones. Only what
+/// drover listed for this build file is removed (other build files'
+/// exports into the same directory are left alone), and never a directory
+/// that holds the build file or one of its sources.
+fn forget_stale_exports(
+    out: &Path,
+    exported: &BTreeSet<&str>,
+    file: &Path,
+    loaded: &Loaded,
+) -> Result<(), Failure> {
     let list = out.join(EXPORTS);
-    let earlier = std::fs::read_to_string(&list).unwrap_or_default();
-    let root = root.canonicalize().ok();
-    for name in earlier.lines() {
+    let file = file.canonicalize().unwrap_or_else(|_| file.to_owned());
+    let header = format!("# build file: {}", file.display());
+    let text = std::fs::read_to_string(&list).unwrap_or_default();
+    // Each build file's section, in the order they came.
+    let mut sections: Vec<(&str, Vec<&str>)> = Vec::new();
+    for line in text.lines() {
+        match (line.starts_with("# build file: "), sections.last_mut()) {
+            (true, _) => sections.push((line, Vec::new())),
+            (false, Some((_, names))) => names.push(line),
+            (false, None) => {}
+        }
+    }
+    let earlier = sections.iter().position(|(h, _)| *h == header).map(|i| sections.remove(i).1);
+    let root = loaded.root.canonicalize().ok();
+    let sources: Vec<std::path::PathBuf> = match &root {
+        Some(root) => loaded.spec.sources.iter().map(|s| root.join(&s.path)).collect(),
+        None => Vec::new(),
+    };
+    for name in earlier.unwrap_or_default() {
         let plain = !name.is_empty() && !name.starts_with('.') && !name.contains('/');
         if !plain || exported.contains(name) {
             continue;
         }
         let dir = out.join(name);
-        let is_dir = std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir());
-        let holds_the_build =
-            dir.canonicalize().ok().zip(root.as_ref()).is_some_and(|(d, r)| r.starts_with(d));
-        if is_dir && !holds_the_build {
-            drover_cas::remove_tree(&dir).with_context(|| format!("cannot remove {}", dir.display()))?;
-            eprintln!(
-                "{name}: removed {}, an earlier export (the job's output is no longer exported)",
-                dir.display()
-            );
+        if !std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
+            continue;
+        }
+        let Ok(dir) = dir.canonicalize() else { continue };
+        let holds_the_build = file.starts_with(&dir)
+            || root.as_ref().is_some_and(|r| r.starts_with(&dir))
+            || sources.iter().any(|s| s.starts_with(&dir));
+        if holds_the_build {
+            continue;
+        }
+        drover_cas::remove_tree(&dir).with_context(|| format!("cannot remove {}", dir.display()))?;
+        eprintln!(
+            "{name}: removed {}, an earlier export (the job's output is no longer exported)",
+            dir.display()
+        );
+    }
+    sections.push((&header, exported.iter().copied().collect()));
+    let mut written = String::new();
+    for (header, names) in sections {
+        written.push_str(header);
+        written.push('\n');
+        for name in names {
+            written.push_str(name);
+            written.push('\n');
         }
     }
-    let names: String = exported.iter().map(|name| format!("{name}\n")).collect();
-    std::fs::write(&list, names).with_context(|| format!("cannot write {}", list.display()))?;
+    std::fs::write(&list, written).with_context(|| format!("cannot write {}", list.display()))?;
     Ok(())
 }
 

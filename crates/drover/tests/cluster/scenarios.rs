@@ -1248,6 +1248,37 @@ fn an_export_removes_the_earlier_exports_of_jobs_it_no_longer_exports() {
     assert!(!dir.path().join("out/test").exists(), "the stale export is gone: {}", stderr(&out));
     assert!(stderr(&out).contains("test: removed"), "{}", stderr(&out));
     assert!(dir.path().join("out/mine").exists(), "what drover did not export stays");
+    // Another build file exporting into the same directory leaves this
+    // one's exports alone.
+    std::fs::write(dir.path().join("other.yaml"), "jobs:\n  - name: x\n    run: [\"echo x > {{out}}/x\"]\n")
+        .expect("write");
+    let other = drover()
+        .args(["run", "other.yaml", "--out", "out"])
+        .current_dir(dir.path())
+        .output()
+        .expect("run other");
+    assert_eq!(other.status.code(), Some(0), "{}", stderr(&other));
+    let out = run("jobs:\n  - name: test\n    run: [\"echo ok > {{out}}/r\"]\n");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(dir.path().join("out/x/x").exists(), "the other build file's export stays");
+    assert!(!dir.path().join("out/dist").exists(), "{}", stderr(&out));
+    // A listed name whose directory holds sources is never removed (here
+    // the export goes into the project itself).
+    let sources = dir.path().join("src");
+    std::fs::create_dir(&sources).expect("mkdir");
+    std::fs::write(sources.join("main.c"), "int main;\n").expect("write");
+    let yaml = "sources: [\"src/*\"]\njobs:\n  - name: test\n    run: [\"echo ok > {{out}}/r\"]\n";
+    std::fs::write(dir.path().join("drover.yaml"), yaml).expect("write");
+    let here =
+        || drover().args(["run", "drover.yaml", "--out", "."]).current_dir(dir.path()).output().expect("run");
+    let out = here();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let list = dir.path().join(".drover-exports");
+    let text = std::fs::read_to_string(&list).expect("the export list");
+    std::fs::write(&list, format!("{text}src\n")).expect("write");
+    let out = here();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(sources.join("main.c").exists(), "a directory holding sources stays: {}", stderr(&out));
 }
 
 /// An export replaces `out/<job>`: a job whose name is that of the
