@@ -738,15 +738,42 @@ async fn get_blob(State(app): State<App>, Path(digest): Path<String>) -> ApiResu
 /// Every file and the tree are verified as they arrive; an output already
 /// here is read, verified and dropped (so concurrent pushes of one output
 /// both succeed).
-async fn put_cached(State(app): State<App>, Path(job): Path<String>, body: Body) -> ApiResult<StatusCode> {
+/// `PUT /v1/cache/{job}?run=N`: the run that made the output.
+#[derive(Debug, Deserialize)]
+struct PushQuery {
+    run: Option<u64>,
+}
+
+async fn put_cached(
+    State(app): State<App>,
+    Path(job): Path<String>,
+    Query(q): Query<PushQuery>,
+    body: Body,
+) -> ApiResult<StatusCode> {
     let job = parse_hash(&job)?;
+    // Only an output the cluster built is taken: from the run the job is
+    // assigned to (its report may still be on its way), or with the tree
+    // a worker reported for a successful run of it. Anything else under a
+    // job's ID would be served to every build that needs the job.
+    let (tree, assigned) = app
+        .shared
+        .query(move |s| (s.output_tree(job), q.run.and_then(|r| s.run_job(r)) == Some(job)))
+        .await?;
+    if tree.is_none() && !assigned {
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            format!(
+                "no run of job {job} is in flight or succeeded: only an output the cluster built is taken"
+            ),
+        ));
+    }
     let reader = upload(body, u64::MAX, app.upload_idle);
     let cache = app.cache.clone();
     let slot = app.uploads.clone().acquire_owned().await.map_err(|_| Stopped)?;
     let result = tokio::task::spawn_blocking(move || {
         let _slot = slot;
         let mut sync = tokio_util::io::SyncIoBridge::new(reader);
-        let info = cache.unpack(&Key(job.0), None, &mut sync);
+        let info = cache.unpack(&Key(job.0), tree.map(|t| Key(t.0)).as_ref(), &mut sync);
         (info, cache.take_evicted())
     })
     .await

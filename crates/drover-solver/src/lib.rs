@@ -940,6 +940,11 @@ impl Solver {
     }
 
     /// The output tree digest of a job that succeeded, if known.
+    /// The job run `run` (in flight) was assigned.
+    pub fn run_job(&self, run: u64) -> Option<Hash32> {
+        self.core.run_info(RunId(run)).map(|(_, job, _)| Hash32::from(job))
+    }
+
     pub fn output_tree(&self, job: Hash32) -> Option<Hash32> {
         self.outputs.get(&self.artifact_of(job.into())).copied()
     }

@@ -348,7 +348,7 @@ async fn push(shared: Arc<Shared>, output: ArtifactGuard, run: u64) {
     loop {
         let Ok(grant) = shared.tokens.acquire(Request::stage(Stage::Push), || {}).await else { return };
         let started = Instant::now();
-        let (failed, again) = match push_once(&shared, &output, job).await {
+        let (failed, again) = match push_once(&shared, &output, job, run).await {
             Ok(info) => {
                 tracing::debug!(%job, "output pushed to the shared cache");
                 log.line(format_args!("pushed {job} to the shared cache: {}", rate(info.size, started)));
@@ -378,6 +378,7 @@ async fn push_once(
     shared: &Arc<Shared>,
     output: &ArtifactGuard,
     job: Hash32,
+    run: u64,
 ) -> Result<drover_cas::ArtifactInfo, (String, bool)> {
     let (reader, writer) = tokio::io::duplex(256 * 1024);
     let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -392,7 +393,9 @@ async fn push_once(
         failed.store(packed.is_err(), std::sync::atomic::Ordering::SeqCst);
         packed
     });
-    let url = shared.coordinator(&format!("/v1/cache/{job}"));
+    // The run that made it: the coordinator takes an output only from the
+    // run it assigned the job to, or as a successful run reported it.
+    let url = shared.coordinator(&format!("/v1/cache/{job}?run={run}"));
     let sent = shared.http.put_reader(&url, reader).await;
     let packed = packing.await;
     let may_pass = |e: &HttpError| match e {

@@ -947,6 +947,32 @@ fn a_token_is_required_when_configured() {
     );
 }
 
+/// The shared cache takes an output only from the cluster's own runs: a
+/// push under a job ID no run was assigned (a client filing its own bytes
+/// under another job's ID, for every build to take) is refused, while the
+/// workers' pushes go through.
+#[test]
+fn the_shared_cache_takes_only_outputs_the_cluster_built() {
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", 1, &[]);
+    let file = cluster.project("pushed", "jobs:\n  - name: a\n    run: [\"echo a > {{out}}/a\"]\n", &[]);
+    let (code, status) = wait_json(&cluster, &file, &[]);
+    assert_eq!(code, Some(0), "{status}");
+    let id = job(&status, "a")["id"].as_str().expect("an ID").to_owned();
+    eventually("the worker's push", || {
+        let (code, _) = crate::harness::http(&cluster.url, "GET", &format!("/v1/cache/{id}"), b"");
+        (code == 200).then_some(())
+    });
+    let future = "ab".repeat(32);
+    for (path, run) in
+        [(format!("/v1/cache/{future}"), ""), (format!("/v1/cache/{future}?run=1"), "with a run")]
+    {
+        let ((code, body), _) = http_with(&cluster.url, "PUT", &path, "", b"not a pack");
+        assert_eq!(code, 409, "{run}: {}", String::from_utf8_lossy(&body));
+        assert!(String::from_utf8_lossy(&body).contains("only an output the cluster built is taken"));
+    }
+}
+
 /// A coordinator listening beyond loopback without a token says, loudly,
 /// that anyone who reaches it can run commands; with a token it does not.
 #[test]
