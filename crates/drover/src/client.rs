@@ -252,7 +252,7 @@ pub(crate) async fn build_and_wait(
     prepare_out(args, &loaded, Some(state))?;
     let id = submit_loaded(http, base, &loaded, &Options::from_args(args)).await?;
     let ended = follow(http, base, id, 0, loaded.spec.jobs.len()).await?;
-    finish(http, base, id, &loaded, args, &ended, started).await
+    finish(http, base, id, (&loaded, Some(state)), args, &ended, started).await
 }
 
 /// Prints the outcome, exports outputs and maps the state to the result.
@@ -262,7 +262,7 @@ async fn finish(
     http: &Http,
     base: &str,
     id: u64,
-    loaded: &Loaded,
+    (loaded, state): (&Loaded, Option<&Path>),
     args: &BuildArgs,
     ended: &Ended,
     started: Instant,
@@ -274,7 +274,7 @@ async fn finish(
     if export_to.is_some() || args.logs || args.json {
         let status = build_status(http, base, id).await?;
         if let Some(out) = export_to {
-            export(http, base, (&args.file, loaded), &status, out).await?;
+            export(http, base, (&args.file, loaded, state), &status, out).await?;
         }
         if args.logs {
             print_logs(http, base, &status).await;
@@ -513,6 +513,11 @@ fn prepare_out(args: &BuildArgs, loaded: &Loaded, state: Option<&Path>) -> Resul
     }
     let needed = loaded.needed();
     for job in loaded.spec.jobs.iter().filter(|j| !needed.contains(j.name.as_str())) {
+        if job.name == EXPORTS {
+            return Err(usage(format!(
+                "job {EXPORTS} cannot be exported: drover keeps its list of exports under that name; rename the job"
+            )));
+        }
         if let Some(what) = kept.get(std::ffi::OsStr::new(&job.name)) {
             return Err(usage(format!(
                 "exporting job {} would replace {}, which holds {what}; choose another --out directory",
@@ -554,7 +559,7 @@ impl Drop for Scratch {
 async fn export(
     http: &Http,
     base: &str,
-    (file, loaded): (&Path, &Loaded),
+    (file, loaded, state): (&Path, &Loaded, Option<&Path>),
     status: &BuildStatus,
     out: &Path,
 ) -> Result<(), Failure> {
@@ -616,7 +621,7 @@ async fn export(
         eprintln!("{}: output in {}", job.name, dest.display());
     }
     let exported = loaded.spec.jobs.iter().map(|j| j.name.as_str()).filter(|name| !needed.contains(name));
-    forget_stale_exports(out, &exported.collect(), file, loaded)
+    forget_stale_exports(out, &exported.collect(), (file, loaded, state))
 }
 
 /// The lists, in an `--out` directory, of the jobs drover exported there
@@ -630,13 +635,13 @@ const EXPORTS: &str = ".drover-exports";
 /// jobs: an export leaves no stale output beside the fresh ones. Only what
 /// drover listed for this build file is removed (other build files'
 /// exports into the same directory are left alone), and never a directory
-/// that holds the build file or one of its sources.
+/// that holds the build file, one of its sources or the state directory.
 fn forget_stale_exports(
     out: &Path,
     exported: &BTreeSet<&str>,
-    file: &Path,
-    loaded: &Loaded,
+    (file, loaded, state): (&Path, &Loaded, Option<&Path>),
 ) -> Result<(), Failure> {
+    let state = state.and_then(|s| s.canonicalize().ok());
     let list = out.join(EXPORTS);
     let file = file.canonicalize().unwrap_or_else(|_| file.to_owned());
     let header = format!("# build file: {}", file.display());
@@ -668,6 +673,7 @@ fn forget_stale_exports(
         let Ok(dir) = dir.canonicalize() else { continue };
         let holds_the_build = file.starts_with(&dir)
             || root.as_ref().is_some_and(|r| r.starts_with(&dir))
+            || state.as_ref().is_some_and(|s| s.starts_with(&dir))
             || sources.iter().any(|s| s.starts_with(&dir));
         if holds_the_build {
             continue;
@@ -764,7 +770,7 @@ pub(crate) async fn submit(args: SubmitArgs) -> Result<(), Failure> {
             return Err(Failure::Build);
         }
     };
-    finish(&http, base, id, &loaded, &args.build, &ended, started).await
+    finish(&http, base, id, (&loaded, None), &args.build, &ended, started).await
 }
 
 /// `drover status`.

@@ -1305,6 +1305,23 @@ fn an_export_removes_the_earlier_exports_of_jobs_it_no_longer_exports() {
     let out = here();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(sources.join("main.c").exists(), "a directory holding sources stays: {}", stderr(&out));
+    // Nor one that is the state directory of the run.
+    let text = std::fs::read_to_string(&list).expect("the export list");
+    std::fs::write(&list, format!("{text}state\n")).expect("write");
+    let out = drover()
+        .args(["run", "drover.yaml", "--out", ".", "--state", "state"])
+        .current_dir(dir.path())
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(dir.path().join("state/coordinator").exists(), "the state directory stays: {}", stderr(&out));
+    // A job cannot be exported under the list's own name.
+    std::fs::write(dir.path().join("list.yaml"), "jobs:\n  - name: .drover-exports\n    run: [\"true\"]\n")
+        .expect("write");
+    let out =
+        drover().args(["run", "list.yaml", "--out", "out"]).current_dir(dir.path()).output().expect("run");
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("job .drover-exports cannot be exported"), "{}", stderr(&out));
 }
 
 /// An export replaces `out/<job>`: a job whose name is that of the
