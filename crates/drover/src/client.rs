@@ -1196,8 +1196,8 @@ pub(crate) async fn logs(args: LogsArgs) -> Result<(), Failure> {
             },
             false => None,
         };
-        copy_log(&http, &args, url, &mut body, &mut stdout, pinned.is_none().then_some(followed).flatten())
-            .await?;
+        let pin = pinned.is_none().then_some(followed).flatten();
+        copy_log(&http, &args, url, &mut body, &mut stdout, (pin, followed)).await?;
         stdout.flush().await.map_err(crate::stdout_error)?;
         let Some(attempt) = followed else { return Ok(()) };
         // Followed to its end: say how the job stands, on standard error,
@@ -1269,14 +1269,16 @@ async fn run_ended(http: &Http, base: &str, args: &LogsArgs, attempt: u32) -> Ru
 
 /// Copies one run's log to `stdout` until it ends. With `--follow`, a
 /// stream that breaks (the coordinator restarting) is taken up where it
-/// was, for about a minute, pinned to `attempt` when the URL is not.
+/// was, for about a minute, pinned to `pin` when the URL is not; unless
+/// the run followed (attempt `followed`) is over meanwhile (its worker
+/// lost, the job running again elsewhere), which ends the copy.
 async fn copy_log(
     http: &Http,
     args: &LogsArgs,
     url: &str,
     body: &mut drover_http::ByteStream,
     stdout: &mut tokio::io::Stdout,
-    attempt: Option<u32>,
+    (pin, followed): (Option<u32>, Option<u32>),
 ) -> Result<(), Failure> {
     use tokio::io::AsyncWriteExt;
     // What was written so far: a follow whose connection breaks (the
@@ -1308,7 +1310,7 @@ async fn copy_log(
             failures += 1;
             if failures > RECONNECTS {
                 return Err(Failure::Runtime(anyhow!(
-                    "the log stream broke off and its coordinator did not answer again for a minute \
+                    "the log stream broke off and could not be taken up again for a minute \
                      (`drover status {}` says how the job stands): {why}",
                     args.build
                 )));
@@ -1317,7 +1319,16 @@ async fn copy_log(
                 eprintln!("drover: the log stream broke off ({why}); trying again for up to a minute");
             }
             tokio::time::sleep(RECONNECT_PAUSE).await;
-            let attempt = attempt.map_or_else(String::new, |a| format!("&attempt={a}"));
+            // The run may be over for good: its worker lost, the job ended
+            // or running again elsewhere.
+            if let Some(followed) = followed
+                && let Ok(status) = build_status(http, &args.remote.coordinator, args.build).await
+                && let Some(job) = status.jobs.iter().find(|j| j.name == args.job)
+                && (job.state.is_final() || job.attempts > followed || job.state == JobState::Queued)
+            {
+                return Ok(());
+            }
+            let attempt = pin.map_or_else(String::new, |a| format!("&attempt={a}"));
             match http.get_stream(&format!("{url}{attempt}&from={written}")).await {
                 Ok(body) => break body,
                 Err(e) if e.status() == Some(404) => return Err(refused(e)),

@@ -153,6 +153,32 @@ fn logs_follow_goes_on_into_a_rerun_and_exits_with_the_jobs_result() {
     assert!(said.contains("the run ended; job broken ended failed (exit code 3)"), "{said}");
 }
 
+/// A follow of a job whose worker is killed goes on into the job's next
+/// run on another worker, and exits with its result.
+#[test]
+fn logs_follow_goes_on_into_the_run_after_a_lost_worker() {
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", 1, &[]);
+    cluster.add_worker("w2", 1, &[]);
+    let marker = cluster.scratch("ran-once");
+    let file = cluster.project(
+        "follow-lost",
+        &format!(
+            "jobs:\n  - name: long\n    run: \"if [ -e {marker} ]; then echo second; else touch {marker}; echo first; sleep 600; fi\"\n"
+        ),
+        &[],
+    );
+    let build = cluster.submit(&file);
+    eventually("the job to start", || (cluster.status(build)["state"] == "running").then_some(()));
+    let (mut follow, lines) = follow_log(&cluster, build, "long");
+    assert_eq!(next_line(&lines).as_deref(), Some("first"));
+    let worker = job(&cluster.status(build), "long")["worker"].as_str().expect("its worker").to_owned();
+    cluster.kill_worker(&worker);
+    assert_eq!(next_line(&lines).as_deref(), Some("second"), "the next run's log follows");
+    assert_eq!(next_line(&lines), None, "the stream ends with the job");
+    assert!(follow.wait().expect("wait").success(), "the job passed on its next run");
+}
+
 /// A follow whose coordinator restarts takes up where it was: every line
 /// the job writes comes once, in order, and it ends with the job.
 #[test]
