@@ -252,14 +252,17 @@ pub fn content_ids(spec: &BuildSpec) -> Result<Vec<(Hash32, Option<Hash32>)>, St
 /// with other builds, under another job's key.
 pub(crate) fn job_ids(spec: &BuildSpec) -> Result<(), String> {
     for (job, (id, own)) in spec.jobs.iter().zip(content_ids(spec)?) {
-        if job.id != id || job.own.is_some_and(|o| own != Some(o)) {
-            return Err(format!(
-                "job {:?}: its ID is not the one its content makes (a job's ID is its cache key, made \
-                 from its commands, environment, resources, sources and needs; is the client another \
-                 drover version?)",
-                job.name
-            ));
-        }
+        let which = match (job.id != id, job.own.is_some_and(|o| own != Some(o))) {
+            (true, _) => "ID",
+            (false, true) => "early-cutoff key (own)",
+            (false, false) => continue,
+        };
+        return Err(format!(
+            "job {:?}: its {which} is not the one its content makes (a job's ID is its cache key, made \
+             from its commands, environment, resources, sources and needs; is the client another \
+             drover version?)",
+            job.name
+        ));
     }
     Ok(())
 }

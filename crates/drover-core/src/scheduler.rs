@@ -2146,7 +2146,11 @@ impl Scheduler {
             values.sort_unstable();
             least.0[d] = values.iter().take(gang.min as usize).fold(0u64, |sum, &v| sum.saturating_add(v));
         }
-        let who = format!("its gang {} ({} of its jobs at once)", gang.id, gang.min);
+        // The shell's gang IDs may carry more than the name people gave
+        // (`BUILD/NAME#INSTANCE`): the name is shown.
+        let name = gang.id.split_once('/').map_or(gang.id.as_str(), |(_, rest)| rest);
+        let name = name.rsplit_once('#').map_or(name, |(name, _)| name);
+        let who = format!("its gang {name} ({} of its jobs at once)", gang.min);
         let Some(why) = self.quotas.beyond_capability(queue, least, &who) else { return };
         let members: Vec<JobIdx> = gang.queued.iter().map(|&(_, j)| j).collect();
         for j in members {

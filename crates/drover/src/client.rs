@@ -190,6 +190,9 @@ fn reach(base: &str) -> impl Fn(HttpError) -> Failure + '_ {
 /// the request's URL.
 fn refused(e: HttpError) -> Failure {
     match e {
+        HttpError::Status { ref message, .. } if message == "not found" => Failure::Usage(anyhow!(
+            "{e}\nis that the address of a drover coordinator? (set --coordinator / DROVER_COORDINATOR)"
+        )),
         HttpError::Status { message, .. } => Failure::Usage(anyhow!("{message}")),
         other => Failure::Usage(other.into()),
     }
@@ -391,6 +394,10 @@ fn no_build(e: &HttpError, id: u64, at: &str) -> Failure {
         HttpError::Status { message, .. } if message.contains("no longer kept") => {
             Failure::Usage(anyhow!("{message}"))
         }
+        // No route there at all: not a drover coordinator's address.
+        HttpError::Status { message, .. } if message == "not found" => Failure::Usage(anyhow!(
+            "{e}\nis that the address of a drover coordinator? (set --coordinator / DROVER_COORDINATOR)"
+        )),
         _ => Failure::Usage(anyhow!("no build {id}{at}")),
     }
 }
@@ -999,12 +1006,19 @@ pub(crate) async fn retry(args: RetryArgs) -> Result<(), Failure> {
     if !args.wait {
         return Ok(());
     }
+    let started = Instant::now();
     let ended = follow(&http, base, args.build, history, before.jobs.len()).await?;
     if args.json {
         let status = build_status(&http, base, args.build).await?;
         outln!("{}", serde_json::to_string_pretty(&status).map_err(anyhow::Error::from)?);
     }
-    eprintln!("build {} {}: {}", args.build, ended.state, summary(&ended.counts));
+    eprintln!(
+        "build {} {} in {:.1}s: {}",
+        args.build,
+        ended.state,
+        started.elapsed().as_secs_f64(),
+        summary(&ended.counts)
+    );
     if ended.state == BuildState::Succeeded { Ok(()) } else { Err(Failure::Build) }
 }
 
@@ -1165,12 +1179,23 @@ pub(crate) async fn logs(args: LogsArgs) -> Result<(), Failure> {
                 match http.get_stream(url).await {
                     Ok(body) => break body,
                     Err(_) => {
-                        let state = state.map_or_else(String::new, |s| s.to_string());
                         let said = match e {
                             HttpError::Status { message, .. } => message,
                             other => other.to_string(),
                         };
-                        return Err(Failure::Usage(anyhow!("{said}: it ended {state} without running")));
+                        let ended = state.map_or_else(String::new, |s| s.to_string());
+                        let said = format!("{said}: it ended {ended} without running");
+                        // A follow waited for the job and says how it
+                        // ended, as when it ran: its exit code is the job's
+                        // result, not a usage error.
+                        if !args.follow {
+                            return Err(Failure::Usage(anyhow!("{said}")));
+                        }
+                        eprintln!("drover: {said}");
+                        return match state.is_some_and(JobState::is_success) {
+                            true => Ok(()),
+                            false => Err(Failure::Build),
+                        };
                     }
                 }
             }

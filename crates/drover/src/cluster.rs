@@ -362,6 +362,13 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<(), Failure> {
     let mut stops = Interrupts::new().context("cannot catch SIGINT and SIGTERM").map_err(Failure::Runtime)?;
     let mut worker = drover_worker::start(config).await.map_err(|e| Failure::Runtime(e.into()))?;
     warn_if_open(args.listen, args.token.is_some(), "peers and the coordinator");
+    if args.advertise.is_none() && args.listen.ip().is_unspecified() {
+        eprintln!(
+            "drover: WARNING: this worker tells the cluster it is at {}, which no other machine can reach: \
+             set --advertise to an address peers and the coordinator can reach",
+            worker.url()
+        );
+    }
     eprintln!("drover worker serving on {}; joining the coordinator at {}", worker.url(), args.coordinator);
     let mut said = false;
     let joined = worker.joined();

@@ -163,6 +163,10 @@ fn a_failing_job_skips_its_dependents_and_fails_the_build() {
     assert_eq!(log.status.code(), Some(2));
     assert!(stderr(&log).contains("job after of build"), "{}", stderr(&log));
     assert!(stderr(&log).contains("has not run"), "{}", stderr(&log));
+    // Followed, the same job says how it ended, with the job's result.
+    let log = cluster.run(&["logs", &status["id"].to_string(), "after", "--follow"]);
+    assert_eq!(log.status.code(), Some(1), "{}", stderr(&log));
+    assert!(stderr(&log).contains("it ended skipped without running"), "{}", stderr(&log));
     let log = cluster.run(&["logs", &status["id"].to_string(), "aftr"]);
     assert_eq!(log.status.code(), Some(2));
     assert!(stderr(&log).contains("has no job \"aftr\""), "{}", stderr(&log));
