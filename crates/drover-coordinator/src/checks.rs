@@ -205,9 +205,24 @@ pub(crate) fn submission(req: &SubmitRequest) -> Result<(), String> {
     req.build.jobs.iter().try_for_each(job)
 }
 
+/// `spec` with each job's ID and early-cutoff key made from its content,
+/// as a client makes them from a build file and as the coordinator checks
+/// them (for a client of the API that builds specs itself). A spec whose
+/// IDs cannot be made (a need that is not an earlier job, an input that
+/// is not a source) is returned as it is, for the coordinator to refuse.
+pub fn with_content_ids(mut spec: BuildSpec) -> BuildSpec {
+    if let Ok(ids) = content_ids(&spec) {
+        for (job, (id, own)) in spec.jobs.iter_mut().zip(ids) {
+            job.id = id;
+            job.own = own;
+        }
+    }
+    spec
+}
+
 /// The ID and early-cutoff key each job of `spec` gets from its content,
 /// as a client makes them from a build file (`drover_graph::ids`).
-pub fn content_ids(spec: &BuildSpec) -> Result<Vec<(Hash32, Option<Hash32>)>, String> {
+pub(crate) fn content_ids(spec: &BuildSpec) -> Result<Vec<(Hash32, Option<Hash32>)>, String> {
     let sources: Vec<drover_graph::SourceFile> = spec
         .sources
         .iter()
@@ -243,7 +258,7 @@ pub fn content_ids(spec: &BuildSpec) -> Result<Vec<(Hash32, Option<Hash32>)>, St
             nonce: j.nonce.map(|n| drover_graph::Digest(n.0)),
         })
         .collect();
-    let made = drover_graph::ids(&sources, &stated)?;
+    let made = drover_graph::ids(&sources, &stated).map_err(|e| e.to_string())?;
     Ok(made.into_iter().map(|(id, own)| (Hash32(id.0), own.map(|o| Hash32(o.0)))).collect())
 }
 

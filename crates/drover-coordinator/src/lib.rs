@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use checks::content_ids;
+pub use checks::with_content_ids;
 use drover_cas::Cas;
 use drover_http::Http;
 use drover_solver::{Input, Solver};

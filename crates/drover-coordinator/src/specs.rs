@@ -126,7 +126,8 @@ impl SpecCache {
     }
 
     /// Files specs builds hold (after a restart, the latest replayed
-    /// builds', newest first, each with the latest build holding it) under
+    /// builds', newest first, each with the latest build holding it; only
+    /// those whose job IDs are their content's) under
     /// the digest of their JSON as drover's client sends it; stops before
     /// a spec would take the JSON it encodes past [`SEED_BYTES`] (a spec's
     /// size is judged by its jobs' commands, a lower bound).
@@ -136,6 +137,12 @@ impl SpecCache {
             let floor: usize = spec.jobs.iter().flat_map(|j| &j.commands).map(String::len).sum();
             if encoded + floor > SEED_BYTES {
                 break;
+            }
+            // A spec recorded before the coordinator checked job IDs (an
+            // older drover's log) is not vouched for: one whose IDs are not
+            // its jobs' content is left out, to be checked when it comes.
+            if crate::checks::job_ids(&spec).is_err() {
+                continue;
             }
             let Ok(json) = serde_json::to_vec(&*spec) else { continue };
             encoded += json.len();
@@ -179,11 +186,15 @@ mod tests {
     use super::*;
     use drover_proto::{Hash32, JobDef};
 
+    /// A build of one job, its ID its content's.
     fn build(name: &str) -> BuildSpec {
         let mut job = JobDef::new("a", Hash32([7; 32]));
         job.commands = vec!["echo \"hi\" > {{out}}/x".into()];
         job.needs = Vec::new();
-        BuildSpec { name: name.into(), sources: Vec::new(), jobs: vec![job] }
+        let mut spec = BuildSpec { name: name.into(), sources: Vec::new(), jobs: vec![job] };
+        let ids = crate::checks::content_ids(&spec).expect("ids");
+        spec.jobs[0].id = ids[0].0;
+        spec
     }
 
     fn request(name: &str, max_parallel: Option<u32>, queue: Option<&str>) -> SubmitRequest {
@@ -284,6 +295,15 @@ mod tests {
             cache.decode(&serde_json::to_vec(&request("b", Some(2), None)).expect("json")).expect("reads");
         assert!(Arc::ptr_eq(&read.0.build, &held) && !read.1.fresh);
         assert_eq!(read.1.holder, Some(4));
+        // One whose job IDs are not its content's (an older log's) is not
+        // vouched for: a submission of it is checked afresh.
+        let mut forged = build("f");
+        forged.jobs[0].id = Hash32([9; 32]);
+        let mut req = request("f", None, None);
+        req.build = Arc::new(forged);
+        cache.seed(vec![(5, req.build.clone())]);
+        let read = cache.decode(&serde_json::to_vec(&req).expect("json")).expect("reads");
+        assert_eq!(read.1.holder, None);
     }
 
     /// A spec no build holds any more is decoded afresh, and the entries of

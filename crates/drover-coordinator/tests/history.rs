@@ -19,8 +19,12 @@ fn request(n: usize) -> SubmitRequest {
         ..JobDef::new("a", Hash32(*blake3::hash(format!("job {n}").as_bytes()).as_bytes()))
     };
     SubmitRequest {
-        build: common::sealed(BuildSpec { name: format!("b{n}"), sources: Vec::new(), jobs: vec![job] })
-            .into(),
+        build: drover_coordinator::with_content_ids(BuildSpec {
+            name: format!("b{n}"),
+            sources: Vec::new(),
+            jobs: vec![job],
+        })
+        .into(),
         tenant: "t".into(),
         no_cache: false,
         on_error: OnError::Quit,
@@ -119,7 +123,9 @@ async fn a_long_history_streams_whole_and_in_order() {
         })
         .chain([job])
         .collect();
-    req.build = common::sealed(BuildSpec { name: "long".into(), sources: Vec::new(), jobs }).into();
+    req.build =
+        drover_coordinator::with_content_ids(BuildSpec { name: "long".into(), sources: Vec::new(), jobs })
+            .into();
     let reply: SubmitReply = http.post_json(&format!("{url}/v1/builds"), &req, None).await.expect("submit");
     // No worker could ever run the jobs: each fails at once, so the history
     // is long and over.

@@ -117,7 +117,12 @@ fn submit_request(name: &str, jobs: usize) -> SubmitRequest {
         })
         .collect();
     SubmitRequest {
-        build: common::sealed(BuildSpec { name: name.into(), sources: Vec::new(), jobs }).into(),
+        build: drover_coordinator::with_content_ids(BuildSpec {
+            name: name.into(),
+            sources: Vec::new(),
+            jobs,
+        })
+        .into(),
         tenant: "test".into(),
         no_cache: false,
         on_error: drover_proto::OnError::Continue,

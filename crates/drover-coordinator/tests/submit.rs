@@ -21,7 +21,7 @@ fn request(name: &str, tenant: &str, max_parallel: Option<u32>) -> SubmitRequest
         ..JobDef::new(n, Hash32(*blake3::hash(format!("{name}/{n}").as_bytes()).as_bytes()))
     };
     SubmitRequest {
-        build: common::sealed(BuildSpec {
+        build: drover_coordinator::with_content_ids(BuildSpec {
             name: name.into(),
             sources: Vec::new(),
             jobs: vec![job("a", &[]), job("b", &["a"])],
@@ -275,7 +275,7 @@ async fn a_source_whose_size_is_not_its_contents_is_refused() {
         let mut build = (*req.build).clone();
         build.sources =
             vec![drover_proto::SourceFile { path: "a.c".into(), digest, size, executable: false }];
-        req.build = common::sealed(build).into();
+        req.build = drover_coordinator::with_content_ids(build).into();
         req
     };
     let refused = http

@@ -84,7 +84,12 @@ fn refusal(e: HttpError) -> (u16, String) {
 /// A build of one job, `job`, running `true`.
 fn one_job(job: JobDef) -> SubmitRequest {
     SubmitRequest {
-        build: common::sealed(BuildSpec { name: "b".into(), sources: Vec::new(), jobs: vec![job] }).into(),
+        build: drover_coordinator::with_content_ids(BuildSpec {
+            name: "b".into(),
+            sources: Vec::new(),
+            jobs: vec![job],
+        })
+        .into(),
         tenant: "t".into(),
         no_cache: false,
         on_error: OnError::Quit,

@@ -685,7 +685,11 @@ impl Scheduler {
             .into_iter()
             .filter_map(|(differs, what)| differs.then_some(what))
             .collect();
-            return Err(Rejected::Busy { changed: changed.join(" and "), jobs, runs });
+            let changed = match changed.split_last() {
+                Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+                _ => changed.join(""),
+            };
+            return Err(Rejected::Busy { changed, jobs, runs });
         }
         let mut fresh = Scheduler::new(config);
         fresh.now = self.now;

@@ -62,7 +62,7 @@ use serde::{Deserialize, Serialize};
 pub use digest::{Digest, ParseDigestError, digest_bytes, digest_file};
 pub use error::{Diagnostic, GraphError};
 pub use placeholder::{PlaceholderError, render};
-pub use stated::{StatedJob, ids};
+pub use stated::{StatedError, StatedJob, ids};
 
 use error::Diagnostics;
 use schema::{JobSpec, Located};

@@ -33,11 +33,41 @@ pub struct StatedJob<'a> {
     pub nonce: Option<Digest>,
 }
 
+/// Why the IDs of a stated build cannot be made.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum StatedError {
+    /// A job sees a path that is not a source of the build.
+    #[error("job {job:?}: input {path:?} is not a source of the build")]
+    UnknownInput {
+        /// The job.
+        job: String,
+        /// The path.
+        path: String,
+    },
+    /// A job lists an input twice.
+    #[error("job {job:?}: an input is listed twice")]
+    DuplicateInput {
+        /// The job.
+        job: String,
+    },
+    /// A job needs one that does not come before it.
+    #[error("job {job:?}: its need {need:?} is not an earlier job of the build")]
+    NeedNotEarlier {
+        /// The job.
+        job: String,
+        /// The need.
+        need: String,
+    },
+}
+
 /// The ID and early-cutoff key ([`crate::Job::id`], [`crate::Job::own`])
 /// of each of `jobs`, made from what they state as [`crate::load`] makes
 /// them from a build file. Refused: a need that is not an earlier job of
 /// the build, an input that is not one of `sources`, an input listed twice.
-pub fn ids(sources: &[SourceFile], jobs: &[StatedJob<'_>]) -> Result<Vec<(Digest, Option<Digest>)>, String> {
+pub fn ids(
+    sources: &[SourceFile],
+    jobs: &[StatedJob<'_>],
+) -> Result<Vec<(Digest, Option<Digest>)>, StatedError> {
     let by_path: BTreeMap<&str, &SourceFile> = sources.iter().map(|s| (s.path.as_str(), s)).collect();
     let all_sources = id::sources_digest(sources);
     // Each earlier job's ID without its limits, which its dependents hash.
@@ -49,23 +79,25 @@ pub fn ids(sources: &[SourceFile], jobs: &[StatedJob<'_>]) -> Result<Vec<(Digest
             Some(paths) => {
                 let mut seen = Vec::with_capacity(paths.len());
                 for path in paths {
-                    seen.push(*by_path.get(path.as_str()).ok_or_else(|| {
-                        format!("job {:?}: input {path:?} is not a source of the build", job.name)
+                    seen.push(*by_path.get(path.as_str()).ok_or_else(|| StatedError::UnknownInput {
+                        job: job.name.to_owned(),
+                        path: path.clone(),
                     })?);
                 }
                 let count = seen.len();
                 seen.sort_unstable_by(|a, b| a.path.cmp(&b.path));
                 seen.dedup_by(|a, b| a.path == b.path);
                 if seen.len() != count {
-                    return Err(format!("job {:?}: an input is listed twice", job.name));
+                    return Err(StatedError::DuplicateInput { job: job.name.to_owned() });
                 }
                 id::sources_digest(seen)
             }
         };
         let mut deps = Vec::with_capacity(job.needs.len());
         for need in job.needs {
-            let base = bases.get(need.as_str()).ok_or_else(|| {
-                format!("job {:?}: its need {need:?} is not an earlier job of the build", job.name)
+            let base = bases.get(need.as_str()).ok_or_else(|| StatedError::NeedNotEarlier {
+                job: job.name.to_owned(),
+                need: need.clone(),
             })?;
             deps.push((need.as_str(), *base));
         }

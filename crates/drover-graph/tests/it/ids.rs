@@ -447,9 +447,11 @@ fn ids_made_again_from_the_stated_jobs_are_the_loaded_ones() {
     // A need stated out of order, and an input that is no source, are refused.
     let mut reversed = stated;
     reversed.swap(0, 1);
-    assert!(
-        drover_graph::ids(&build.sources, &reversed)
-            .expect_err("out of order")
-            .contains("not an earlier job")
-    );
+    let error = drover_graph::ids(&build.sources, &reversed).expect_err("out of order");
+    assert!(matches!(error, drover_graph::StatedError::NeedNotEarlier { .. }), "{error}");
+    let gone = ["gone.c".to_owned()];
+    reversed.swap(0, 1);
+    reversed[0].inputs = Some(&gone);
+    let error = drover_graph::ids(&build.sources, &reversed).expect_err("no such source");
+    assert!(matches!(error, drover_graph::StatedError::UnknownInput { .. }), "{error}");
 }
