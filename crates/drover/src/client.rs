@@ -1292,6 +1292,11 @@ async fn run_ended(http: &Http, base: &str, args: &LogsArgs, attempt: u32) -> Ru
     RunEnd::Unknown
 }
 
+/// How often a follow tries to take up the log of a run whose job has
+/// ended before it gives the rest up (its worker may be gone): about five
+/// seconds, for a worker that re-registers after a restart.
+const FINAL_RECONNECTS: u32 = 10;
+
 /// Copies one run's log to `stdout` until it ends. With `--follow`, a
 /// stream that breaks (the coordinator restarting) is taken up where it
 /// was, for about a minute, pinned to `pin` when the URL is not; unless
@@ -1344,20 +1349,22 @@ async fn copy_log(
                 eprintln!("drover: the log stream broke off ({why}); trying again for up to a minute");
             }
             tokio::time::sleep(RECONNECT_PAUSE).await;
-            // The run may be over for good: its worker lost, the job ended
-            // or running again elsewhere.
-            if let Some(followed) = followed
-                && let Ok(status) = build_status(http, &args.remote.coordinator, args.build).await
-                && let Some(job) = status.jobs.iter().find(|j| j.name == args.job)
-                && (job.state.is_final() || job.attempts > followed || job.state == JobState::Queued)
-            {
-                return Ok(());
-            }
             let attempt = pin.map_or_else(String::new, |a| format!("&attempt={a}"));
             match http.get_stream(&format!("{url}{attempt}&from={written}")).await {
                 Ok(body) => break body,
                 Err(e) if e.status() == Some(404) => return Err(refused(e)),
                 Err(e) => why = e.to_string(),
+            }
+            // The rest of the log cannot be had: the run may be over for
+            // good, its worker lost, the job running again elsewhere, or
+            // ended (then after a few more tries). A job queued again is
+            // not yet that: a coordinator that restarted may show it so.
+            if let Some(followed) = followed
+                && let Ok(status) = build_status(http, &args.remote.coordinator, args.build).await
+                && let Some(job) = status.jobs.iter().find(|j| j.name == args.job)
+                && (job.attempts > followed || (job.state.is_final() && failures >= FINAL_RECONNECTS))
+            {
+                return Ok(());
             }
         };
     }
