@@ -308,6 +308,13 @@ pub(crate) struct StatusArgs {
     /// events until it ends) instead of its status.
     #[arg(long, requires = "build", conflicts_with_all = ["watch", "json"])]
     pub(crate) events: bool,
+    /// Without BUILD: only this tenant's builds.
+    #[arg(long, conflicts_with = "build")]
+    pub(crate) tenant: Option<String>,
+    /// Without BUILD: only builds in this state (queued, running,
+    /// succeeded, failed, cancelled; `active` for queued or running).
+    #[arg(long, conflicts_with = "build", value_parser = ["queued", "running", "succeeded", "failed", "cancelled", "active"])]
+    pub(crate) state: Option<String>,
     #[command(flatten)]
     pub(crate) remote: Remote,
 }

@@ -785,6 +785,14 @@ pub(crate) async fn status(args: StatusArgs) -> Result<(), Failure> {
     let http = connect(&args.remote);
     let base = &args.remote.coordinator;
     let Some(id) = args.build else {
+        // The filters of the listing.
+        let wanted = |tenant: &str, state: BuildState| {
+            args.tenant.as_deref().is_none_or(|t| t == tenant)
+                && args.state.as_deref().is_none_or(|s| match s {
+                    "active" => !state.is_final(),
+                    s => state.to_string() == s,
+                })
+        };
         if args.json {
             // A page at a time (each a short query of the coordinator).
             let mut builds: Vec<BuildStatus> = Vec::new();
@@ -799,13 +807,18 @@ pub(crate) async fn status(args: StatusArgs) -> Result<(), Failure> {
                 }
                 builds.extend(page);
             }
+            builds.retain(|b| wanted(&b.tenant, b.state));
             outln!("{}", serde_json::to_string_pretty(&builds).map_err(anyhow::Error::from)?);
         } else {
             // The table needs counts, not every job of every build.
-            let builds: Vec<drover_proto::BuildSummary> =
+            let mut builds: Vec<drover_proto::BuildSummary> =
                 http.get_json(&api(base, "/v1/builds?summary=true")).await.map_err(reach(base))?;
-            if builds.is_empty() {
+            let all = builds.len();
+            builds.retain(|b| wanted(&b.tenant, b.state));
+            if all == 0 {
                 eprintln!("no builds yet");
+            } else if builds.is_empty() {
+                eprintln!("no build matches ({all} in all)");
             } else {
                 outln!(
                     "{:>6}  {:<10} {:>5}/{:<5} {:<16} {}",

@@ -58,6 +58,18 @@ fn status_lists_the_builds_with_their_counts() {
         .collect();
     assert_eq!(row, [id.to_string().as_str(), "succeeded", "2/2", "default", "two"], "{table}");
     assert_eq!(status["tenant"], "default", "{status}");
+    // Filtered by tenant and state.
+    let none = cluster.run(&["status", "--tenant", "nobody"]);
+    assert!(
+        none.stdout.is_empty() && stderr(&none).contains("no build matches (1 in all)"),
+        "{}",
+        stderr(&none)
+    );
+    let active = cluster.run(&["status", "--state", "active"]);
+    assert!(active.stdout.is_empty(), "{}", String::from_utf8_lossy(&active.stdout));
+    let done = cluster.run(&["status", "--state", "succeeded", "--tenant", "default", "--json"]);
+    let done: Value = serde_json::from_slice(&done.stdout).expect("JSON");
+    assert_eq!(done.as_array().map(Vec::len), Some(1), "{done}");
     // Built again, all from the cache: no log, and `logs` says why.
     let (code, again) = wait_json(&cluster, &file, &[]);
     assert_eq!((code, &job(&again, "a")["state"]), (Some(0), &Value::from("cached")), "{again}");
