@@ -605,12 +605,17 @@ impl Build {
         Some((cancel, again))
     }
 
-    /// The other members of job `i`'s gang, if it restarts on failure
-    /// (the caller asks the core which of them still run).
-    pub(crate) fn restarting_partners(&self, i: u32) -> Vec<JobId> {
+    /// The runs of the other members of job `i`'s gang, if it restarts on
+    /// failure: the runs this build saw them start (the caller asks the
+    /// core which of those still run).
+    pub(crate) fn restarting_partner_runs(&self, i: u32) -> Vec<u64> {
         let Some(g) = &self.def(i).gang else { return Vec::new() };
         let Some(gang) = self.gangs.get(&g.name).filter(|gang| gang.restart) else { return Vec::new() };
-        gang.members.iter().filter(|&&m| m != i).map(|&m| JobId::from(self.def(m).id)).collect()
+        gang.members
+            .iter()
+            .filter(|&&m| m != i && self.jobs[m as usize].state == JobState::Running)
+            .filter_map(|&m| self.jobs[m as usize].run)
+            .collect()
     }
 
     /// Sends gang `name` back whole, as a new instance: every member's core

@@ -17,8 +17,8 @@ mod snapshot;
 use std::collections::BTreeMap;
 
 use drover_core::{
-    Capacity, Completion, Config, Decision, Event, JobId, JobResult, JobStatus, Millis, RunId, Scheduler,
-    WaiterId, WorkerId,
+    Capacity, Completion, Config, Decision, Event, FailReason, JobId, JobResult, JobStatus, Millis, RunId,
+    Scheduler, WaiterId, WorkerId,
 };
 use drover_proto::{
     Assignment, BuildEvent, BuildSpec, BuildState, BuildStatus, DepInput, Hash32, JobDef, JobState, OnError,
@@ -1571,6 +1571,9 @@ impl Solver {
 
     fn apply(&mut self, d: Decision) {
         match d {
+            // Cancelled since the core decided it (a gang restarted while
+            // the decisions of its step were applied): nothing to start.
+            Decision::Assign { run, .. } if self.core.run_info(run).is_none() => {}
             Decision::Assign { worker, job, run, attempt } => {
                 // A rerun after failed runs counts on from them.
                 let attempt = attempt + self.failed_runs.get(&job).map_or(0, |r| r.attempts);
@@ -1655,13 +1658,11 @@ impl Solver {
                     return;
                 }
                 for (b, i) in waiters {
-                    let partners = self.builds[&b].restarting_partners(i);
-                    let running = partners.iter().any(|p| {
-                        self.core.job_view(p).is_some_and(|v| {
-                            matches!(v.status, JobStatus::Assigned { .. } | JobStatus::Running { .. })
-                        })
-                    });
-                    if !running {
+                    // The partners' own runs, as the build saw them start:
+                    // the core may have placed a requeued partner anew in
+                    // the same step, which is no partner still running.
+                    let partners = self.builds[&b].restarting_partner_runs(i);
+                    if !partners.iter().any(|&r| self.core.run_info(RunId(r)).is_some()) {
                         continue;
                     }
                     let build = self.builds.get_mut(&b).map(Arc::make_mut).expect("build exists");
@@ -1717,11 +1718,11 @@ impl Solver {
             for d in build.unblocked_by(i) {
                 self.schedule(b, d);
             }
-        } else if !matches!(completion, Completion::GaveUp(_))
+        } else if !matches!(completion, Completion::GaveUp(FailReason::Unplaceable(_)))
             && let Some((cancel, again)) = build.restart_gang(i, "failed", self.now)
         {
-            // (A member the core gave up on, one that can never be placed
-            // or that lost too many runs, would fail the same way again.)
+            // (A member that can never be placed would fail the same way
+            // again: its gang does not restart for it.)
             // A gang that restarts on failure runs again, whole.
             self.withdraw(cancel);
             for m in again {

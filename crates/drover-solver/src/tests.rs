@@ -3131,3 +3131,49 @@ fn a_gang_that_can_never_start_fails_without_restarting() {
     let events = h.solver.events(b, 0).expect("events").0;
     assert!(!events.iter().any(|e| matches!(e.kind, EventKind::JobRequeued { .. })), "{events:?}");
 }
+
+/// A gang whose one worker held all of it is lost whole: the core puts
+/// it back together (on another worker at once, when there is room), and
+/// the gang does not restart on top of that; the build completes, and the
+/// members' attempts count on.
+#[test]
+fn a_gang_lost_whole_with_its_worker_starts_again_without_a_restart() {
+    let mut h = Harness::new();
+    let w1 = worker_id(h.input(register("w1", 2, vec![])));
+    let b = build_id(h.input(submit(vec![
+        in_gang(job("m1", &[]), "pair", 2, true),
+        in_gang(job("m2", &[]), "pair", 2, true),
+    ])));
+    h.later();
+    let pair = h.assigned();
+    assert!(pair.len() == 2 && pair.iter().all(|a| a.0 == w1), "{pair:?}");
+    h.report(w1, Report { started: pair.iter().map(|a| a.1).collect(), ..Report::default() });
+    let w2 = worker_id(h.input(register("w2", 2, vec![])));
+    for _ in 0..12 {
+        h.now += 5_000;
+        h.input(Input::Poll { worker: w2 }).expect("w2 renews its lease");
+    }
+    assert!(!h.solver.worker_alive(w1));
+    let events = h.solver.events(b, 0).expect("events").0;
+    assert!(
+        !events.iter().any(
+            |e| matches!(&e.kind, EventKind::JobRequeued { reason: Some(r), .. } if r.starts_with("gang"))
+        ),
+        "no restart: {events:?}"
+    );
+    h.later();
+    let again = h.assignments();
+    let mut again: Vec<(u64, u64, String)> = again.into_iter().map(|(w, a)| (w, a.run, a.name)).collect();
+    // Assigned in the step that found w1 lost, or just after.
+    if again.is_empty() {
+        again = h.assigned();
+    }
+    assert_eq!(again.len(), 2, "{again:?}");
+    for (worker, run, name) in again {
+        assert_eq!(worker, w2);
+        h.report(worker, Report { finished: vec![ok(run, &name)], ..Report::default() });
+    }
+    let status = h.solver.build_status(b).expect("build");
+    assert_eq!(status.state, BuildState::Succeeded, "{status:?}");
+    assert!(status.jobs.iter().all(|j| j.attempts == 2), "{status:?}");
+}

@@ -176,7 +176,7 @@ fn reach(base: &str) -> impl Fn(HttpError) -> Failure + '_ {
         HttpError::Status { status: 401, ref message, .. } => {
             Failure::Usage(anyhow!("the coordinator at {base} refused the request: {message}"))
         }
-        HttpError::Status { status: 404, ref message, .. } if message == "not found" => {
+        HttpError::Status { status: 404, ref message, .. } if message.eq_ignore_ascii_case("not found") => {
             Failure::Usage(anyhow!(
                 "{e}\nis {base} the address of a drover coordinator? (set --coordinator / DROVER_COORDINATOR)"
             ))
@@ -190,9 +190,11 @@ fn reach(base: &str) -> impl Fn(HttpError) -> Failure + '_ {
 /// the request's URL.
 fn refused(e: HttpError) -> Failure {
     match e {
-        HttpError::Status { ref message, .. } if message == "not found" => Failure::Usage(anyhow!(
-            "{e}\nis that the address of a drover coordinator? (set --coordinator / DROVER_COORDINATOR)"
-        )),
+        HttpError::Status { ref message, .. } if message.eq_ignore_ascii_case("not found") => {
+            Failure::Usage(anyhow!(
+                "{e}\nis that the address of a drover coordinator? (set --coordinator / DROVER_COORDINATOR)"
+            ))
+        }
         HttpError::Status { message, .. } => Failure::Usage(anyhow!("{message}")),
         other => Failure::Usage(other.into()),
     }
@@ -395,9 +397,11 @@ fn no_build(e: &HttpError, id: u64, at: &str) -> Failure {
             Failure::Usage(anyhow!("{message}"))
         }
         // No route there at all: not a drover coordinator's address.
-        HttpError::Status { message, .. } if message == "not found" => Failure::Usage(anyhow!(
-            "{e}\nis that the address of a drover coordinator? (set --coordinator / DROVER_COORDINATOR)"
-        )),
+        HttpError::Status { message, .. } if message.eq_ignore_ascii_case("not found") => {
+            Failure::Usage(anyhow!(
+                "{e}\nis that the address of a drover coordinator? (set --coordinator / DROVER_COORDINATOR)"
+            ))
+        }
         _ => Failure::Usage(anyhow!("no build {id}{at}")),
     }
 }
@@ -1375,8 +1379,14 @@ async fn copy_log(
             if let Some(followed) = followed
                 && let Ok(status) = build_status(http, &args.remote.coordinator, args.build).await
                 && let Some(job) = status.jobs.iter().find(|j| j.name == args.job)
-                && (job.attempts > followed || (job.state.is_final() && failures >= FINAL_RECONNECTS))
+                // (An earlier attempt asked for by `--attempt` is
+                // followed to its end, as long as its log can be had.)
+                && ((args.attempt.is_none() && job.attempts > followed)
+                    || (job.state.is_final() && failures >= FINAL_RECONNECTS))
             {
+                eprintln!(
+                    "drover: the rest of attempt {followed}'s log could not be had (its worker is gone): {why}"
+                );
                 return Ok(());
             }
         };
