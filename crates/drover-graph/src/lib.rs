@@ -373,71 +373,40 @@ fn resolve_jobs(
         .collect();
     let mut pending: Vec<Option<(JobSpec, Option<Vec<String>>)>> =
         specs.into_iter().zip(inputs).map(Some).collect();
-    // What dependents hash: each job's ID without its limits.
-    let mut bases: Vec<Option<Digest>> = vec![None; pending.len()];
     let mut jobs = Vec::with_capacity(pending.len());
-    // Most jobs see every source: their digest is made once.
-    let all_sources = id::sources_digest(sources);
+    // Dependencies come first in the order (which `stated::ids` needs).
     for i in graph::topological_order(edges) {
         let Some((spec, inputs)) = pending[i].take() else { continue };
-        let commands: Vec<String> = spec.commands.into_iter().map(|command| command.value).collect();
-        let env: BTreeMap<String, String> =
-            spec.env.into_iter().map(|(key, value)| (key, value.value)).collect();
-        let exclusive: Vec<String> = spec.exclusive.into_iter().map(|token| token.value).collect();
-        let seen = match &inputs {
-            None => all_sources,
-            Some(paths) => {
-                id::sources_digest(sources.iter().filter(|s| paths.binary_search(&s.path).is_ok()))
-            }
-        };
-        // Dependencies come first in the order, so their IDs are known.
-        let deps: Vec<(&str, Digest)> =
-            edges[i].iter().filter_map(|&dep| bases[dep].map(|id| (names[dep].as_str(), id))).collect();
-        let key = id::JobKey {
-            commands: &commands,
-            env: &env,
-            cpu_millis: spec.cpu_millis,
-            memory: spec.memory,
-            tokens: &spec.tokens,
-            exclusive: &exclusive,
-            labels: &spec.labels,
-            sources: seen,
-            deps,
-            gang: gangs[i].as_ref().map(|gang| (gang, names[i].as_str())),
-            uncached: (!spec.cache).then(|| *nonce.get_or_insert_with(submission_nonce)),
-        };
-        let uncached = key.uncached;
-        let own = key.own();
-        let base = key.id();
-        bases[i] = Some(base);
-        let limits = id::Limits {
-            timeout_ms: spec.timeout_ms,
-            retries: spec.retries,
-            default_retries: schema::DEFAULT_RETRIES,
-            retry_on_failure: spec.retry_on_failure,
-        };
-        let id = id::with_limits(base, limits);
         jobs.push(Job {
             name: names[i].clone(),
-            id,
-            own,
-            commands,
-            env,
+            // Made below, from the job's content, as a coordinator makes
+            // them again from a submission.
+            id: Digest([0; 32]),
+            own: None,
+            commands: spec.commands.into_iter().map(|command| command.value).collect(),
+            env: spec.env.into_iter().map(|(key, value)| (key, value.value)).collect(),
             needs: spec.needs.into_iter().map(|need| need.value).collect(),
             inputs,
             cpu_millis: spec.cpu_millis,
             memory: spec.memory,
             tokens: spec.tokens,
-            exclusive,
+            exclusive: spec.exclusive.into_iter().map(|token| token.value).collect(),
             labels: spec.labels,
             priority: spec.priority,
             timeout_ms: spec.timeout_ms,
             retries: spec.retries,
             retry_on_failure: spec.retry_on_failure,
             gang: gangs[i].clone(),
-            nonce: uncached,
+            nonce: (!spec.cache).then(|| *nonce.get_or_insert_with(submission_nonce)),
             line: spec.line,
         });
+    }
+    let stated: Vec<StatedJob<'_>> = jobs.iter().map(StatedJob::from).collect();
+    let made = stated::ids(sources, &stated)
+        .expect("a checked build's jobs come after their needs and see only its sources, once each");
+    for (job, (id, own)) in jobs.iter_mut().zip(made) {
+        job.id = id;
+        job.own = own;
     }
     jobs
 }

@@ -1,5 +1,6 @@
-//! Job IDs made again from a build as a submission states it: what a
-//! coordinator checks before it takes a client's IDs as cache keys. A job
+//! Job IDs made from a build as a submission states it: how loading a
+//! build file makes them, and what a coordinator checks before it takes a
+//! client's IDs as cache keys (the same function, so the two agree). A job
 //! ID is the key its output is cached and shared under, so an ID that does
 //! not match its job's content would let one tenant's submission stand in
 //! for another's job (a command that writes something else, cached under
@@ -31,6 +32,29 @@ pub struct StatedJob<'a> {
     pub retry_on_failure: u32,
     /// The submission's nonce of a job with `cache: false`.
     pub nonce: Option<Digest>,
+}
+
+impl<'a> From<&'a crate::Job> for StatedJob<'a> {
+    /// A loaded job as a submission of it states it.
+    fn from(job: &'a crate::Job) -> StatedJob<'a> {
+        StatedJob {
+            name: &job.name,
+            commands: &job.commands,
+            env: &job.env,
+            cpu_millis: job.cpu_millis,
+            memory: job.memory,
+            tokens: &job.tokens,
+            exclusive: &job.exclusive,
+            labels: &job.labels,
+            needs: &job.needs,
+            inputs: job.inputs.as_deref(),
+            gang: job.gang.clone(),
+            timeout_ms: job.timeout_ms,
+            retries: job.retries,
+            retry_on_failure: job.retry_on_failure,
+            nonce: job.nonce,
+        }
+    }
 }
 
 /// Why the IDs of a stated build cannot be made.

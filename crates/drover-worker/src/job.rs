@@ -980,7 +980,10 @@ async fn fetch_artifact(
                     errors.push(format!("{holder}: {e}"));
                     // Unreachable twice, a pause apart: not tried again for
                     // the run's other inputs.
-                    if round == 1 && matches!(e, HttpError::Connect { .. } | HttpError::Timeout { .. }) {
+                    if round == 1
+                        && first.is_none()
+                        && matches!(e, HttpError::Connect { .. } | HttpError::Timeout { .. })
+                    {
                         unreachable.insert(holder.clone());
                     }
                     if let Some(i) = first

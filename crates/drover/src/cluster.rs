@@ -701,22 +701,25 @@ mod tests {
         core
     }
 
+    /// `drover serve --config` of a file holding `text`, under `dir`.
+    fn config_of(dir: &Path, text: &str) -> anyhow::Result<CoordinatorConfig> {
+        let path = dir.join("config.toml");
+        std::fs::write(&path, text).expect("config");
+        let args = ServeArgs {
+            listen: ([127, 0, 0, 1], 0).into(),
+            data: dir.join("data"),
+            config: Some(path),
+            token: None,
+        };
+        coordinator_config(&args)
+    }
+
     /// `[history] keep_finished_builds`: absent keeps the default, 0 keeps
     /// every finished build.
     #[test]
     fn the_history_setting_reaches_the_coordinator() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let keep = |text: &str| {
-            let path = dir.path().join("config.toml");
-            std::fs::write(&path, text).expect("config");
-            let args = ServeArgs {
-                listen: ([127, 0, 0, 1], 0).into(),
-                data: dir.path().join("data"),
-                config: Some(path),
-                token: None,
-            };
-            coordinator_config(&args).expect("config reads").keep_finished_builds
-        };
+        let keep = |text: &str| config_of(dir.path(), text).expect("config reads").keep_finished_builds;
         assert_eq!(keep(""), Some(drover_coordinator::KEEP_FINISHED_BUILDS));
         assert_eq!(keep("[history]\nkeep_finished_builds = 5\n"), Some(5));
         assert_eq!(keep("[history]\nkeep_finished_builds = 0\n"), None);
@@ -732,15 +735,7 @@ mod tests {
         let block = &block[block.find("```toml\n").expect("its block") + 8..];
         let sample = &block[..block.find("```").expect("the block's end")];
         let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("config.toml");
-        std::fs::write(&path, sample).expect("config");
-        let args = ServeArgs {
-            listen: ([127, 0, 0, 1], 0).into(),
-            data: dir.path().join("data"),
-            config: Some(path),
-            token: None,
-        };
-        let config = coordinator_config(&args).expect("the README's sample reads");
+        let config = config_of(dir.path(), sample).expect("the README's sample reads");
         // `drover serve`'s defaults, which are the core's but for a longer
         // lease.
         let defaults = CoordinatorConfig::new(dir.path().join("data")).core;
@@ -813,17 +808,7 @@ mod tests {
     #[test]
     fn bad_amounts_in_the_file_name_their_setting() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let error = |text: &str| {
-            let path = dir.path().join("config.toml");
-            std::fs::write(&path, text).expect("config");
-            let args = ServeArgs {
-                listen: ([127, 0, 0, 1], 0).into(),
-                data: dir.path().join("data"),
-                config: Some(path),
-                token: None,
-            };
-            format!("{:#}", coordinator_config(&args).expect_err("refused"))
-        };
+        let error = |text: &str| format!("{:#}", config_of(dir.path(), text).expect_err("refused"));
         let cpu = error("[[queues]]\nname = \"a\"\ncapability = { cpu = \"16x\" }\n");
         assert!(cpu.contains("queue a: bad cpu \"16x\"") && !cpu.contains("--cpu"), "{cpu}");
         assert!(error("[cache]\nsize = \"0\"\n").contains("[cache] size cannot be 0"));

@@ -410,48 +410,25 @@ fn a_job_that_is_never_cached_has_a_new_id_in_every_load() {
     );
 }
 
-/// `drover_graph::ids` makes from a build as submitted (what a coordinator
-/// checks) the IDs and early-cutoff keys that loading the file made: with
-/// inputs, resources, a gang, limits and a job that is never cached.
+/// `drover_graph::ids`, given a build as a submission states it (what a
+/// coordinator checks), refuses jobs stated out of order and inputs that
+/// are not sources of the build.
 #[test]
-fn ids_made_again_from_the_stated_jobs_are_the_loaded_ones() {
-    let yaml = format!(
-        "{BASE}    timeout: 5m\n    retry_on_failure: 2\n  - name: shard-1\n    run: x\n    gang: {{name: g, on_failure: restart}}\n  - name: shard-2\n    run: x\n    gang: {{name: g, on_failure: restart}}\n  - name: publish\n    needs: [test]\n    cache: false\n    run: y\n"
-    );
-    let build = sources().parse(&yaml);
-    let stated: Vec<drover_graph::StatedJob<'_>> = build
-        .jobs
-        .iter()
-        .map(|j| drover_graph::StatedJob {
-            name: &j.name,
-            commands: &j.commands,
-            env: &j.env,
-            cpu_millis: j.cpu_millis,
-            memory: j.memory,
-            tokens: &j.tokens,
-            exclusive: &j.exclusive,
-            labels: &j.labels,
-            needs: &j.needs,
-            inputs: j.inputs.as_deref(),
-            gang: j.gang.clone(),
-            timeout_ms: j.timeout_ms,
-            retries: j.retries,
-            retry_on_failure: j.retry_on_failure,
-            nonce: j.nonce,
-        })
-        .collect();
+fn stated_ids_refuse_needs_out_of_order_and_unknown_inputs() {
+    let build = sources().parse(BASE);
+    let mut stated: Vec<drover_graph::StatedJob<'_>> = build.jobs.iter().map(Into::into).collect();
     let made = drover_graph::ids(&build.sources, &stated).expect("ids");
-    let loaded: Vec<(Digest, Option<Digest>)> = build.jobs.iter().map(|j| (j.id, j.own)).collect();
-    assert_eq!(made, loaded);
-    assert!(build.jobs.iter().any(|j| j.nonce.is_some()) && build.jobs.iter().any(|j| j.gang.is_some()));
-    // A need stated out of order, and an input that is no source, are refused.
-    let mut reversed = stated;
-    reversed.swap(0, 1);
-    let error = drover_graph::ids(&build.sources, &reversed).expect_err("out of order");
+    assert_eq!(made, build.jobs.iter().map(|j| (j.id, j.own)).collect::<Vec<(Digest, Option<Digest>)>>());
+    stated.swap(0, 1);
+    let error = drover_graph::ids(&build.sources, &stated).expect_err("out of order");
     assert!(matches!(error, drover_graph::StatedError::NeedNotEarlier { .. }), "{error}");
+    stated.swap(0, 1);
     let gone = ["gone.c".to_owned()];
-    reversed.swap(0, 1);
-    reversed[0].inputs = Some(&gone);
-    let error = drover_graph::ids(&build.sources, &reversed).expect_err("no such source");
+    stated[0].inputs = Some(&gone);
+    let error = drover_graph::ids(&build.sources, &stated).expect_err("no such source");
     assert!(matches!(error, drover_graph::StatedError::UnknownInput { .. }), "{error}");
+    let twice = ["src/lib.c".to_owned(), "src/lib.c".to_owned()];
+    stated[0].inputs = Some(&twice);
+    let error = drover_graph::ids(&build.sources, &stated).expect_err("an input twice");
+    assert!(matches!(error, drover_graph::StatedError::DuplicateInput { .. }), "{error}");
 }

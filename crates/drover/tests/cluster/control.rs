@@ -25,6 +25,20 @@ fn stopped(pid: &str) -> bool {
     }
 }
 
+/// Submits a build of `yaml` (project `name`) and, once it runs, follows
+/// the log of its job `job` (see [`follow_log`]).
+fn follow_running(
+    cluster: &Cluster,
+    name: &str,
+    yaml: &str,
+    job: &str,
+) -> (u64, std::process::Child, std::sync::mpsc::Receiver<String>) {
+    let build = cluster.submit(&cluster.project(name, yaml, &[]));
+    eventually("the job to start", || (cluster.status(build)["state"] == "running").then_some(()));
+    let (follow, lines) = follow_log(cluster, build, job);
+    (build, follow, lines)
+}
+
 #[test]
 fn suspend_stops_a_running_job_and_resume_continues_it() {
     let mut cluster = Cluster::new();
@@ -85,17 +99,15 @@ fn logs_follow_streams_a_running_job_until_it_ends() {
     let mut cluster = Cluster::new();
     cluster.add_worker("w1", 1, &[]);
     let gate = cluster.scratch("gate");
-    let file = cluster.project(
+    let (build, mut follow, lines) = follow_running(
+        &cluster,
         "follow",
         &format!(
             "jobs:\n  - name: talk\n    run: \"echo one; while [ ! -e {gate} ]; do sleep 0.05; done; echo two\"\n  \
-             - name: after\n    needs: [talk]\n    run: \"echo three\"\n"
+                 - name: after\n    needs: [talk]\n    run: \"echo three\"\n"
         ),
-        &[],
+        "talk",
     );
-    let build = cluster.submit(&file);
-    eventually("the job to start", || (cluster.status(build)["state"] == "running").then_some(()));
-    let (mut follow, lines) = follow_log(&cluster, build, "talk");
     let next = || next_line(&lines);
     assert_eq!(next().as_deref(), Some("one"), "printed while the job runs");
     // A job that has not started yet is waited for.
@@ -130,17 +142,15 @@ fn logs_follow_goes_on_into_a_rerun_and_exits_with_the_jobs_result() {
     let mut cluster = Cluster::new();
     cluster.add_worker("w1", 2, &[]);
     let (gate, marker) = (cluster.scratch("gate"), cluster.scratch("ran-once"));
-    let file = cluster.project(
+    let (build, mut follow, lines) = follow_running(
+        &cluster,
         "follow-rerun",
         &format!(
             "jobs:\n  - name: flaky\n    retry_on_failure: 1\n    run: \"if [ -e {marker} ]; then echo second; else touch {marker}; echo first; while [ ! -e {gate} ]; do sleep 0.05; done; exit 5; fi\"\n  \
-             - name: broken\n    needs: [flaky]\n    run: \"echo last words; exit 3\"\n"
+                 - name: broken\n    needs: [flaky]\n    run: \"echo last words; exit 3\"\n"
         ),
-        &[],
+        "flaky",
     );
-    let build = cluster.submit(&file);
-    eventually("the job to start", || (cluster.status(build)["state"] == "running").then_some(()));
-    let (mut follow, lines) = follow_log(&cluster, build, "flaky");
     assert_eq!(next_line(&lines).as_deref(), Some("first"));
     std::fs::write(&gate, "").expect("open the gate");
     assert_eq!(next_line(&lines).as_deref(), Some("second"), "the rerun's log follows");
@@ -161,16 +171,14 @@ fn logs_follow_goes_on_into_the_run_after_a_lost_worker() {
     cluster.add_worker("w1", 1, &[]);
     cluster.add_worker("w2", 1, &[]);
     let marker = cluster.scratch("ran-once");
-    let file = cluster.project(
+    let (build, mut follow, lines) = follow_running(
+        &cluster,
         "follow-lost",
         &format!(
             "jobs:\n  - name: long\n    run: \"if [ -e {marker} ]; then echo second; else touch {marker}; echo first; sleep 600; fi\"\n"
         ),
-        &[],
+        "long",
     );
-    let build = cluster.submit(&file);
-    eventually("the job to start", || (cluster.status(build)["state"] == "running").then_some(()));
-    let (mut follow, lines) = follow_log(&cluster, build, "long");
     assert_eq!(next_line(&lines).as_deref(), Some("first"));
     let worker = job(&cluster.status(build), "long")["worker"].as_str().expect("its worker").to_owned();
     cluster.kill_worker(&worker);
@@ -186,16 +194,14 @@ fn logs_follow_rides_through_a_coordinator_restart() {
     let mut cluster = Cluster::new();
     cluster.add_worker("w1", 1, &[]);
     let gate = cluster.scratch("gate");
-    let file = cluster.project(
+    let (_, mut follow, lines) = follow_running(
+        &cluster,
         "follow-restart",
         &format!(
             "jobs:\n  - name: talk\n    run: \"echo one; while [ ! -e {gate} ]; do sleep 0.05; done; echo two\"\n"
         ),
-        &[],
+        "talk",
     );
-    let build = cluster.submit(&file);
-    eventually("the job to start", || (cluster.status(build)["state"] == "running").then_some(()));
-    let (mut follow, lines) = follow_log(&cluster, build, "talk");
     let next = || next_line(&lines);
     assert_eq!(next().as_deref(), Some("one"));
     cluster.kill_coordinator();
