@@ -1,5 +1,5 @@
 //! The coordinator's HTTP API (JSON, one port): routes for clients and
-//! workers, the bearer-token check, size limits, and error bodies.
+//! workers, the bearer-token checks by role, size limits, and error bodies.
 //!
 //! Handlers are thin: they decode a request, hand an input or a query to the
 //! state thread, and encode the answer. A malformed or hostile request gets a
@@ -40,7 +40,7 @@ pub(crate) struct App {
     /// The shared artifact cache.
     pub(crate) cache: Arc<Cas>,
     pub(crate) http: Http,
-    pub(crate) token: Option<String>,
+    pub(crate) tokens: Tokens,
     pub(crate) max_blob: u64,
     /// Decoded build specs, by content (see `specs.rs`).
     pub(crate) specs: Arc<SpecCache>,
@@ -137,7 +137,7 @@ type ApiResult<T> = Result<T, ApiError>;
 const MAX_JSON: usize = 256 << 20;
 
 pub(crate) fn router(app: App) -> Router {
-    let api = Router::new()
+    let for_clients = Router::new()
         .route("/v1/builds", post(submit).get(list_builds))
         .route("/v1/builds/{id}", get(build_status))
         .route("/v1/builds/{id}/events", get(build_events))
@@ -147,20 +147,31 @@ pub(crate) fn router(app: App) -> Router {
         .route("/v1/builds/{id}/resume", post(resume))
         .route("/v1/builds/{id}/jobs/{name}/log", get(job_log))
         .route("/v1/blobs/missing", post(missing))
-        .route("/v1/blobs/{digest}", put(put_blob).get(get_blob))
-        .route("/v1/artifacts/{job}", get(artifact_location))
-        .route("/v1/cache/{job}", put(put_cached).get(get_cached))
+        .route("/v1/blobs/{digest}", put(put_blob))
         .route("/v1/workers", get(workers))
         .route("/v1/queues", get(queues))
+        .route("/metrics", get(metrics))
+        .layer(middleware::from_fn_with_state((app.clone(), Role::Client), require_token));
+    let for_workers = Router::new()
         .route("/v1/workers/register", post(register))
         .route("/v1/workers/{id}/poll", post(poll))
         .route("/v1/workers/{id}/report", post(report))
+        .route("/v1/cache/{job}", put(put_cached))
+        .layer(middleware::from_fn_with_state((app.clone(), Role::Worker), require_token));
+    // Reading content by its digest or ID, and a worker's leaving or
+    // draining (asked by the worker itself or by an operator).
+    let for_both = Router::new()
+        .route("/v1/blobs/{digest}", get(get_blob))
+        .route("/v1/artifacts/{job}", get(artifact_location))
+        .route("/v1/cache/{job}", get(get_cached))
         .route("/v1/workers/{id}/leave", post(leave))
         .route("/v1/workers/{id}/drain", post(drain))
-        .route("/metrics", get(metrics))
+        .layer(middleware::from_fn_with_state((app.clone(), Role::Either), require_token));
+    let api = for_clients
+        .merge(for_workers)
+        .merge(for_both)
         .layer(DefaultBodyLimit::max(MAX_JSON))
-        .layer(middleware::from_fn_with_state(app.clone(), declared_size))
-        .layer(middleware::from_fn_with_state(app.clone(), require_token));
+        .layer(middleware::from_fn_with_state(app.clone(), declared_size));
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .merge(api)
@@ -210,9 +221,58 @@ async fn declared_size(State(app): State<App>, req: Request, next: Next) -> Resp
     next.run(req).await
 }
 
-async fn require_token(State(app): State<App>, req: Request, next: Next) -> Response {
-    if !drover_http::authorized(req.headers(), app.token.as_deref()) {
-        return ApiError(StatusCode::UNAUTHORIZED, drover_http::TOKEN_REQUIRED.into()).into_response();
+/// The tokens the coordinator takes. Without a worker token, the one token
+/// (if any) serves every role; with one, workers present it and clients
+/// the other, and neither is taken for the other's routes.
+#[derive(Clone, Debug)]
+pub(crate) struct Tokens {
+    clients: Option<String>,
+    workers: Option<String>,
+    /// Whether workers have a token of their own.
+    separate: bool,
+}
+
+/// Who a route is for.
+#[derive(Clone, Copy, Debug)]
+enum Role {
+    Client,
+    Worker,
+    Either,
+}
+
+impl Tokens {
+    pub(crate) fn new(clients: Option<String>, workers: Option<String>) -> Tokens {
+        let separate = workers.is_some();
+        Tokens { workers: workers.or_else(|| clients.clone()), clients, separate }
+    }
+
+    /// What a worker checks the clients' token by when it does not hold it
+    /// (see [`drover_proto::RegisterReply::readers`]).
+    fn readers(&self) -> Option<Hash32> {
+        self.clients.as_deref().filter(|_| self.separate).map(drover_http::token_digest)
+    }
+
+    fn authorized(&self, headers: &axum::http::HeaderMap, role: Role) -> bool {
+        let client = || drover_http::authorized(headers, self.clients.as_deref());
+        let worker = || drover_http::authorized(headers, self.workers.as_deref());
+        match role {
+            Role::Client => client(),
+            Role::Worker => worker(),
+            Role::Either => client() || worker(),
+        }
+    }
+}
+
+async fn require_token(State((app, role)): State<(App, Role)>, req: Request, next: Next) -> Response {
+    if !app.tokens.authorized(req.headers(), role) {
+        let message = match role {
+            Role::Worker if app.tokens.separate => {
+                "this is a worker's request: it needs the workers' token (drover worker --token, the \
+                 coordinator's --worker-token or DROVER_WORKER_TOKEN)"
+            }
+            _ => drover_http::TOKEN_REQUIRED,
+        };
+        return ApiError(StatusCode::UNAUTHORIZED, message.into()).into_response();
     }
     next.run(req).await
 }
@@ -864,7 +924,9 @@ async fn register(
         // The new session's mailbox is open (and mail for the old one void)
         // by now: the state thread carried out the registration's effects
         // before answering.
-        Reply::Registered(reply) => Ok(Json(reply)),
+        Reply::Registered(reply) => {
+            Ok(Json(drover_proto::RegisterReply { readers: app.tokens.readers(), ..reply }))
+        }
         other => Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("unexpected reply {other:?}"))),
     }
 }

@@ -3,7 +3,8 @@
 //! [`start`] recovers the state from the input log in the data directory,
 //! starts the state thread ([`state`]) and serves the HTTP API ([`api`]) on
 //! one port. Everything listens on loopback unless told otherwise; with a
-//! token configured, every request must present it.
+//! token configured, every request must present it (workers may have a
+//! token of their own: see [`api::Tokens`]).
 
 mod api;
 mod checks;
@@ -33,8 +34,13 @@ pub struct CoordinatorConfig {
     pub listen: SocketAddr,
     /// Where the state log and uploaded sources live.
     pub data_dir: PathBuf,
-    /// Required from every client and worker, if set.
+    /// Required from every client, if set; from every worker too unless
+    /// `worker_token` is set.
     pub token: Option<String>,
+    /// Required from workers instead of `token`, if set: clients then
+    /// cannot act as workers (register, take runs, report results, push
+    /// outputs to the shared cache).
+    pub worker_token: Option<String>,
     /// The scheduling core's settings.
     pub core: drover_core::Config,
     /// Size bound of the uploaded-source store (least recently used files are
@@ -80,6 +86,7 @@ impl CoordinatorConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 7700)),
             data_dir,
             token: None,
+            worker_token: None,
             core: drover_core::Config { lease_timeout: drover_core::Millis(15_000), ..Default::default() },
             source_cache_bytes: 20 << 30,
             max_blob: 4 << 30,
@@ -258,8 +265,9 @@ pub async fn start(config: CoordinatorConfig) -> Result<Coordinator, Coordinator
         shared,
         blobs,
         cache,
-        http: Http::new(config.token.clone(), Duration::from_secs(30)),
-        token: config.token.clone(),
+        // The coordinator asks workers for logs as a worker would.
+        http: Http::new(config.worker_token.clone().or(config.token.clone()), Duration::from_secs(30)),
+        tokens: api::Tokens::new(config.token.clone(), config.worker_token.clone()),
         max_blob: config.max_blob,
         specs,
         renew_every: Duration::from_millis((config.core.lease_timeout.0 / 10).max(50)),

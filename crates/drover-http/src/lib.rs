@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use drover_proto::Hash32;
 use futures::{Stream, StreamExt, TryStreamExt};
 use http_body_util::{BodyExt, BodyStream, Full, StreamBody, combinators::BoxBody};
 use hyper::body::Frame;
@@ -117,9 +118,26 @@ pub const TOKEN_REQUIRED: &str = "a valid token is required (--token or DROVER_T
 /// where it first differs, so that answers cannot be timed to guess it.
 pub fn authorized(headers: &hyper::HeaderMap, token: Option<&str>) -> bool {
     let Some(token) = token else { return true };
-    let Some(value) = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) else { return false };
-    let Some((scheme, presented)) = value.split_once(' ') else { return false };
-    scheme.eq_ignore_ascii_case("bearer") && same_secret(presented.trim_start().as_bytes(), token.as_bytes())
+    bearer(headers).is_some_and(|presented| same_secret(presented.as_bytes(), token.as_bytes()))
+}
+
+/// The token a request presents as `Bearer <token>`, if any.
+fn bearer(headers: &hyper::HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, presented) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| presented.trim_start())
+}
+
+/// What a server that must accept a token without holding it checks it
+/// by: a worker learns the digest of the clients' token from the
+/// coordinator when the cluster gives workers a token of their own.
+pub fn token_digest(token: &str) -> Hash32 {
+    Hash32(blake3::derive_key("drover 2026-11 client token", token.as_bytes()))
+}
+
+/// Whether a request presents a token whose [`token_digest`] is `digest`.
+pub fn authorized_by_digest(headers: &hyper::HeaderMap, digest: &Hash32) -> bool {
+    bearer(headers).is_some_and(|presented| same_secret(&token_digest(presented).0, &digest.0))
 }
 
 /// `a == b`, looking at every byte whatever the first difference.
@@ -924,6 +942,20 @@ mod tests {
         for wrong in ["Basic s3cret", "Bearer s3cre", "Bearer s3cret2", "Bearer S3cret", "Bearer"] {
             headers.insert(header::AUTHORIZATION, wrong.parse().expect("header"));
             assert!(!authorized(&headers, Some("s3cret")), "{wrong}");
+        }
+    }
+
+    #[test]
+    fn a_token_is_checked_by_its_digest_alike() {
+        let digest = token_digest("s3cret");
+        assert_ne!(digest, token_digest("s3cret2"));
+        let mut headers = hyper::HeaderMap::new();
+        assert!(!authorized_by_digest(&headers, &digest), "missing header");
+        headers.insert(header::AUTHORIZATION, "bearer s3cret".parse().expect("header"));
+        assert!(authorized_by_digest(&headers, &digest));
+        for wrong in ["s3cret", "Basic s3cret", "Bearer s3cre", "Bearer S3cret"] {
+            headers.insert(header::AUTHORIZATION, wrong.parse().expect("header"));
+            assert!(!authorized_by_digest(&headers, &digest), "{wrong}");
         }
     }
 }

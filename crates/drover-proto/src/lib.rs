@@ -755,6 +755,12 @@ pub struct RegisterReply {
     pub lease_ms: u64,
     /// Runs it reported that the coordinator does not know: stop them.
     pub stop: Vec<u64>,
+    /// When workers have a token of their own (`drover serve
+    /// --worker-token`), the digest of the clients' token
+    /// (`drover_http::token_digest`): the worker serves artifacts and logs
+    /// to a request that presents either token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub readers: Option<Hash32>,
 }
 
 /// `POST /v1/workers/{id}/poll`.

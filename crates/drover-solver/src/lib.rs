@@ -1031,7 +1031,12 @@ impl Solver {
         // The runs it no longer has will never report.
         let core = &self.core;
         self.run_keys.retain(|&run, _| core.run_info(RunId(run)).is_some());
-        Reply::Registered(RegisterReply { worker: id, lease_ms: self.core.config().lease_timeout.0, stop })
+        Reply::Registered(RegisterReply {
+            worker: id,
+            lease_ms: self.core.config().lease_timeout.0,
+            stop,
+            readers: None,
+        })
     }
 
     fn report(&mut self, worker: u64, report: Report) -> Reply {

@@ -174,6 +174,10 @@ struct Shared {
     refused: Mutex<Option<String>>,
     /// The worker's ID in its latest session, once it has registered.
     joined: tokio::sync::watch::Sender<Option<u64>>,
+    /// The digest of the clients' token, when the cluster gives workers a
+    /// token of their own: learnt at each registration, so that clients
+    /// may fetch outputs and logs here (see `server::require_token`).
+    readers: Mutex<Option<drover_proto::Hash32>>,
 }
 
 /// How the session reaches a run in progress: cancelling the token stops
@@ -537,6 +541,7 @@ pub async fn start(mut config: WorkerConfig) -> Result<Worker, WorkerError> {
         empty_dirs: job::DirPool::empty(),
         tmp_dirs: job::DirPool::tmp(),
         refused: Mutex::new(None),
+        readers: Mutex::new(None),
         joined: tokio::sync::watch::Sender::new(None),
         config,
     });

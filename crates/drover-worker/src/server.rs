@@ -3,7 +3,8 @@
 //! `GET /v1/runs/{run}/log?stream=stdout|stderr|pull|fetch|push` a run's
 //! log: the build stage's standard output or error, or the log of another
 //! stage (the coordinator proxies `drover logs` here). With a token configured, every
-//! request must present it.
+//! request must present it, or the clients' token when workers have one of
+//! their own.
 
 use std::sync::Arc;
 
@@ -47,8 +48,14 @@ async fn not_a_coordinator(State(shared): State<Arc<Shared>>) -> (StatusCode, St
     (StatusCode::NOT_FOUND, message)
 }
 
+/// A request presents the worker's own token (a peer's, the coordinator's),
+/// or the clients' token when the cluster gives workers another one (a
+/// client exporting outputs): the coordinator tells the worker its digest.
 async fn require_token(State(shared): State<Arc<Shared>>, req: Request, next: Next) -> Response {
-    if !drover_http::authorized(req.headers(), shared.config.token.as_deref()) {
+    let readers = *shared.readers.lock().expect("readers");
+    let allowed = drover_http::authorized(req.headers(), shared.config.token.as_deref())
+        || readers.is_some_and(|digest| drover_http::authorized_by_digest(req.headers(), &digest));
+    if !allowed {
         return (StatusCode::UNAUTHORIZED, format!("{}\n", drover_http::TOKEN_REQUIRED)).into_response();
     }
     next.run(req).await

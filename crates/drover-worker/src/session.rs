@@ -27,6 +27,7 @@ pub(crate) async fn run(shared: Arc<Shared>) {
             }
         };
         first = false;
+        *shared.readers.lock().expect("readers") = reply.readers;
         for run in &reply.stop {
             stop(&shared, *run);
         }

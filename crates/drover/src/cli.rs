@@ -187,9 +187,16 @@ pub(crate) struct ServeArgs {
     /// A TOML file with scheduler settings (see the README).
     #[arg(long, value_name = "FILE")]
     pub(crate) config: Option<PathBuf>,
-    /// Require this token from every client and worker.
+    /// Require this token from every client, and from every worker unless
+    /// --worker-token is given.
     #[arg(long, env = "DROVER_TOKEN", hide_env_values = true)]
     pub(crate) token: Option<String>,
+    /// Require this token from workers instead, so that a client's token
+    /// cannot register a worker, take its runs, report results or push
+    /// outputs to the shared cache. Workers then serve outputs and logs to
+    /// requests with either token.
+    #[arg(long, env = "DROVER_WORKER_TOKEN", hide_env_values = true)]
+    pub(crate) worker_token: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -278,7 +285,8 @@ pub(crate) struct WorkerArgs {
     /// Outputs pushed to the shared cache at once (the push stage's tokens).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) pushers: u32,
-    /// The cluster's token, if it has one.
+    /// The token to present: the coordinator's --worker-token if it has
+    /// one, else its --token.
     #[arg(long, env = "DROVER_TOKEN", hide_env_values = true)]
     pub(crate) token: Option<String>,
 }

@@ -244,6 +244,13 @@ fn coordinator_config(args: &ServeArgs) -> anyhow::Result<CoordinatorConfig> {
     let mut config = CoordinatorConfig::new(args.data.clone());
     config.listen = args.listen;
     config.token = args.token.clone();
+    if args.worker_token.is_some() && args.worker_token == args.token {
+        anyhow::bail!(
+            "--worker-token is the same as --token: give workers a token of their own, or leave \
+             --worker-token out to use one token for both"
+        );
+    }
+    config.worker_token = args.worker_token.clone();
     if let Some(path) = &args.config {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
@@ -710,6 +717,7 @@ mod tests {
             data: dir.join("data"),
             config: Some(path),
             token: None,
+            worker_token: None,
         };
         coordinator_config(&args)
     }

@@ -11,7 +11,10 @@ use serde_json::Value;
 /// The `drover` binary under test.
 pub(crate) fn drover() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_drover"));
-    cmd.env_remove("DROVER_COORDINATOR").env_remove("DROVER_TOKEN").env_remove("DROVER_LOG");
+    cmd.env_remove("DROVER_COORDINATOR")
+        .env_remove("DROVER_TOKEN")
+        .env_remove("DROVER_WORKER_TOKEN")
+        .env_remove("DROVER_LOG");
     cmd
 }
 
@@ -35,6 +38,8 @@ pub(crate) struct Cluster {
     coordinator: Option<Child>,
     workers: Vec<(String, Child)>,
     token: Option<String>,
+    /// The workers' own token, if they have one (`--worker-token`).
+    worker_token: Option<String>,
     /// The coordinator's standard error after its "listening" line.
     log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
@@ -53,6 +58,12 @@ impl Cluster {
         Cluster::configured(token, "")
     }
 
+    /// A coordinator that requires `token` from clients and `workers` from
+    /// workers.
+    pub(crate) fn with_tokens(token: &str, workers: &str) -> Cluster {
+        Cluster::start(Some(token), Some(workers), CONFIG)
+    }
+
     /// A coordinator whose config file has `extra` after the test settings.
     pub(crate) fn configured(token: Option<&str>, extra: &str) -> Cluster {
         Cluster::with_config(token, &format!("{CONFIG}{extra}"))
@@ -60,6 +71,10 @@ impl Cluster {
 
     /// A coordinator with this whole config file.
     pub(crate) fn with_config(token: Option<&str>, config: &str) -> Cluster {
+        Cluster::start(token, None, config)
+    }
+
+    fn start(token: Option<&str>, worker_token: Option<&str>, config: &str) -> Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::write(dir.path().join("config.toml"), config).expect("config");
         let mut cluster = Cluster {
@@ -69,6 +84,7 @@ impl Cluster {
             coordinator: None,
             workers: Vec::new(),
             token: token.map(str::to_owned),
+            worker_token: worker_token.map(str::to_owned),
             log: Default::default(),
         };
         cluster.start_coordinator();
@@ -88,6 +104,9 @@ impl Cluster {
             .stderr(Stdio::piped());
         if let Some(token) = &self.token {
             cmd.env("DROVER_TOKEN", token);
+        }
+        if let Some(token) = &self.worker_token {
+            cmd.env("DROVER_WORKER_TOKEN", token);
         }
         let mut child = cmd.spawn().expect("start drover serve");
         let stderr = child.stderr.take().expect("stderr");
@@ -134,7 +153,7 @@ impl Cluster {
             .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        if let Some(token) = &self.token {
+        if let Some(token) = self.worker_token.as_ref().or(self.token.as_ref()) {
             cmd.env("DROVER_TOKEN", token);
         }
         let child = cmd.spawn().expect("start drover worker");

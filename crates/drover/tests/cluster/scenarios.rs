@@ -963,6 +963,60 @@ fn a_token_is_required_when_configured() {
     );
 }
 
+/// With a token of their own for workers (`--worker-token`), the clients'
+/// token cannot act as a worker: registering, reporting and pushing to the
+/// shared cache are refused with it, and clients' routes with the workers'
+/// token. Builds still run, and a client still reads outputs and logs from
+/// the workers with its own token.
+#[test]
+fn workers_may_have_a_token_of_their_own() {
+    let mut cluster = Cluster::with_tokens("client-s3cret", "worker-s3cret");
+    cluster.add_worker("w1", 1, &[]);
+    let build = "jobs:\n  - name: a\n    run: [\"echo a > {{out}}/a\", \"echo said-a\"]\n";
+    let file = cluster.project("roles", build, &[]);
+    let out = cluster.dir.path().join("out");
+    let (code, status) = wait_json(&cluster, &file, &["--out", out.to_str().expect("utf-8")]);
+    assert_eq!(code, Some(0), "{status}");
+    assert_eq!(std::fs::read_to_string(out.join("a/a")).expect("exported"), "a\n");
+    let logs = cluster.run(&["logs", "1", "a"]);
+    assert!(String::from_utf8_lossy(&logs.stdout).contains("said-a"), "{}", stderr(&logs));
+    // The worker serves its outputs to either token, and to no other.
+    let id = job(&status, "a")["id"].as_str().expect("an ID").to_owned();
+    let workers = cluster.workers_json();
+    let worker = workers[0]["url"].as_str().expect("the worker's URL").to_owned();
+    let artifact = format!("/v1/artifacts/{id}");
+    for (token, expected) in [("client-s3cret", 200), ("worker-s3cret", 200), ("wrong", 401)] {
+        let auth = format!("Authorization: Bearer {token}\r\n");
+        let ((code, _), _) = http_with(&worker, "GET", &artifact, &auth, b"");
+        assert_eq!(code, expected, "the worker's artifact with {token}");
+    }
+    // Each role's routes take only its token.
+    let client = "Authorization: Bearer client-s3cret\r\n";
+    let register = br#"{"name":"fake","url":"http://127.0.0.1:9","capacity":{"slots":1},"labels":{},"artifacts":[],"running":[]}"#;
+    let ((code, body), _) = http_with(&cluster.url, "POST", "/v1/workers/register", client, register);
+    assert_eq!(code, 401, "{}", String::from_utf8_lossy(&body));
+    assert!(
+        String::from_utf8_lossy(&body).contains("needs the workers' token"),
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+    let ((code, _), _) = http_with(&cluster.url, "PUT", &format!("/v1/cache/{id}?run=1"), client, b"bytes");
+    assert_eq!(code, 401, "a push with the clients' token");
+    let ((code, _), _) = http_with(&cluster.url, "GET", &format!("/v1/cache/{id}"), client, b"");
+    assert_ne!(code, 401, "reading the shared cache with the clients' token");
+    let ((code, _), _) =
+        http_with(&cluster.url, "GET", "/v1/builds", "Authorization: Bearer worker-s3cret\r\n", b"");
+    assert_eq!(code, 401, "a client's route with the workers' token");
+    // One token given twice is a mistake, said before anything starts.
+    let same = drover()
+        .args(["serve", "--listen", "127.0.0.1:0", "--token", "x", "--worker-token", "x", "--data"])
+        .arg(cluster.dir.path().join("same"))
+        .output()
+        .expect("run drover serve");
+    assert_eq!(same.status.code(), Some(2), "{}", stderr(&same));
+    assert!(stderr(&same).contains("--worker-token is the same as --token"), "{}", stderr(&same));
+}
+
 /// The shared cache takes an output only from the cluster's own runs: a
 /// push under a job ID no run was assigned (a client filing its own bytes
 /// under another job's ID, for every build to take) is refused, while the
