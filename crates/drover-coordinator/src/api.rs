@@ -696,9 +696,15 @@ async fn job_log(
                     ),
                     None => {
                         let why = match j.state {
-                            JobState::Cached => ": its result came from the cache, from an earlier run",
-                            JobState::Queued => " yet",
-                            _ => "",
+                            JobState::Cached => match s.ran_in(id, &job) {
+                                Some((other, name)) => format!(
+                                    ": its result came from the cache, from job {name} of build {other} (`drover \
+                                     logs {other} {name}` shows that run's log)"
+                                ),
+                                None => ": its result came from the cache, from an earlier run".into(),
+                            },
+                            JobState::Queued => " yet".into(),
+                            _ => String::new(),
                         };
                         format!("job {job} of build {id} has not run{why}")
                     }

@@ -1460,6 +1460,19 @@ impl Build {
         Some((rec.run?, *worker, name))
     }
 
+    /// The ID of job `job`, if the build has it.
+    pub(crate) fn job_id(&self, job: &str) -> Option<drover_proto::Hash32> {
+        Some(self.plan.spec.jobs[*self.plan.index.get(job)? as usize].id)
+    }
+
+    /// A job with ID `id` that ran in this build and succeeded: its name.
+    pub(crate) fn succeeded_as(&self, id: drover_proto::Hash32) -> Option<&str> {
+        let jobs = self.plan.spec.jobs.iter().zip(&self.jobs);
+        jobs.filter(|(def, rec)| def.id == id && rec.state == JobState::Succeeded && rec.run.is_some())
+            .map(|(def, _)| def.name.as_str())
+            .next()
+    }
+
     /// The run of job `job` that was its attempt `attempt` (run, worker,
     /// worker name), the latest or an earlier one kept.
     pub(crate) fn run_of_attempt(&self, job: &str, attempt: u32) -> Option<(u64, u64, &str)> {

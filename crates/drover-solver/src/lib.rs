@@ -925,6 +925,19 @@ impl Solver {
         }
     }
 
+    /// For job `job` of build `build`, whose result came from the cache:
+    /// the newest other build still kept in which a job with the same ID
+    /// ran and succeeded, and that job's name there (its log is that
+    /// run's).
+    pub fn ran_in(&self, build: u64, job: &str) -> Option<(u64, String)> {
+        let id = self.builds.get(&build)?.job_id(job)?;
+        self.builds
+            .iter()
+            .rev()
+            .filter(|(other, _)| **other != build)
+            .find_map(|(&other, b)| Some((other, b.succeeded_as(id)?.to_owned())))
+    }
+
     fn locate(&self, run: u64, worker: u64, name: &str) -> Option<(String, u64)> {
         let info = self.workers.get(&worker).or_else(|| self.workers.get(self.worker_ids.get(name)?))?;
         Some((info.url.clone(), run))

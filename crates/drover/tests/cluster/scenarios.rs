@@ -76,6 +76,17 @@ fn status_lists_the_builds_with_their_counts() {
     let log = cluster.run(&["logs", &again["id"].to_string(), "a"]);
     assert_eq!(log.status.code(), Some(2), "{}", stderr(&log));
     assert!(stderr(&log).contains("has not run: its result came from the cache"), "{}", stderr(&log));
+    // It names the run that made the result (a's, or b's: the two are one
+    // job by content), whose log `logs` then shows.
+    let said = stderr(&log);
+    let (ran, name) = said
+        .split_once("`drover logs ")
+        .and_then(|(_, rest)| rest.split_once('`'))
+        .and_then(|(args, _)| args.split_once(' '))
+        .unwrap_or_else(|| panic!("no command in {said}"));
+    assert_eq!((ran, ["a", "b"].contains(&name)), (id.to_string().as_str(), true), "{said}");
+    let there = cluster.run(&["logs", ran, name]);
+    assert!(there.status.success(), "{}", stderr(&there));
 }
 
 #[test]
