@@ -304,6 +304,16 @@ fn truncate(s: &str) -> &str {
 /// [`MAX_ENTRIES`] entries or [`MAX_TOTAL_PATH_BYTES`] of paths, or more
 /// than `max_bytes` of content.
 pub(crate) fn scan_tree(root: &Path, sync: bool, max_bytes: u64) -> Result<Manifest, CasError> {
+    // The root itself is never followed: a job that swapped its output
+    // directory for a link would have a directory elsewhere read (and, on
+    // commit, sealed) as its output.
+    let meta = fs::symlink_metadata(root).ctx(|| format!("read {}", root.display()))?;
+    if !meta.is_dir() {
+        let what = if meta.is_symlink() { "a symbolic link" } else { "not a directory" };
+        return Err(CasError::UnsafePath(format!(
+            "the output directory itself is {what} (a job must write into {{{{out}}}}, not replace it)"
+        )));
+    }
     let mut scan =
         Scan { root, sync, max_bytes, size: 0, path_bytes: 0, entries: Vec::new(), buf: vec![0; CHUNK] };
     scan.dir("")?;

@@ -977,6 +977,10 @@ async fn fetch_artifact(
                     let why = e.to_string();
                     tracing::warn!(dep = %name, %holder, "artifact fetch failed: {}", one_line(&why));
                     log.line(format_args!("dependency {name} from {holder} failed: {e}"));
+                    // No holder can help: the output does not fit here.
+                    if let Some(message) = larger_than_cache(name, &e) {
+                        return Err(Missing::Failed(message));
+                    }
                     errors.push(format!("{holder}: {e}"));
                     // Unreachable twice, a pause apart: not tried again for
                     // the run's other inputs.
@@ -1006,7 +1010,12 @@ async fn fetch_artifact(
             shared.outbox.added(held(&artifact, &info));
             return Ok(());
         }
-        Err(e) => errors.push(format!("shared cache: {e}")),
+        Err(e) => {
+            if let Some(message) = larger_than_cache(name, &e) {
+                return Err(Missing::Failed(message));
+            }
+            errors.push(format!("shared cache: {e}"))
+        }
     }
     Err(Missing::Nowhere(format!(
         "cannot get the output of {name} ({}): {} (the coordinator builds it again)",
@@ -1166,6 +1175,23 @@ fn empty_needs(shared: &Shared, deps: &BTreeMap<String, ArtifactGuard>) -> Strin
             "\nnote: the outputs of {}, which it reads, are empty: they wrote nothing to {{{{out}}}}",
             many.join(", ")
         ),
+    }
+}
+
+/// When a dependency's output failed to arrive for being larger than this
+/// worker's whole cache: why, in words. Building it again would not help.
+fn larger_than_cache(name: &str, e: &HttpError) -> Option<String> {
+    match e {
+        HttpError::Artifact { source: drover_cas::CasError::TooLarge { what, size, max }, .. }
+            if what == "pack" =>
+        {
+            Some(format!(
+                "cannot fetch the output of its dependency {name}: it is larger than this worker's whole cache \
+                 (at least {size} bytes, --cache-size is {max} bytes): give the worker a larger cache, or run the \
+                 job on a worker with one"
+            ))
+        }
+        _ => None,
     }
 }
 

@@ -582,6 +582,13 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), Failure> {
         labels: units::pairs("--labels", &args.labels).map_err(Failure::Usage)?,
         tokens: units::tokens(&args.tokens).map_err(Failure::Usage)?,
     };
+    if let Some(given) = offer.labels.get("worker") {
+        return Err(Failure::Usage(anyhow::anyhow!(
+            "--labels worker={given}: `worker` is drover run's own label, local-1 to local-{} (one per local \
+             worker, so a job can be pinned to one); give your label another name",
+            args.workers
+        )));
+    }
     let cluster = Embedded::start_with(&args.state, args.workers, slots, &offer, |_| {}).await?;
     let http = cluster.http();
     let work = client::build_and_wait(&http, &cluster.url, loaded, &args.build, &args.state);

@@ -234,6 +234,35 @@ fn commit_refuses_symlinks_out_of_the_tree() {
     assert!(tmp_is_empty(&cas));
 }
 
+/// A tree whose root a job swapped for a link (or a file) is refused, and
+/// the directory the link points to is neither read as the output nor
+/// sealed: it keeps its files' modes and times.
+#[test]
+fn commit_refuses_a_root_replaced_by_a_link_and_leaves_its_target_alone() {
+    let (root, cas) = cas(1 << 20);
+    let victim = root.path().join("victim");
+    fs::create_dir(&victim).unwrap();
+    fs::set_permissions(&victim, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::write(victim.join("notes.txt"), "mine").unwrap();
+    fs::set_permissions(victim.join("notes.txt"), fs::Permissions::from_mode(0o644)).unwrap();
+    let before = fs::metadata(victim.join("notes.txt")).unwrap().modified().unwrap();
+    let writer = cas.begin_artifact(&key(1)).unwrap();
+    fs::remove_dir(writer.dir()).unwrap();
+    symlink(&victim, writer.dir()).unwrap();
+    let err = writer.commit().unwrap_err();
+    assert!(matches!(&err, CasError::UnsafePath(m) if m.contains("symbolic link")), "{err:?}");
+    let after = fs::metadata(victim.join("notes.txt")).unwrap();
+    assert_eq!((after.permissions().mode() & 0o777, after.modified().unwrap()), (0o644, before));
+    assert_eq!(fs::metadata(&victim).unwrap().permissions().mode() & 0o777, 0o755);
+    let writer = cas.begin_artifact(&key(1)).unwrap();
+    fs::remove_dir(writer.dir()).unwrap();
+    fs::write(writer.dir(), "a file").unwrap();
+    let err = writer.commit().unwrap_err();
+    assert!(matches!(&err, CasError::UnsafePath(m) if m.contains("not a directory")), "{err:?}");
+    assert!(cas.artifacts().is_empty());
+    assert!(tmp_is_empty(&cas));
+}
+
 #[test]
 fn an_artifact_larger_than_the_cache_is_refused() {
     let (_root, cas) = cas(100);

@@ -158,3 +158,28 @@ fn a_dependency_with_the_same_output_runs_none_of_its_dependents() {
     assert_eq!(std::fs::read_to_string(out.join("use").join("upper")).expect("use's output"), "HELLO\n");
     assert_eq!(runs(&counter), 1);
 }
+
+/// A dependency's output larger than the consuming worker's whole cache
+/// fails the consumer at once, saying so; the dependency is not built
+/// again (its output is not lost: it only does not fit there).
+#[test]
+fn an_input_larger_than_the_workers_cache_fails_without_rebuilds() {
+    let mut cluster = Cluster::new();
+    cluster.add_worker("big", 1, &["--labels", "size=big", "--no-push"]);
+    cluster.add_worker("small", 1, &["--labels", "size=small", "--cache-size", "64Ki", "--no-push"]);
+    let counter = cluster.scratch("produced");
+    let build = format!(
+        "jobs:\n  - name: produce\n    labels: {{size: big}}\n    run: \"echo x >> {counter}; head -c 300000 \
+         /dev/zero > {{{{out}}}}/blob\"\n  - name: consume\n    needs: [produce]\n    labels: {{size: small}}\n    \
+         run: \"wc -c {{{{dep:produce}}}}/blob\"\n"
+    );
+    let file = cluster.project("too-large", &build, &[]);
+    let (code, status) = crate::harness::wait_json(&cluster, &file, &[]);
+    assert_eq!(code, Some(1), "{status}");
+    let consume = job(&status, "consume");
+    assert_eq!(consume["state"], "failed", "{status}");
+    let detail = consume["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("larger than this worker's whole cache"), "{status}");
+    assert_eq!(job(&status, "produce")["attempts"], 1, "{status}");
+    assert_eq!(runs(&counter), 1, "produce ran once");
+}

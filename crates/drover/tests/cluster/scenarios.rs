@@ -1297,6 +1297,10 @@ fn run_offers_labels_and_tokens_to_its_local_workers() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let out = run(&["--tokens", "network=lots"]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    // `worker` is the local workers' own label: not silently overridden.
+    let out = run(&["--labels", "worker=w1"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("`worker` is drover run's own label"), "{}", stderr(&out));
 }
 
 /// `--out` inside the project is never read for sources, even by `**`:
