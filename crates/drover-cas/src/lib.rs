@@ -164,6 +164,11 @@ pub enum Durability {
     /// returns.
     #[default]
     PowerLoss,
+    /// Nothing past the process's own use: an unpacked artifact's files
+    /// and directories are not fsynced at all. For a scratch store whose
+    /// contents go with the process (a client's downloads on their way to
+    /// an export).
+    Scratch,
 }
 
 /// Room a cache keeps free on its filesystem ([`Cas::keep_free`]).
@@ -652,12 +657,13 @@ impl Cas {
         let got = read_up_to(input, &mut head)?;
         let mut input = std::io::Cursor::new(&head[..got]).chain(input);
         if got == head.len() && pack::is_end_tag(head[pack::HEAD_LEN]) {
-            pack::read_pack(&mut input, Path::new(""), self.inner.max_bytes, expected_tree)?;
+            pack::read_pack(&mut input, Path::new(""), self.inner.max_bytes, expected_tree, false)?;
             return self.inner.install_empty(id, false).map(|installed| installed.info);
         }
         let writer = self.begin_artifact(id)?;
+        let sync = self.inner.durability != Durability::Scratch;
         let (manifest, info) =
-            pack::read_pack(&mut input, writer.dir(), self.inner.max_bytes, expected_tree)?;
+            pack::read_pack(&mut input, writer.dir(), self.inner.max_bytes, expected_tree, sync)?;
         writer.commit_prepared(&manifest, info)
     }
 

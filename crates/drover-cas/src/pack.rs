@@ -169,6 +169,7 @@ pub(crate) fn read_pack(
     root: &Path,
     max_bytes: u64,
     expected_tree: Option<&Key>,
+    sync: bool,
 ) -> Result<(Manifest, ArtifactInfo), CasError> {
     let mut input = Input { input };
     let mut magic = [0u8; 8];
@@ -248,7 +249,7 @@ pub(crate) fn read_pack(
                 if buf.is_empty() {
                     buf = vec![0u8; CHUNK];
                 }
-                let digest = read_file(&mut input, &full, size, exec, &mut buf)?;
+                let digest = read_file(&mut input, &full, size, exec, &mut buf, sync)?;
                 Entry::File { path, exec, size, digest }
             }
         };
@@ -275,12 +276,14 @@ pub(crate) fn read_pack(
     {
         return Err(CasError::DigestMismatch { expected: *expected, actual: info.tree });
     }
-    for dir in dirs.iter().rev() {
-        sync_dir(&root.join(dir))?;
-    }
-    // An empty pack created nothing under `root` (which need not exist).
-    if !entries.is_empty() {
-        sync_dir(root)?;
+    if sync {
+        for dir in dirs.iter().rev() {
+            sync_dir(&root.join(dir))?;
+        }
+        // An empty pack created nothing under `root` (which need not exist).
+        if !entries.is_empty() {
+            sync_dir(root)?;
+        }
     }
     Ok((Manifest { entries }, info))
 }
@@ -293,6 +296,7 @@ fn read_file(
     size: u64,
     exec: bool,
     buf: &mut [u8],
+    sync: bool,
 ) -> Result<Key, CasError> {
     let file = File::options()
         .write(true)
@@ -322,6 +326,8 @@ fn read_file(
         return Err(CasError::DigestMismatch { expected, actual });
     }
     set_exec(&file, exec, full)?;
-    file.sync_all().ctx(|| format!("fsync {}", full.display()))?;
+    if sync {
+        file.sync_all().ctx(|| format!("fsync {}", full.display()))?;
+    }
     Ok(actual)
 }

@@ -166,6 +166,7 @@ pub(crate) fn router(app: App) -> Router {
         .route("/v1/cache/{job}", get(get_cached))
         .route("/v1/workers/{id}/leave", post(leave))
         .route("/v1/workers/{id}/drain", post(drain))
+        .route("/v1/workers/unreachable", post(unreachable))
         .layer(middleware::from_fn_with_state((app.clone(), Role::Either), require_token));
     let api = for_clients
         .merge(for_workers)
@@ -953,6 +954,42 @@ fn reregister() -> Json<PollReply> {
 async fn leave(State(app): State<App>, Path(id): Path<u64>) -> ApiResult<StatusCode> {
     app.shared.input(Input::Leave { worker: id }).await??;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /v1/workers/unreachable`: a client or worker could not connect to
+/// the live worker at a URL. The coordinator tries too, and if the
+/// connection is refused (nothing listens there: the worker's process is
+/// gone) it takes the worker as lost now, as if it had left, instead of
+/// when its lease runs out: what it held is built again, its runs go
+/// elsewhere. A worker that is only slow, or stopped, still takes the
+/// connection, and keeps its lease.
+async fn unreachable(
+    State(app): State<App>,
+    JsonBody(req): JsonBody<drover_proto::UnreachableRequest>,
+) -> ApiResult<Json<drover_proto::UnreachableReply>> {
+    let url = req.url.clone();
+    let Some(id) = app.shared.query(move |s| s.live_worker_at(&url)).await? else {
+        return Ok(Json(drover_proto::UnreachableReply { lost: false }));
+    };
+    let lost = refuses_connections(&req.url).await;
+    if lost {
+        tracing::warn!(worker = id, url = %req.url, "nothing listens at a worker's address: taken as lost now");
+        // Gone already (it left, or came back as a new session) is fine.
+        let _ = app.shared.input(Input::Leave { worker: id }).await?;
+    }
+    Ok(Json(drover_proto::UnreachableReply { lost }))
+}
+
+/// Whether a connection to the host and port of `url` (an `http://` URL)
+/// is refused, within a few seconds.
+async fn refuses_connections(url: &str) -> bool {
+    let Some(rest) = url.strip_prefix("http://") else { return false };
+    let authority = rest.split('/').next().unwrap_or(rest);
+    let connect = tokio::net::TcpStream::connect(authority);
+    matches!(
+        tokio::time::timeout(Duration::from_secs(3), connect).await,
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused
+    )
 }
 
 /// `POST /v1/workers/{id}/drain`: the worker shuts down once its runs end;

@@ -994,6 +994,22 @@ pub struct WorkerStatus {
     pub running: usize,
 }
 
+/// `POST /v1/workers/unreachable`: a client or worker could not connect to
+/// a live worker (a holder of an output it fetched).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnreachableRequest {
+    /// The worker's URL, as the coordinator gave it.
+    pub url: String,
+}
+
+/// Reply to [`UnreachableRequest`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnreachableReply {
+    /// Nothing listens at that URL any more: the coordinator took the
+    /// worker there as lost (what it held is built again elsewhere).
+    pub lost: bool,
+}
+
 /// `GET /v1/artifacts/{job}`: where a job's output can be fetched.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ArtifactLocation {

@@ -883,6 +883,14 @@ impl Solver {
         self.workers.get(&id).map(|w| w.url.as_str())
     }
 
+    /// The live worker at `url`, if one is there.
+    pub fn live_worker_at(&self, url: &str) -> Option<u64> {
+        self.workers
+            .iter()
+            .find(|(id, w)| w.url == url && self.core.worker_alive(WorkerId(**id)))
+            .map(|(&id, _)| id)
+    }
+
     /// Every registered worker.
     pub fn workers(&self) -> Vec<WorkerStatus> {
         self.workers

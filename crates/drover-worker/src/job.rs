@@ -981,6 +981,15 @@ async fn fetch_artifact(
                     if let Some(message) = larger_than_cache(name, &e) {
                         return Err(Missing::Failed(message));
                     }
+                    // A holder that refuses connections is gone: the
+                    // coordinator, told, checks and forgets it at once, so
+                    // the next round (and a rebuild) does not wait for its
+                    // lease to run out.
+                    if matches!(e, HttpError::Connect { .. }) && report_unreachable(shared, holder).await {
+                        log.line(format_args!("{holder} is gone: the coordinator took it as lost"));
+                        unreachable.insert(holder.clone());
+                        continue;
+                    }
                     errors.push(format!("{holder}: {e}"));
                     // Unreachable twice, a pause apart: not tried again for
                     // the run's other inputs.
@@ -1176,6 +1185,15 @@ fn empty_needs(shared: &Shared, deps: &BTreeMap<String, ArtifactGuard>) -> Strin
             many.join(", ")
         ),
     }
+}
+
+/// Tells the coordinator that the worker at `holder` could not be reached;
+/// whether it found nothing listening there and took that worker as lost.
+async fn report_unreachable(shared: &Shared, holder: &str) -> bool {
+    let url = shared.coordinator("/v1/workers/unreachable");
+    let request = drover_proto::UnreachableRequest { url: holder.to_owned() };
+    let reply = shared.http.post_json::<_, drover_proto::UnreachableReply>(&url, &request, None).await;
+    reply.is_ok_and(|r| r.lost)
 }
 
 /// When a dependency's output failed to arrive for being larger than this

@@ -276,10 +276,12 @@ async fn finish(
     if let Some(out) = args.out.as_ref().filter(|_| export_to.is_none()) {
         eprintln!("nothing exported to {}: the build {}", out.display(), ended.state);
     }
+    // An export that fails still leaves the logs and the status printed.
+    let mut exported = Ok(());
     if export_to.is_some() || args.logs || args.json {
         let status = build_status(http, base, id).await?;
         if let Some(out) = export_to {
-            export(http, base, (&args.file, loaded, state), &status, out).await?;
+            exported = export(http, base, (&args.file, loaded, state), &status, out).await;
         }
         if args.logs {
             print_logs(http, base, &status).await;
@@ -294,6 +296,7 @@ async fn finish(
         started.elapsed().as_secs_f64(),
         summary(&ended.counts)
     );
+    exported?;
     if ended.state == BuildState::Succeeded { Ok(()) } else { Err(Failure::Build) }
 }
 
@@ -576,8 +579,10 @@ async fn export(
 ) -> Result<(), Failure> {
     let needed = loaded.needed();
     let scratch = Scratch::new()?;
-    let cas =
-        std::sync::Arc::new(drover_cas::Cas::open(scratch.path(), u64::MAX).map_err(anyhow::Error::from)?);
+    let cas = std::sync::Arc::new(
+        drover_cas::Cas::open_with(scratch.path(), u64::MAX, drover_cas::Durability::Scratch)
+            .map_err(anyhow::Error::from)?,
+    );
     let known: BTreeSet<(&str, Hash32)> = status.jobs.iter().map(|j| (j.name.as_str(), j.id)).collect();
     for job in loaded.spec.jobs.iter().filter(|j| !needed.contains(j.name.as_str())) {
         if !known.contains(&(job.name.as_str(), job.id)) {
@@ -607,21 +612,34 @@ async fn export(
         let mut sources: Vec<(String, String)> =
             location.holders.iter().map(|h| (h.clone(), api(h, &format!("/v1/artifacts/{key}")))).collect();
         sources.push(("the shared cache".into(), api(base, &format!("/v1/cache/{key}"))));
-        for (from, url) in &sources {
+        // Holders found gone (nothing listens at their address).
+        let mut gone = Vec::new();
+        for (i, (from, url)) in sources.iter().enumerate() {
             match fetch(http, &cas, url, job.id, location.tree).await {
                 Ok(()) => {
                     done = true;
                     break;
                 }
-                Err(e) => errors.push(format!("{from}: {e:#}")),
+                Err(e) => {
+                    errors.push(format!("{from}: {e:#}"));
+                    let refused = matches!(e.downcast_ref::<HttpError>(), Some(HttpError::Connect { .. }));
+                    if i < location.holders.len() && refused && holder_gone(http, base, from).await {
+                        gone.push(from.as_str());
+                    }
+                }
             }
         }
         if !done {
-            return Err(Failure::Runtime(anyhow!(
-                "cannot export the output of {}: {}",
-                job.name,
-                if errors.is_empty() { "no live worker holds it".into() } else { errors.join("; ") }
-            )));
+            let mut why =
+                if errors.is_empty() { "no live worker holds it".into() } else { errors.join("; ") };
+            if !gone.is_empty() {
+                why.push_str(&format!(
+                    ". The output was lost with its worker ({} no longer runs; the coordinator now knows): \
+                     run the build again to build it again",
+                    gone.join(", ")
+                ));
+            }
+            return Err(Failure::Runtime(anyhow!("cannot export the output of {}: {why}", job.name)));
         }
         let dest = out.join(&job.name);
         if dest.exists() {
@@ -707,6 +725,15 @@ fn forget_stale_exports(
     }
     std::fs::write(&list, written).with_context(|| format!("cannot write {}", list.display()))?;
     Ok(())
+}
+
+/// Tells the coordinator that the worker at `holder` could not be reached;
+/// whether it found nothing listening there and took that worker as lost.
+async fn holder_gone(http: &Http, base: &str, holder: &str) -> bool {
+    let request = drover_proto::UnreachableRequest { url: holder.to_owned() };
+    let url = api(base, "/v1/workers/unreachable");
+    let reply = http.post_json::<_, drover_proto::UnreachableReply>(&url, &request, None).await;
+    reply.is_ok_and(|r| r.lost)
 }
 
 async fn fetch(

@@ -183,3 +183,56 @@ fn an_input_larger_than_the_workers_cache_fails_without_rebuilds() {
     assert_eq!(job(&status, "produce")["attempts"], 1, "{status}");
     assert_eq!(runs(&counter), 1, "produce ran once");
 }
+
+/// Whether the coordinator still takes the worker `name` as alive.
+fn alive(cluster: &Cluster, name: &str) -> bool {
+    let workers = cluster.workers_json();
+    workers.as_array().is_some_and(|all| all.iter().any(|w| w["name"] == name && w["alive"] == true))
+}
+
+/// A holder whose process is gone (nothing listens at its address) is taken
+/// as lost as soon as a client or a worker fails to reach it, not when its
+/// lease runs out (two minutes here): `--out` says the output was lost and
+/// the next build builds it again; a worker fetching an input from it gets
+/// the input built again at once.
+#[test]
+fn a_holder_that_refuses_connections_is_taken_as_lost_at_once() {
+    let mut cluster = Cluster::with_config(None, "[scheduler]\nlease_timeout = \"120s\"\n");
+    cluster.add_worker("w1", 1, &["--no-push"]);
+    let one = cluster.project("one", "jobs:\n  - name: a\n    run: \"echo a > {{out}}/a\"\n", &[]);
+    let out = cluster.dir.path().join("out");
+    let out_arg = ["--out", out.to_str().expect("utf-8")];
+    let (code, status) = crate::harness::wait_json(&cluster, &one, &[]);
+    assert_eq!(code, Some(0), "{status}");
+    cluster.add_worker("w2", 1, &["--no-push"]);
+    cluster.kill_worker("w1");
+    let (exported, status) = crate::harness::wait_output(&cluster, &one, &out_arg);
+    assert_eq!(exported.status.code(), Some(1), "{status}");
+    let said = String::from_utf8_lossy(&exported.stderr);
+    assert!(said.contains("The output was lost with its worker"), "{said}");
+    assert_eq!(job(&status, "a")["state"], "cached", "the status is printed all the same: {status}");
+    assert!(!alive(&cluster, "w1"), "w1 is taken as lost");
+    let (code, status) = crate::harness::wait_json(&cluster, &one, &out_arg);
+    assert_eq!((code, &job(&status, "a")["state"]), (Some(0), &Value::from("succeeded")), "{status}");
+    assert_eq!(std::fs::read_to_string(out.join("a/a")).expect("exported"), "a\n");
+
+    // A worker fetching an input from a holder that is gone (the consumer
+    // is pinned to it: otherwise it would wait for the holder, as jobs wait
+    // for the workers that hold their inputs, until the lease ran out).
+    let chain = |consumer: &str, labels: &str| {
+        format!(
+            "jobs:\n  - name: p\n    run: \"echo p > {{{{out}}}}/p\"\n  - name: c\n    needs: [p]\n    run: \"{consumer} \
+             {{{{dep:p}}}}/p > {{{{out}}}}/c\"\n    labels: {{{labels}}}\n"
+        )
+    };
+    let file = cluster.project("chain", &chain("cat", ""), &[]);
+    let (code, status) = crate::harness::wait_json(&cluster, &file, &[]);
+    assert_eq!(code, Some(0), "{status}");
+    cluster.add_worker("w3", 1, &["--no-push", "--labels", "at=w3"]);
+    cluster.kill_worker("w2");
+    let file = cluster.project("chain", &chain("wc -c <", "at: w3"), &[]);
+    let (code, status) = crate::harness::wait_json(&cluster, &file, &[]);
+    assert_eq!(code, Some(0), "{status}");
+    assert_eq!(job(&status, "p")["state"], "succeeded", "p was built again: {status}");
+    assert!(!alive(&cluster, "w2"), "w2 is taken as lost");
+}
