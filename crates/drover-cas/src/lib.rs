@@ -126,9 +126,9 @@ pub use manifest::ArtifactInfo;
 
 use empty::EmptyStore;
 use error::IoContext;
-use fsutil::{copy_hashing, copy_stored_file, remove_path, set_exec, touch};
+use fsutil::{copy_hashing, remove_path, touch};
 use index::{Index, Slot, Unpinned};
-use manifest::{Entry, Manifest};
+use manifest::Manifest;
 
 const INFO_FILE: &str = "info.json";
 const MANIFEST_FILE: &str = "manifest.json";
@@ -164,11 +164,6 @@ pub enum Durability {
     /// returns.
     #[default]
     PowerLoss,
-    /// Nothing past the process's own use: an unpacked artifact's files
-    /// and directories are not fsynced at all. For a scratch store whose
-    /// contents go with the process (a client's downloads on their way to
-    /// an export).
-    Scratch,
 }
 
 /// Room a cache keeps free on its filesystem ([`Cas::keep_free`]).
@@ -661,27 +656,26 @@ impl Cas {
             return self.inner.install_empty(id, false).map(|installed| installed.info);
         }
         let writer = self.begin_artifact(id)?;
-        let sync = self.inner.durability != Durability::Scratch;
         let (manifest, info) =
-            pack::read_pack(&mut input, writer.dir(), self.inner.max_bytes, expected_tree, sync)?;
+            pack::read_pack(&mut input, writer.dir(), self.inner.max_bytes, expected_tree, true)?;
         writer.commit_prepared(&manifest, info)
     }
+}
 
-    /// Copies the artifact's tree into `dest` (created if missing). Entries
-    /// of the artifact replace what is at the same paths in `dest` (a
-    /// non-empty directory in the way is an error); other contents of `dest`
-    /// stay. Files are verified against their digests while copied (a
-    /// mismatch removes the artifact, reported by `take_evicted`).
-    pub fn export(&self, id: &Key, dest: &Path) -> Result<(), CasError> {
-        let guard = self.inner.pin(id, true).ok_or(CasError::NotFound(*id))?;
-        let result = self.inner.load_manifest(&guard).and_then(|m| export_tree(guard.path(), &m, dest));
-        drop(guard);
-        match result {
-            Err(e) if is_damage(&e) => {
-                self.inner.discard(id, true);
-                Err(e)
-            }
-            other => other,
+/// Reads a pack from `input` into a new directory `dir` (outside any
+/// cache: an export), verified as [`Cas::unpack`] verifies it, files
+/// `0644` or `0755`. Nothing is fsynced. On failure `dir` is removed.
+pub fn unpack_to_dir(
+    input: &mut dyn Read,
+    dir: &Path,
+    expected_tree: Option<&Key>,
+) -> Result<ArtifactInfo, CasError> {
+    fs::create_dir(dir).ctx(|| format!("create {}", dir.display()))?;
+    match pack::read_pack(input, dir, u64::MAX, expected_tree, false) {
+        Ok((_, info)) => Ok(info),
+        Err(e) => {
+            let _ = fsutil::remove_path(dir);
+            Err(e)
         }
     }
 }
@@ -714,56 +708,6 @@ fn relabel_read(e: CasError, path: &Path) -> CasError {
         }
         other => other,
     }
-}
-
-fn export_tree(src: &Path, manifest: &Manifest, dest: &Path) -> Result<(), CasError> {
-    fs::create_dir_all(dest).ctx(|| format!("create {}", dest.display()))?;
-    for entry in &manifest.entries {
-        let to = dest.join(entry.path());
-        let existing = match fs::symlink_metadata(&to) {
-            Ok(m) => Some(m),
-            Err(e) if e.kind() == ErrorKind::NotFound => None,
-            Err(e) => return Err(e).ctx(|| format!("stat {}", to.display())),
-        };
-        if let Entry::Dir { .. } = entry {
-            match existing {
-                Some(m) if m.is_dir() => {}
-                Some(_) => {
-                    fs::remove_file(&to).ctx(|| format!("remove {}", to.display()))?;
-                    fs::create_dir(&to).ctx(|| format!("create {}", to.display()))?;
-                }
-                None => fs::create_dir(&to).ctx(|| format!("create {}", to.display()))?,
-            }
-            continue;
-        }
-        match existing {
-            Some(m) if m.is_dir() => {
-                fs::remove_dir(&to).ctx(|| format!("replace directory {}", to.display()))?;
-            }
-            Some(_) => fs::remove_file(&to).ctx(|| format!("remove {}", to.display()))?,
-            None => {}
-        }
-        match entry {
-            Entry::Dir { .. } => {}
-            Entry::Symlink { target, .. } => {
-                std::os::unix::fs::symlink(target, &to).ctx(|| format!("create symlink {}", to.display()))?;
-            }
-            Entry::File { path, exec, size, digest } => {
-                let file = File::options()
-                    .write(true)
-                    .create_new(true)
-                    .open(&to)
-                    .ctx(|| format!("create {}", to.display()))?;
-                let mut out = std::io::BufWriter::with_capacity(manifest::CHUNK, &file);
-                let write_err = |source| CasError::Io { context: format!("write {}", to.display()), source };
-                copy_stored_file(&src.join(path), *size, digest, &mut out, &write_err)?;
-                out.flush().map_err(write_err)?;
-                drop(out);
-                set_exec(&file, *exec, &to)?;
-            }
-        }
-    }
-    Ok(())
 }
 
 impl Inner {

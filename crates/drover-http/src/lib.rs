@@ -502,6 +502,25 @@ impl Http {
         stored.map_err(|source| HttpError::Artifact { url: url.to_owned(), source })
     }
 
+    /// GET an artifact's pack into the new directory `dir` (outside any
+    /// cache: an export), verified against `tree` if given
+    /// ([`drover_cas::unpack_to_dir`]), with the limits of
+    /// [`Http::get_artifact`]. On failure `dir` is removed.
+    pub async fn get_artifact_into(
+        &self,
+        url: &str,
+        dir: std::path::PathBuf,
+        tree: Option<drover_cas::Key>,
+    ) -> Result<drover_cas::ArtifactInfo, HttpError> {
+        let stream = idle_limited(self.get_stream(url).await?, self.stall + self.timeout);
+        let mut reader = read_stream(stream);
+        let stored =
+            tokio::task::spawn_blocking(move || drover_cas::unpack_to_dir(&mut reader, &dir, tree.as_ref()))
+                .await
+                .map_err(|e| HttpError::Decode { url: url.to_owned(), message: e.to_string() })?;
+        stored.map_err(|source| HttpError::Artifact { url: url.to_owned(), source })
+    }
+
     /// GET a body as a stream of chunks (downloads, logs, event streams).
     pub async fn get_stream(&self, url: &str) -> Result<ByteStream, HttpError> {
         let req = self.request(Method::GET, url, full(Bytes::new()), "application/octet-stream")?;

@@ -578,11 +578,6 @@ async fn export(
     out: &Path,
 ) -> Result<(), Failure> {
     let needed = loaded.needed();
-    let scratch = Scratch::new()?;
-    let cas = std::sync::Arc::new(
-        drover_cas::Cas::open_with(scratch.path(), u64::MAX, drover_cas::Durability::Scratch)
-            .map_err(anyhow::Error::from)?,
-    );
     let known: BTreeSet<(&str, Hash32)> = status.jobs.iter().map(|j| (j.name.as_str(), j.id)).collect();
     for job in loaded.spec.jobs.iter().filter(|j| !needed.contains(j.name.as_str())) {
         if !known.contains(&(job.name.as_str(), job.id)) {
@@ -612,17 +607,23 @@ async fn export(
         let mut sources: Vec<(String, String)> =
             location.holders.iter().map(|h| (h.clone(), api(h, &format!("/v1/artifacts/{key}")))).collect();
         sources.push(("the shared cache".into(), api(base, &format!("/v1/cache/{key}"))));
+        // Unpacked beside its place, then moved there whole: an export
+        // cut short leaves the previous one (and this part, removed by the
+        // next export). A job name has no `+`.
+        let part = out.join(format!(".drover-part+{}", job.name));
+        drover_cas::remove_tree(&part).with_context(|| format!("cannot remove {}", part.display()))?;
+        let tree = location.tree.map(|t| drover_cas::Key(t.0));
         // Holders found gone (nothing listens at their address).
         let mut gone = Vec::new();
         for (i, (from, url)) in sources.iter().enumerate() {
-            match fetch(http, &cas, url, job.id, location.tree).await {
-                Ok(()) => {
+            match http.get_artifact_into(url, part.clone(), tree).await {
+                Ok(_) => {
                     done = true;
                     break;
                 }
                 Err(e) => {
-                    errors.push(format!("{from}: {e:#}"));
-                    let refused = matches!(e.downcast_ref::<HttpError>(), Some(HttpError::Connect { .. }));
+                    let refused = matches!(e, HttpError::Connect { .. });
+                    errors.push(format!("{from}: {:#}", anyhow::Error::from(e)));
                     if i < location.holders.len() && refused && holder_gone(http, base, from).await {
                         gone.push(from.as_str());
                     }
@@ -645,8 +646,7 @@ async fn export(
         if dest.exists() {
             std::fs::remove_dir_all(&dest).with_context(|| format!("cannot replace {}", dest.display()))?;
         }
-        cas.export(&drover_cas::Key(job.id.0), &dest)
-            .with_context(|| format!("exporting to {}", dest.display()))?;
+        std::fs::rename(&part, &dest).with_context(|| format!("exporting to {}", dest.display()))?;
         eprintln!("{}: output in {}", job.name, dest.display());
     }
     let exported = loaded.spec.jobs.iter().map(|j| j.name.as_str()).filter(|name| !needed.contains(name));
@@ -734,17 +734,6 @@ async fn holder_gone(http: &Http, base: &str, holder: &str) -> bool {
     let url = api(base, "/v1/workers/unreachable");
     let reply = http.post_json::<_, drover_proto::UnreachableReply>(&url, &request, None).await;
     reply.is_ok_and(|r| r.lost)
-}
-
-async fn fetch(
-    http: &Http,
-    cas: &std::sync::Arc<drover_cas::Cas>,
-    url: &str,
-    job: Hash32,
-    tree: Option<Hash32>,
-) -> anyhow::Result<()> {
-    http.get_artifact(url, cas, drover_cas::Key(job.0), tree.map(|t| drover_cas::Key(t.0))).await?;
-    Ok(())
 }
 
 /// `drover submit`.

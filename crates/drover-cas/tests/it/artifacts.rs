@@ -6,7 +6,7 @@ use std::os::unix::fs::{PermissionsExt, symlink};
 
 use drover_cas::{Cas, CasError, Durability};
 
-use crate::util::{Node, build, cas, key, listing, sample_tree, tmp_is_empty, unseal, write};
+use crate::util::{build, cas, key, listing, sample_tree, tmp_is_empty, unseal, write};
 
 #[test]
 fn commit_then_reopen_rebuilds_the_index() {
@@ -273,28 +273,24 @@ fn an_artifact_larger_than_the_cache_is_refused() {
     assert!(tmp_is_empty(&cas));
 }
 
+/// An export unpacks a pack straight into a new directory, verified: a
+/// wrong tree digest leaves nothing, and an existing directory is not
+/// written into.
 #[test]
-fn export_copies_the_tree() {
+fn unpack_to_dir_writes_the_tree_verified() {
     let (root, cas) = cas(1 << 20);
-    build(&cas, &key(1), sample_tree);
+    let info = build(&cas, &key(1), sample_tree);
+    let mut pack = Vec::new();
+    cas.pack(&key(1), &mut pack).unwrap();
     let dest = root.path().join("out");
-    cas.export(&key(1), &dest).unwrap();
-    let expected = listing(&cas.artifact(&key(1)).unwrap());
-    assert_eq!(listing(&dest), expected);
-    // Exporting again over the previous export replaces matching paths,
-    // including a symlink planted where a directory goes.
-    fs::write(dest.join("README"), b"changed").unwrap();
-    fs::remove_dir_all(dest.join("lib")).unwrap();
-    let elsewhere = root.path().join("elsewhere");
-    fs::create_dir(&elsewhere).unwrap();
-    symlink(&elsewhere, dest.join("lib")).unwrap();
-    fs::write(dest.join("unrelated"), b"stays").unwrap();
-    cas.export(&key(1), &dest).unwrap();
-    let mut expected_with_extra = expected.clone();
-    expected_with_extra.push(("unrelated".into(), Node::File { exec: false, content: b"stays".to_vec() }));
-    assert_eq!(listing(&dest), expected_with_extra);
-    assert!(fs::read_dir(&elsewhere).unwrap().next().is_none());
-    assert!(matches!(cas.export(&key(9), &dest), Err(CasError::NotFound(_))));
+    assert_eq!(drover_cas::unpack_to_dir(&mut pack.as_slice(), &dest, Some(&info.tree)).unwrap(), info);
+    assert_eq!(listing(&dest), listing(&cas.artifact(&key(1)).unwrap()));
+    let err = drover_cas::unpack_to_dir(&mut pack.as_slice(), &dest, None).unwrap_err();
+    assert!(matches!(err, CasError::Io { .. }), "{err:?}");
+    let other = root.path().join("other");
+    let err = drover_cas::unpack_to_dir(&mut pack.as_slice(), &other, Some(&key(7))).unwrap_err();
+    assert!(matches!(err, CasError::DigestMismatch { .. }), "{err:?}");
+    assert!(!other.exists(), "nothing is left of a refused pack");
 }
 
 #[test]
@@ -371,9 +367,9 @@ fn every_empty_artifact_is_one_hard_link_to_a_shared_file() {
     assert!(!entry_path(&cas, &b).exists());
     assert!(cas.verify_artifact(&a).unwrap());
     let mut out = Vec::new();
-    cas.export(&c, &root.path().join("out")).unwrap();
-    assert!(fs::read_dir(root.path().join("out")).unwrap().next().is_none());
     cas.pack(&c, &mut out).unwrap();
+    drover_cas::unpack_to_dir(&mut out.as_slice(), &root.path().join("out"), None).unwrap();
+    assert!(fs::read_dir(root.path().join("out")).unwrap().next().is_none());
 
     // Reopened: both still there, as empty artifacts.
     drop(cas);
