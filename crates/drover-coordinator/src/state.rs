@@ -525,27 +525,31 @@ fn run(
     let mut followers = Followers::default();
     // Submits beyond the one a turn carries out, oldest first.
     let mut submits: VecDeque<Command> = VecDeque::new();
+    // When the last turn ended, and how long the thread meant to wait
+    // after it (see `paused` below).
+    let mut turn_end = now_ms();
     loop {
         let mut batch = Vec::new();
-        if submits.is_empty() {
+        let meant = if submits.is_empty() {
             let mut wait =
                 solver.poll_timeout().map(|at| Duration::from_millis(at.0.saturating_sub(now_ms())));
             // Records a snapshot holds are dropped a few a turn, idle or not.
             if snapshots.dropping() {
                 wait = Some(wait.map_or(snapshots::DROP_PAUSE, |w| w.min(snapshots::DROP_PAUSE)));
             }
-            match wait {
-                Some(wait) => match rx.recv_timeout(wait) {
-                    Ok(cmd) => batch.push(cmd),
-                    Err(RecvTimeoutError::Timeout) => {}
-                    Err(RecvTimeoutError::Disconnected) => return,
-                },
-                None => match rx.recv() {
-                    Ok(cmd) => batch.push(cmd),
-                    Err(_) => return,
-                },
+            // Awake at least every tenth of a lease, so that a pause of the
+            // whole process shows as a wake-up that came late.
+            let probe = Duration::from_millis((solver.config().lease_timeout.0 / 10).max(50));
+            let wait = wait.map_or(probe, |w| w.min(probe));
+            match rx.recv_timeout(wait) {
+                Ok(cmd) => batch.push(cmd),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return,
             }
-        }
+            wait.as_millis() as u64
+        } else {
+            0
+        };
         while batch.len() < MAX_BATCH {
             match rx.try_recv() {
                 Ok(cmd) => batch.push(cmd),
@@ -582,6 +586,20 @@ fn run(
             }
             reply
         };
+        // The thread woke a tenth of a lease or more later than it meant
+        // to: the whole process was paused (stopped, a VM frozen, swapped
+        // out) and heard nothing meanwhile, workers' heartbeats included.
+        // As after a restart, time stood still for the cluster, so no
+        // lease runs out for the pause; this comes before anything else of
+        // the turn, the due timers included.
+        let paused = now.saturating_sub(turn_end).saturating_sub(meant);
+        if paused >= solver.config().lease_timeout.0 / 10 {
+            let _ = apply(&mut solver, Input::Restarted, record(&Input::Restarted));
+            tracing::warn!(
+                paused_ms = paused,
+                "the coordinator was paused: the cluster's leases and waits were paused with it"
+            );
+        }
         if solver.poll_timeout().is_some_and(|at| at.0 <= now) {
             let _ = apply(&mut solver, Input::Tick, record(&Input::Tick));
         }
@@ -719,6 +737,7 @@ fn run(
         for (build, from, reply) in follows {
             let _ = reply.send(followers.add(&solver, build, from, FOLLOW_BACKLOG));
         }
+        turn_end = now_ms();
     }
 }
 

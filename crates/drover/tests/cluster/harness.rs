@@ -172,6 +172,16 @@ impl Cluster {
         child.wait().expect("reap worker");
     }
 
+    /// Sends a signal (`STOP`, `CONT`, ...) to the coordinator's process.
+    pub(crate) fn signal_coordinator(&self, signal: &str) {
+        let child = self.coordinator.as_ref().expect("coordinator running");
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill -{signal} failed");
+    }
+
     /// Sends a signal (`STOP`, `CONT`, ...) to a worker's process.
     pub(crate) fn signal_worker(&self, name: &str, signal: &str) {
         let (_, child) = self.workers.iter().find(|(n, _)| n == name).expect("worker exists");

@@ -103,3 +103,32 @@ fn a_job_waits_for_its_only_capable_worker_to_come_back() {
     assert_eq!(status["state"], "succeeded", "{status}");
     assert_eq!(job(&status, "train")["worker"], "gpu", "{status}");
 }
+
+/// A coordinator paused (stopped, a frozen VM) for longer than the lease
+/// does not take its workers as lost when it goes on: it heard nothing
+/// because it was not running, so time stood still for the cluster. The
+/// running job finishes in its first run.
+#[test]
+fn a_paused_coordinator_loses_no_worker() {
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", 1, &[]);
+    let started = cluster.scratch("started");
+    let build = format!("jobs:\n  - name: long\n    run: \"touch {started}; sleep 3\"\n");
+    let file = cluster.project("paused", &build, &[]);
+    let id = cluster.submit(&file);
+    eventually("the job to start", || std::path::Path::new(&started).exists().then_some(()));
+    cluster.signal_coordinator("STOP");
+    // The pause itself, twice the tests' 1.5 s lease: nothing to wait for.
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    cluster.signal_coordinator("CONT");
+    let status = cluster.final_status(id);
+    assert_eq!(status["state"], "succeeded", "{status}");
+    assert_eq!(job(&status, "long")["attempts"], 1, "{status}");
+    let workers = cluster.workers_json();
+    assert_eq!(workers[0]["alive"], true, "{workers}");
+    assert!(
+        cluster.coordinator_log().iter().any(|l| l.contains("the coordinator was paused")),
+        "{:?}",
+        cluster.coordinator_log()
+    );
+}
