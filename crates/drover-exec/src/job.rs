@@ -60,6 +60,10 @@ pub enum Outcome {
     /// could not be written (even after the commands ran: a full disk, say),
     /// or the supervisor failed; the message says which.
     SpawnFailed(String),
+    /// The supervisor was killed (by a signal, or with its zygote: the OOM
+    /// killer, an operator) before it could report: the worker's machinery
+    /// failed, not the job. The message says how.
+    SupervisorLost(String),
 }
 
 /// Errors of the worker-side API.
@@ -535,7 +539,15 @@ impl RunningJob {
                     Some(task) => task.await.unwrap_or_default(),
                     None => String::new(),
                 };
-                Outcome::SpawnFailed(format!("job supervisor {}: {}", describe(&status), stderr.trim()))
+                let said = match stderr.trim() {
+                    "" => String::new(),
+                    said => format!(": {said}"),
+                };
+                let what = format!("job supervisor {}{said}", describe(&status));
+                match status {
+                    SupervisorExit::Lost(_) | SupervisorExit::Signaled(_) => Outcome::SupervisorLost(what),
+                    SupervisorExit::Exited(_) => Outcome::SpawnFailed(what),
+                }
             }
         };
         self.result = Some((outcome.clone(), report));

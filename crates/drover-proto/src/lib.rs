@@ -914,8 +914,9 @@ pub struct RunResult {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub lost_inputs: Vec<Hash32>,
     /// The worker failed the run, not the job: its own disk could not be
-    /// written (full, or its cache directory gone). The job goes back to
-    /// the queue as for a lost worker, and the worker takes nothing new.
+    /// written (full, or its cache directory gone; the worker then takes
+    /// nothing new), or the run's supervisor was killed under it. The job
+    /// goes back to the queue as for a lost worker.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub worker_fault: bool,
 }

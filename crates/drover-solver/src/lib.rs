@@ -1085,10 +1085,10 @@ impl Solver {
             if theirs(&self.core, r.run) {
                 continue;
             }
-            // Its worker's disk failed the run, not the job: it goes back
-            // to the queue as if the worker had been lost under it (a
-            // worker whose disk stays broken drains first, so it goes
-            // elsewhere).
+            // Its worker failed the run, not the job (its disk, or the
+            // run's supervisor killed): it goes back to the queue as if the
+            // worker had been lost under it (a worker whose disk stays
+            // broken drains first, so it goes elsewhere).
             if r.worker_fault {
                 self.run_keys.remove(&r.run);
                 let _stale = self.core.handle(self.now, Event::RunLost { run: RunId(r.run) });

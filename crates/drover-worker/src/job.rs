@@ -85,6 +85,12 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, control: Ru
     // write (full, or the cache directory removed under it) fails every
     // job it is given, and a worker that fails jobs fastest takes the most.
     // Such a run goes back to the queue, and the worker takes nothing new.
+    // Its supervisor killed under it (the OOM killer, an operator): the
+    // run goes back to the queue, as for a lost worker.
+    if control.lost_supervisor() && !cancel.is_cancelled() {
+        tracing::warn!(run, job = %assignment.name, detail = %result.detail, "a run's supervisor was killed: the run goes back to the queue");
+        result.worker_fault = true;
+    }
     if before_commands && !cancel.is_cancelled() {
         let probe = shared.clone();
         let disk = tokio::task::spawn_blocking(move || disk_fault(&probe)).await.unwrap_or(Disk::Fine);
@@ -1163,6 +1169,10 @@ async fn run_commands(
         // (say a full disk, after the commands ran), or the supervisor.
         Outcome::SpawnFailed(message) => {
             control.spawn_failed();
+            failed(None, message)
+        }
+        Outcome::SupervisorLost(message) => {
+            control.supervisor_lost();
             failed(None, message)
         }
     }

@@ -210,9 +210,22 @@ struct Held {
     /// Its commands could not be started, or their logs not written: the
     /// worker's doing, maybe (see `job::disk_fault`).
     spawn_failed: bool,
+    /// Its supervisor was killed before it reported: the worker failed the
+    /// run, not the job.
+    supervisor_lost: bool,
 }
 
 impl RunControl {
+    /// Notes that the run's supervisor was killed before it reported.
+    pub(crate) fn supervisor_lost(&self) {
+        self.job.lock().expect("run control").supervisor_lost = true;
+    }
+
+    /// Whether [`RunControl::supervisor_lost`] was noted.
+    pub(crate) fn lost_supervisor(&self) -> bool {
+        self.job.lock().expect("run control").supervisor_lost
+    }
+
     /// Notes that the run's commands could not be started, or their logs
     /// not written.
     pub(crate) fn spawn_failed(&self) {

@@ -278,8 +278,15 @@ pub(crate) async fn run(shared: Arc<Shared>) {
         match shared.http.post_json::<_, PollReply>(&url, &report, None).await {
             Ok(reply) if reply.reregister => {
                 outbox.pending().restore(report, since);
-                outbox.set_session(None);
-                outbox.reregister.notify_one();
+                // Unless the session changed since this report went out:
+                // the poll heard the same and ended it, and the worker may
+                // have registered again already; a second wake-up would
+                // end that new session (its runs lost, their attempts
+                // spent).
+                if !session.has_changed().unwrap_or(true) {
+                    outbox.set_session(None);
+                    outbox.reregister.notify_one();
+                }
             }
             Ok(reply) => {
                 backoff = Duration::from_millis(50);

@@ -31,6 +31,8 @@ pub(crate) async fn run(shared: Arc<Shared>) {
         for run in &reply.stop {
             stop(&shared, *run);
         }
+        // A wake-up left from the session before is not for this one.
+        let _ = futures::FutureExt::now_or_never(shared.outbox.reregister.notified());
         shared.outbox.set_session(Some(reply.worker));
         shared.joined.send_replace(Some(reply.worker));
         tracing::info!(worker = reply.worker, coordinator = %shared.config.coordinator, "registered");

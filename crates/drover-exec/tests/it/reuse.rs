@@ -201,7 +201,7 @@ async fn a_supervisor_killed_during_a_job_is_replaced() {
     kill(Pid::from_raw(job.pid() as i32), Signal::SIGKILL).expect("kill the supervisor");
     let outcome = finish(&mut job).await;
     assert!(
-        matches!(&outcome, Outcome::SpawnFailed(message) if message.contains("signal 9")),
+        matches!(&outcome, Outcome::SupervisorLost(message) if message.contains("signal 9")),
         "the supervisor's death ends the job: {outcome:?}"
     );
     assert_no_survivors(&fx);

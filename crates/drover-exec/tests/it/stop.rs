@@ -182,7 +182,7 @@ async fn a_killed_supervisor_leaves_no_process_in_its_session() {
     kill(Pid::from_raw(job.pid() as i32), Signal::SIGKILL).expect("kill the supervisor");
     let outcome = finish(&mut job).await;
     assert!(
-        matches!(&outcome, Outcome::SpawnFailed(message) if message.contains("signal")),
+        matches!(&outcome, Outcome::SupervisorLost(message) if message.contains("signal")),
         "the supervisor's death is reported: {outcome:?}"
     );
     assert!(job.report().is_none());

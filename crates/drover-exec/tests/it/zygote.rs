@@ -117,7 +117,7 @@ async fn a_killed_zygote_loses_its_jobs_without_survivors_and_is_replaced() {
 
     let outcome = finish(&mut job).await;
     assert!(
-        matches!(&outcome, Outcome::SpawnFailed(message) if message.contains("zygote")),
+        matches!(&outcome, Outcome::SupervisorLost(message) if message.contains("zygote")),
         "the supervisor is reported lost with its zygote: {outcome:?}"
     );
     // The supervisor (a subreaper) and every process it had, including the

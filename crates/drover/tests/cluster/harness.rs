@@ -182,6 +182,11 @@ impl Cluster {
         assert!(status.success(), "kill -{signal} failed");
     }
 
+    /// The process ID of a worker.
+    pub(crate) fn worker_pid(&self, name: &str) -> u32 {
+        self.workers.iter().find(|(n, _)| n == name).expect("worker exists").1.id()
+    }
+
     /// Sends a signal (`STOP`, `CONT`, ...) to a worker's process.
     pub(crate) fn signal_worker(&self, name: &str, signal: &str) {
         let (_, child) = self.workers.iter().find(|(n, _)| n == name).expect("worker exists");

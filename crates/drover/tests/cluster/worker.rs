@@ -1,7 +1,7 @@
 //! The `drover worker` process itself: what it offers by default, what it
 //! writes to a log file, how the cluster waits for it across a restart.
 
-use std::process::{Child, Stdio};
+use std::process::{Child, Command, Stdio};
 
 use crate::harness::{Cluster, drover, eventually, free_port, job};
 
@@ -131,4 +131,45 @@ fn a_paused_coordinator_loses_no_worker() {
         "{:?}",
         cluster.coordinator_log()
     );
+}
+
+/// The children of process `pid` whose command line has `arg`.
+fn children_with(pid: u32, arg: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let status = std::fs::read_to_string(format!("/proc/{child}/status")).unwrap_or_default();
+        let parent = status.lines().find_map(|l| l.strip_prefix("PPid:")).map(str::trim);
+        let cmdline = std::fs::read(format!("/proc/{child}/cmdline")).unwrap_or_default();
+        if parent == Some(pid.to_string().as_str())
+            && cmdline.split(|&b| b == 0).any(|part| part == arg.as_bytes())
+        {
+            found.push(child);
+        }
+    }
+    found
+}
+
+/// A run whose supervisor is killed under it (its zygote SIGKILLed, as the
+/// OOM killer would) goes back to the queue, as for a lost worker: the
+/// worker failed it, not the job. It runs again and the build succeeds.
+#[test]
+fn a_run_whose_supervisor_is_killed_runs_again() {
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", 1, &[]);
+    let runs = cluster.scratch("runs");
+    let build = format!(
+        "jobs:\n  - name: j\n    run: \"echo x >> {runs}; if [ $(wc -l < {runs}) -eq 1 ]; then sleep 60; fi; echo done \
+         > {{{{out}}}}/f\"\n"
+    );
+    let file = cluster.project("zygote", &build, &[]);
+    let id = cluster.submit(&file);
+    eventually("the first run to start", || std::path::Path::new(&runs).exists().then_some(()));
+    let zygotes = children_with(cluster.worker_pid("w1"), "__zygote");
+    assert_eq!(zygotes.len(), 1, "one zygote: {zygotes:?}");
+    let killed = Command::new("kill").args(["-KILL", &zygotes[0].to_string()]).status().expect("kill");
+    assert!(killed.success());
+    let status = cluster.final_status(id);
+    assert_eq!(status["state"], "succeeded", "{status}");
+    assert_eq!(job(&status, "j")["attempts"], 2, "{status}");
 }
