@@ -67,6 +67,8 @@ struct HistorySection {
 struct CacheSection {
     /// Size bound (`"10Gi"`).
     size: Option<String>,
+    /// Size bound of the uploaded sources (`"20Gi"`).
+    sources: Option<String>,
     /// Room kept free on the filesystem (`"5Gi"`, `"2%"`, `"0"`).
     keep_free: Option<String>,
 }
@@ -293,6 +295,13 @@ fn coordinator_config(args: &ServeArgs) -> anyhow::Result<CoordinatorConfig> {
             anyhow::ensure!(
                 config.artifact_cache_bytes > 0,
                 "[cache] size cannot be 0: the shared cache would keep nothing (leave it out for the default)"
+            );
+        }
+        if let Some(size) = &file.cache.sources {
+            config.source_cache_bytes = units::size("[cache] sources", size)?;
+            anyhow::ensure!(
+                config.source_cache_bytes > 0,
+                "[cache] sources cannot be 0: no build's sources could be kept (leave it out for the default)"
             );
         }
         if let Some(keep) = &file.cache.keep_free {
@@ -753,7 +762,10 @@ mod tests {
         let config = config_of(dir.path(), sample).expect("the README's sample reads");
         // `drover serve`'s defaults, which are the core's but for a longer
         // lease.
-        let defaults = CoordinatorConfig::new(dir.path().join("data")).core;
+        let fresh = CoordinatorConfig::new(dir.path().join("data"));
+        assert_eq!(config.source_cache_bytes, fresh.source_cache_bytes);
+        assert_eq!(config.artifact_cache_bytes, fresh.artifact_cache_bytes);
+        let defaults = fresh.core;
         assert_eq!(config.core.unplaceable_grace, defaults.unplaceable_grace);
         assert_eq!(config.core.lost_worker_grace, defaults.lost_worker_grace);
         assert_eq!(config.core.no_worker_grace, defaults.no_worker_grace);
@@ -827,6 +839,11 @@ mod tests {
         let cpu = error("[[queues]]\nname = \"a\"\ncapability = { cpu = \"16x\" }\n");
         assert!(cpu.contains("queue a: bad cpu \"16x\"") && !cpu.contains("--cpu"), "{cpu}");
         assert!(error("[cache]\nsize = \"0\"\n").contains("[cache] size cannot be 0"));
+        assert!(error("[cache]\nsources = \"0\"\n").contains("[cache] sources cannot be 0"));
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sources =
+            config_of(dir.path(), "[cache]\nsources = \"3Gi\"\n").expect("reads").source_cache_bytes;
+        assert_eq!(sources, 3 << 30);
     }
 
     #[test]
