@@ -365,6 +365,11 @@ pub(crate) struct WorkersArgs {
     /// Print JSON.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Drain the live worker of this name first (may be given again):
+    /// nothing new goes to it, its running jobs finish. It stays draining
+    /// until it registers again; stop it (SIGTERM) once it is idle.
+    #[arg(long, value_name = "NAME")]
+    pub(crate) drain: Vec<String>,
     #[command(flatten)]
     pub(crate) remote: Remote,
 }

@@ -1066,7 +1066,23 @@ async fn count_events(http: &Http, base: &str, id: u64) -> Result<u64, Failure> 
 pub(crate) async fn workers(args: WorkersArgs) -> Result<(), Failure> {
     let http = connect(&args.remote);
     let base = &args.remote.coordinator;
-    let workers: Vec<WorkerStatus> = http.get_json(&api(base, "/v1/workers")).await.map_err(reach(base))?;
+    let mut workers: Vec<WorkerStatus> =
+        http.get_json(&api(base, "/v1/workers")).await.map_err(reach(base))?;
+    if !args.drain.is_empty() {
+        for name in &args.drain {
+            let Some(w) = workers.iter().find(|w| w.alive && &w.name == name) else {
+                return Err(Failure::Usage(anyhow!(
+                    "no live worker is named {name:?} (`drover workers` lists them)"
+                )));
+            };
+            http.post(&api(base, &format!("/v1/workers/{}/drain", w.id))).await.map_err(reach(base))?;
+            eprintln!(
+                "worker {name} drains: nothing new goes to it, its {} running job(s) finish; stop it once idle",
+                w.running
+            );
+        }
+        workers = http.get_json(&api(base, "/v1/workers")).await.map_err(reach(base))?;
+    }
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&workers).map_err(anyhow::Error::from)?);
         return Ok(());

@@ -173,3 +173,33 @@ fn a_run_whose_supervisor_is_killed_runs_again() {
     assert_eq!(status["state"], "succeeded", "{status}");
     assert_eq!(job(&status, "j")["attempts"], 2, "{status}");
 }
+
+/// `drover workers --drain NAME` drains a live worker (nothing new goes to
+/// it) and lists the workers; an unknown name is an error.
+#[test]
+fn workers_drain_drains_a_worker_by_name() {
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", 1, &["--labels", "pin=w1"]);
+    cluster.add_worker("w2", 1, &[]);
+    let out = cluster.run(&["workers", "--drain", "w1", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let workers: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let draining = |name: &str| {
+        workers.as_array().expect("list").iter().find(|w| w["name"] == name).expect(name)["draining"].clone()
+    };
+    assert_eq!((draining("w1"), draining("w2")), (true.into(), serde_json::Value::Null), "{workers}");
+    // Nothing new goes to it: by the time a job any worker may run is
+    // done, the one only it may run still waits.
+    let build =
+        "jobs:\n  - name: a\n    labels: {pin: w1}\n    run: \"true\"\n  - name: b\n    run: \"true\"\n";
+    let file = cluster.project("after", build, &[]);
+    let id = cluster.submit(&file);
+    let status = eventually("b to succeed", || {
+        let status = cluster.status(id);
+        (job(&status, "b")["state"] == "succeeded").then_some(status)
+    });
+    assert_eq!(job(&status, "a")["state"], "queued", "{status}");
+    let out = cluster.run(&["workers", "--drain", "nope"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no live worker is named \"nope\""));
+}
