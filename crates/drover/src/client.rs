@@ -185,6 +185,30 @@ fn reach(base: &str) -> impl Fn(HttpError) -> Failure + '_ {
     }
 }
 
+/// Waits for the coordinator to take connections, for as long as a
+/// follow rides out a restart ([`RECONNECTS`] tries), saying so at the
+/// first failure: `submit --wait` in a CI step rides out a coordinator
+/// restarting as it starts, as it does once the build is submitted. Past
+/// that, or for any other answer, the submission goes ahead (and fails
+/// with the reason, if it must).
+async fn coordinator_up(http: &Http, base: &str) {
+    let health = api(base, "/healthz");
+    for tries in 0..RECONNECTS {
+        match http.get_stream(&health).await {
+            Err(e @ (HttpError::Connect { .. } | HttpError::Timeout { .. })) => {
+                if tries == 0 {
+                    eprintln!(
+                        "drover: {e}; trying again for up to {}s (is the coordinator restarting?)",
+                        (RECONNECT_PAUSE * RECONNECTS).as_secs()
+                    );
+                }
+                tokio::time::sleep(RECONNECT_PAUSE).await;
+            }
+            _ => return,
+        }
+    }
+}
+
 /// A request the coordinator refused for a reason of its own (no such
 /// build or job, a build that cannot be retried): its words alone, without
 /// the request's URL.
@@ -751,6 +775,9 @@ pub(crate) async fn submit(args: SubmitArgs) -> Result<(), Failure> {
     let started = Instant::now();
     prepare_out(&args.build, &loaded, None)?;
     let options = Options::from_args(&args.build);
+    if args.wait {
+        coordinator_up(&http, base).await;
+    }
     let submitting = submit_loaded(&http, base, &loaded, &options);
     // With --wait, interrupts are caught from before the first request.
     let mut interrupts = if args.wait {

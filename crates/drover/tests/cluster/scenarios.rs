@@ -1633,3 +1633,29 @@ fn concurrent_builds_share_a_job_and_the_history_survives_a_restart() {
     let after: Vec<Vec<Value>> = (1..=4).map(|id| history(&cluster, id)).collect();
     assert_eq!(before, after, "the event history is the same after a restart");
 }
+
+/// `submit --wait` started while the coordinator is down (restarting)
+/// waits for it, saying so, and the build goes through once it is back.
+#[test]
+fn submit_wait_rides_out_a_coordinator_that_is_not_up_yet() {
+    use std::io::{BufRead, BufReader};
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", 1, &[]);
+    let file = cluster.project("later", "jobs:\n  - name: a\n    run: \"true\"\n", &[]);
+    cluster.kill_coordinator();
+    let mut client = cluster
+        .client(&["submit", file.to_str().expect("utf-8"), "--wait"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start drover submit");
+    let mut lines = BufReader::new(client.stderr.take().expect("stderr")).lines();
+    let said = lines.next().expect("a line").expect("read");
+    assert!(said.contains("trying again for up to 60s"), "{said}");
+    cluster.start_coordinator();
+    let rest = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>().join("\n"));
+    let status = client.wait().expect("wait for drover submit");
+    let rest = rest.join().expect("stderr");
+    assert!(status.success(), "{rest}");
+    assert!(rest.contains("succeeded"), "{rest}");
+}
