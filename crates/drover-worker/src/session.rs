@@ -29,6 +29,11 @@ pub(crate) async fn run(shared: Arc<Shared>) {
         first = false;
         *shared.readers.lock().expect("readers") = reply.readers;
         for run in &reply.stop {
+            tracing::warn!(
+                run,
+                "the coordinator no longer knows this run (given up, or sent elsewhere, while this worker was \
+                 away): stopped"
+            );
             stop(&shared, *run);
         }
         // A wake-up left from the session before is not for this one.
