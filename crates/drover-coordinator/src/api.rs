@@ -137,6 +137,14 @@ type ApiResult<T> = Result<T, ApiError>;
 const MAX_JSON: usize = 256 << 20;
 
 pub(crate) fn router(app: App) -> Router {
+    // Each role's routes check the token first, then the request's size
+    // (a request without the token learns nothing and takes no room).
+    let guarded = |routes: Router<App>, role: Role| {
+        routes
+            .layer(DefaultBodyLimit::max(MAX_JSON))
+            .layer(middleware::from_fn_with_state(app.clone(), declared_size))
+            .layer(middleware::from_fn_with_state((app.clone(), role), require_token))
+    };
     let for_clients = Router::new()
         .route("/v1/builds", post(submit).get(list_builds))
         .route("/v1/builds/{id}", get(build_status))
@@ -150,29 +158,26 @@ pub(crate) fn router(app: App) -> Router {
         .route("/v1/blobs/{digest}", put(put_blob))
         .route("/v1/workers", get(workers))
         .route("/v1/queues", get(queues))
-        .route("/metrics", get(metrics))
-        .layer(middleware::from_fn_with_state((app.clone(), Role::Client), require_token));
+        .route("/metrics", get(metrics));
+    // Leaving loses the worker's runs: only a worker (or the embedded
+    // cluster, which has one token) may say it leaves.
     let for_workers = Router::new()
         .route("/v1/workers/register", post(register))
         .route("/v1/workers/{id}/poll", post(poll))
         .route("/v1/workers/{id}/report", post(report))
-        .route("/v1/cache/{job}", put(put_cached))
-        .layer(middleware::from_fn_with_state((app.clone(), Role::Worker), require_token));
-    // Reading content by its digest or ID, and a worker's leaving or
-    // draining (asked by the worker itself or by an operator).
+        .route("/v1/workers/{id}/leave", post(leave))
+        .route("/v1/cache/{job}", put(put_cached));
+    // Reading content by its digest or ID, a worker's draining (asked by
+    // the worker itself or by an operator), and a worker found unreachable.
     let for_both = Router::new()
         .route("/v1/blobs/{digest}", get(get_blob))
         .route("/v1/artifacts/{job}", get(artifact_location))
         .route("/v1/cache/{job}", get(get_cached))
-        .route("/v1/workers/{id}/leave", post(leave))
         .route("/v1/workers/{id}/drain", post(drain))
-        .route("/v1/workers/unreachable", post(unreachable))
-        .layer(middleware::from_fn_with_state((app.clone(), Role::Either), require_token));
-    let api = for_clients
-        .merge(for_workers)
-        .merge(for_both)
-        .layer(DefaultBodyLimit::max(MAX_JSON))
-        .layer(middleware::from_fn_with_state(app.clone(), declared_size));
+        .route("/v1/workers/unreachable", post(unreachable));
+    let api = guarded(for_clients, Role::Client)
+        .merge(guarded(for_workers, Role::Worker))
+        .merge(guarded(for_both, Role::Either));
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .merge(api)
@@ -268,8 +273,8 @@ async fn require_token(State((app, role)): State<(App, Role)>, req: Request, nex
     if !app.tokens.authorized(req.headers(), role) {
         let message = match role {
             Role::Worker if app.tokens.separate => {
-                "this is a worker's request: it needs the workers' token (drover worker --token, the \
-                 coordinator's --worker-token or DROVER_WORKER_TOKEN)"
+                "this is a worker's request: it needs the workers' token (`drover worker --token`, or \
+                 DROVER_TOKEN in the worker's environment, set to the coordinator's --worker-token)"
             }
             _ => drover_http::TOKEN_REQUIRED,
         };

@@ -246,6 +246,12 @@ fn coordinator_config(args: &ServeArgs) -> anyhow::Result<CoordinatorConfig> {
     let mut config = CoordinatorConfig::new(args.data.clone());
     config.listen = args.listen;
     config.token = args.token.clone();
+    if args.worker_token.is_some() && args.token.is_none() {
+        anyhow::bail!(
+            "--worker-token needs --token too: it keeps clients from acting as workers, which only means \
+             something when clients need a token of their own"
+        );
+    }
     if args.worker_token.is_some() && args.worker_token == args.token {
         anyhow::bail!(
             "--worker-token is the same as --token: give workers a token of their own, or leave \

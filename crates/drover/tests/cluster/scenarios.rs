@@ -1026,6 +1026,16 @@ fn workers_may_have_a_token_of_their_own() {
         .expect("run drover serve");
     assert_eq!(same.status.code(), Some(2), "{}", stderr(&same));
     assert!(stderr(&same).contains("--worker-token is the same as --token"), "{}", stderr(&same));
+    let alone = drover()
+        .args(["serve", "--listen", "127.0.0.1:0", "--worker-token", "x", "--data"])
+        .arg(cluster.dir.path().join("alone"))
+        .output()
+        .expect("run drover serve");
+    assert_eq!(alone.status.code(), Some(2), "{}", stderr(&alone));
+    assert!(stderr(&alone).contains("--worker-token needs --token too"), "{}", stderr(&alone));
+    // A client cannot make a worker leave (its runs would be lost).
+    let ((code, _), _) = http_with(&cluster.url, "POST", "/v1/workers/1/leave", client, b"");
+    assert_eq!(code, 401, "a leave with the clients' token");
 }
 
 /// The shared cache takes an output only from the cluster's own runs: a
