@@ -976,11 +976,13 @@ async fn unreachable(
     let Some(id) = app.shared.query(move |s| s.live_worker_at(&url)).await? else {
         return Ok(Json(drover_proto::UnreachableReply { lost: false }));
     };
+    let since = crate::state::now_ms();
     let lost = refuses_connections(&req.url).await;
     if lost {
         tracing::warn!(worker = id, url = %req.url, "nothing listens at a worker's address: taken as lost now");
-        // Gone already (it left, or came back as a new session) is fine.
-        let _ = app.shared.input(Input::Leave { worker: id }).await?;
+        // A worker that registered again meanwhile (at the same address)
+        // is left alone by the solver; one forgotten meanwhile is gone.
+        let _ = app.shared.input(Input::Unreachable { worker: id, since }).await?;
     }
     Ok(Json(drover_proto::UnreachableReply { lost }))
 }

@@ -69,6 +69,16 @@ pub enum Input {
         /// The worker.
         worker: u64,
     },
+    /// Nothing listens at a live worker's address: a connection to it was
+    /// refused at `since` (milliseconds, the coordinator's clock). It is
+    /// lost now, as if it had left, unless it registered since (it came
+    /// back at the same address).
+    Unreachable {
+        /// The worker.
+        worker: u64,
+        /// When the refused connection was tried.
+        since: u64,
+    },
     /// A worker will shut down once its runs end: it is assigned nothing
     /// new until it registers again.
     Drain {
@@ -282,6 +292,9 @@ struct WorkerInfo {
     /// than missing its lease.
     #[serde(default)]
     left: bool,
+    /// When it last registered.
+    #[serde(default)]
+    registered: u64,
 }
 
 /// Where a build stands, in brief ([`Solver::build_outcome`]).
@@ -606,6 +619,13 @@ impl Solver {
                 }
                 Ok(reply)
             }
+            Input::Unreachable { worker, since } => match self.workers.get(&worker) {
+                Some(info) if info.registered < since => {
+                    Ok(self.core_event(Event::WorkerLeft { worker: WorkerId(worker) }))
+                }
+                Some(_) => Ok(Reply::Done),
+                None => Err(SolverError::UnknownWorker(worker)),
+            },
             Input::Drain { worker } => {
                 Ok(self.core_event(Event::WorkerDraining { worker: WorkerId(worker) }))
             }
@@ -1028,6 +1048,7 @@ impl Solver {
                 labels: req.labels,
                 lost: None,
                 left: false,
+                registered: self.now.0,
             },
         );
         self.effects.push(Effect::Registered { worker: id });

@@ -2410,6 +2410,26 @@ fn a_worker_that_leaves_hands_its_runs_back_at_once() {
     h.assert_replays();
 }
 
+/// A worker found unreachable (a refused connection) is lost at once, as
+/// if it had left, and listed as lost; not when it registered again after
+/// the connection was tried (it came back at the same address).
+#[test]
+fn an_unreachable_worker_is_lost_unless_it_registered_since() {
+    let mut h = Harness::new();
+    h.now += 10_000;
+    let w1 = worker_id(h.input(register("w1", 1, vec![])));
+    let tried = h.now - 1;
+    h.now += 1_000;
+    assert_eq!(h.input(Input::Unreachable { worker: w1, since: tried }), Ok(Reply::Done));
+    assert!(h.solver.worker_alive(w1), "it registered after the connection was tried");
+    assert_eq!(h.input(Input::Unreachable { worker: w1, since: h.now }), Ok(Reply::Done));
+    assert!(!h.solver.worker_alive(w1));
+    let listed = h.solver.workers().into_iter().find(|w| w.id == w1).expect("listed");
+    assert!(!listed.left && !listed.alive, "lost, not left: {listed:?}");
+    assert_eq!(h.input(Input::Unreachable { worker: 99, since: h.now }), Err(SolverError::UnknownWorker(99)));
+    h.assert_replays();
+}
+
 #[test]
 fn workers_lost_long_ago_are_forgotten_and_new_ones_take_their_places() {
     let mut h = Harness::new();
