@@ -525,9 +525,8 @@ fn run(
     let mut followers = Followers::default();
     // Submits beyond the one a turn carries out, oldest first.
     let mut submits: VecDeque<Command> = VecDeque::new();
-    // When the last turn ended, and how long the thread meant to wait
-    // after it (see `paused` below).
-    let mut turn_end = now_ms();
+    // When the last turn started (see `behind` below).
+    let mut last_start = now_ms();
     loop {
         let mut batch = Vec::new();
         let meant = if submits.is_empty() {
@@ -573,6 +572,31 @@ fn run(
             snapshots.drop_some(&mut store);
         }
         let mut records: Vec<(u64, Vec<u8>)> = Vec::new();
+        // This turn starts a tenth of a lease or more after the last one
+        // started and the thread's wait: that turn held the thread up (a
+        // huge submission, say, or a slow write of the log), or the whole
+        // process was paused (stopped, a VM frozen, swapped out). Either
+        // way the workers' heartbeats could not be heard meanwhile, so, as
+        // after a restart, time stands still for the cluster: the solver's
+        // clock goes to when the thread meant to wake (what fell due by
+        // then happens), and every deadline moves on by the rest. This
+        // comes before anything else of the turn, the due timers included.
+        let behind = now.saturating_sub(last_start).saturating_sub(meant);
+        if behind >= (solver.config().lease_timeout.0 / 10).max(50) {
+            let woke = (last_start + meant).min(now);
+            if solver.handle(Millis(woke), Input::Tick).is_ok() {
+                records.push((woke, record(&Input::Tick)));
+            }
+            if solver.handle(Millis(now), Input::Restarted).is_ok() {
+                records.push((now, record(&Input::Restarted)));
+            }
+            tracing::warn!(
+                behind_ms = behind,
+                "the coordinator was held up (a long turn, or the process paused): the cluster's leases and \
+                 waits were paused with it"
+            );
+        }
+        last_start = now;
         let mut answers = Vec::new();
         let mut queries = Vec::new();
         let mut follows = Vec::new();
@@ -586,20 +610,6 @@ fn run(
             }
             reply
         };
-        // The thread woke a tenth of a lease or more later than it meant
-        // to: the whole process was paused (stopped, a VM frozen, swapped
-        // out) and heard nothing meanwhile, workers' heartbeats included.
-        // As after a restart, time stood still for the cluster, so no
-        // lease runs out for the pause; this comes before anything else of
-        // the turn, the due timers included.
-        let paused = now.saturating_sub(turn_end).saturating_sub(meant);
-        if paused >= solver.config().lease_timeout.0 / 10 {
-            let _ = apply(&mut solver, Input::Restarted, record(&Input::Restarted));
-            tracing::warn!(
-                paused_ms = paused,
-                "the coordinator was paused: the cluster's leases and waits were paused with it"
-            );
-        }
         if solver.poll_timeout().is_some_and(|at| at.0 <= now) {
             let _ = apply(&mut solver, Input::Tick, record(&Input::Tick));
         }
@@ -643,20 +653,6 @@ fn run(
                 Command::Snapshot(written) => snapshots.finish(&mut store, written),
                 Command::Follow { build, from, reply } => follows.push((build, from, reply)),
             }
-        }
-        // A turn that held the state thread for a tenth of a lease or more
-        // (a huge submission, say) kept the workers' polls waiting:
-        // as after a restart, time stood still for the cluster meanwhile,
-        // so no lease runs out for the coordinator's own delay.
-        let took = now_ms().saturating_sub(now);
-        if took >= solver.config().lease_timeout.0 / 10 {
-            let at = now_ms();
-            let _ = solver.handle(Millis(at), Input::Restarted);
-            records.push((at, record(&Input::Restarted)));
-            tracing::warn!(
-                took_ms = took,
-                "a turn held the coordinator up: the cluster's leases and waits were paused"
-            );
         }
         if !records.is_empty()
             && let Err(e) = store.append(records.iter().map(|(at, body)| (*at, &body[..])))
@@ -737,7 +733,6 @@ fn run(
         for (build, from, reply) in follows {
             let _ = reply.send(followers.add(&solver, build, from, FOLLOW_BACKLOG));
         }
-        turn_end = now_ms();
     }
 }
 

@@ -436,7 +436,13 @@ async fn a_long_turn_does_not_cost_a_polling_worker_its_lease() {
             })
             .expect("replay");
         assert!(seen_huge);
-        assert!(matches!(after_huge.first(), Some(Input::Restarted)), "{:?}", after_huge.first());
+        // The next turn first takes the solver's clock to when the thread
+        // meant to wake (a tick), then holds the cluster's still.
+        assert!(
+            matches!(after_huge.as_slice(), [Input::Tick, Input::Restarted, ..]),
+            "{:?}",
+            after_huge.iter().take(2).collect::<Vec<_>>()
+        );
         let _ = huge;
     })
     .await

@@ -113,7 +113,7 @@ fn a_paused_coordinator_loses_no_worker() {
     let mut cluster = Cluster::new();
     cluster.add_worker("w1", 1, &[]);
     let started = cluster.scratch("started");
-    let build = format!("jobs:\n  - name: long\n    run: \"touch {started}; sleep 3\"\n");
+    let build = format!("jobs:\n  - name: long\n    run: \"touch {started}; sleep 5\"\n");
     let file = cluster.project("paused", &build, &[]);
     let id = cluster.submit(&file);
     eventually("the job to start", || std::path::Path::new(&started).exists().then_some(()));
@@ -127,7 +127,7 @@ fn a_paused_coordinator_loses_no_worker() {
     let workers = cluster.workers_json();
     assert_eq!(workers[0]["alive"], true, "{workers}");
     assert!(
-        cluster.coordinator_log().iter().any(|l| l.contains("the coordinator was paused")),
+        cluster.coordinator_log().iter().any(|l| l.contains("the process paused")),
         "{:?}",
         cluster.coordinator_log()
     );
