@@ -423,6 +423,11 @@ pub struct Solver {
     /// the worker is lost or registers again.
     #[serde(default)]
     run_keys: BTreeMap<u64, InputKey>,
+    /// Jobs whose latest run a worker failed itself (`worker_fault`) →
+    /// what it said, for the job's detail if the core gives it up (its
+    /// reason names only the worker).
+    #[serde(default)]
+    worker_faults: BTreeMap<JobId, String>,
     /// Jobs that failed and run again (`retry_on_failure`) → how many of
     /// their runs failed so far, and the attempts they made before the
     /// core took the job again (which counts its attempts from 1). Left
@@ -480,6 +485,7 @@ impl Solver {
             outputs_swept: 0,
             cutoffs: BTreeMap::new(),
             aliases: BTreeMap::new(),
+            worker_faults: BTreeMap::new(),
             aliases_swept: 0,
             run_keys: BTreeMap::new(),
             failed_runs: BTreeMap::new(),
@@ -1111,6 +1117,9 @@ impl Solver {
             // worker had been lost under it (a worker whose disk stays
             // broken drains first, so it goes elsewhere).
             if r.worker_fault {
+                if let Some((_, job, _)) = self.core.run_info(RunId(r.run)) {
+                    self.worker_faults.insert(job, r.detail.clone());
+                }
                 self.run_keys.remove(&r.run);
                 let _stale = self.core.handle(self.now, Event::RunLost { run: RunId(r.run) });
                 continue;
@@ -1742,6 +1751,20 @@ impl Solver {
                 if !rerun {
                     self.failed_runs.remove(&job);
                 }
+                // Given up after its worker failed its run: the worker's
+                // words say more than the worker's name.
+                let fault = self.worker_faults.remove(&job);
+                let completion = match (completion, fault) {
+                    (Completion::GaveUp(reason @ FailReason::TooManyAttempts { .. }), Some(said)) => {
+                        Completion::Ran(JobResult {
+                            success: false,
+                            exit_code: None,
+                            cached: false,
+                            detail: format!("{reason}; the worker said: {said}"),
+                        })
+                    }
+                    (completion, _) => completion,
+                };
                 for waiter in waiters {
                     let Some((b, i)) = self.waiters.remove(&waiter) else { continue };
                     self.finished(b, i, &completion);

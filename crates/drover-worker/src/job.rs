@@ -85,10 +85,16 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, control: Ru
     // write (full, or the cache directory removed under it) fails every
     // job it is given, and a worker that fails jobs fastest takes the most.
     // Such a run goes back to the queue, and the worker takes nothing new.
-    // Its supervisor killed under it (the OOM killer, an operator): the
-    // run goes back to the queue, as for a lost worker.
-    if control.lost_supervisor() && !cancel.is_cancelled() {
-        tracing::warn!(run, job = %assignment.name, detail = %result.detail, "a run's supervisor was killed: the run goes back to the queue");
+    // Its supervisor killed under it (the OOM killer, an operator), or an
+    // input too large for this worker's cache: the run goes back to the
+    // queue, as for a lost worker, to run again (elsewhere, if it must).
+    if control.failed_by_worker() && !cancel.is_cancelled() {
+        tracing::warn!(
+            run,
+            job = %assignment.name,
+            detail = %one_line(&result.detail),
+            "this worker failed the run, not the job: it goes back to the queue"
+        );
         result.worker_fault = true;
     }
     if before_commands && !cancel.is_cancelled() {
@@ -706,6 +712,10 @@ async fn fetch(
                     lost.get_or_insert((e, 0)).1 += 1;
                 }
                 Err(Missing::Failed(e)) => return Err(e),
+                Err(Missing::TooLargeHere(e)) => {
+                    control.worker_failed();
+                    return Err(e);
+                }
             }
         }
         match lost {
@@ -864,6 +874,8 @@ enum Missing {
     Nowhere(String),
     /// Storing it here failed.
     Failed(String),
+    /// It is larger than this worker's whole cache.
+    TooLargeHere(String),
 }
 
 /// Gets a dependency's artifact: from the cache, or from a peer that holds
@@ -929,6 +941,7 @@ async fn fetch_artifact(
     // `worth_retrying`).
     let mut tried: Vec<(String, bool)> = Vec::new();
     let mut errors = Vec::new();
+    let mut too_large: Option<String> = None;
     let mut holders = dep.holders.clone();
     let mut tree = dep.tree;
     let name = &dep.name;
@@ -983,10 +996,9 @@ async fn fetch_artifact(
                     let why = e.to_string();
                     tracing::warn!(dep = %name, %holder, "artifact fetch failed: {}", one_line(&why));
                     log.line(format_args!("dependency {name} from {holder} failed: {e}"));
-                    // No holder can help: the output does not fit here.
-                    if let Some(message) = larger_than_cache(name, &e) {
-                        return Err(Missing::Failed(message));
-                    }
+                    // The output may not fit here (or this holder lies
+                    // about its size): said if no other source gives it.
+                    too_large = too_large.or_else(|| larger_than_cache(name, &e));
                     // A holder that refuses connections is gone: the
                     // coordinator, told, checks and forgets it at once, so
                     // the next round (and a rebuild) does not wait for its
@@ -1026,11 +1038,14 @@ async fn fetch_artifact(
             return Ok(());
         }
         Err(e) => {
-            if let Some(message) = larger_than_cache(name, &e) {
-                return Err(Missing::Failed(message));
-            }
+            too_large = too_large.or_else(|| larger_than_cache(name, &e));
             errors.push(format!("shared cache: {e}"))
         }
+    }
+    // No source gave it, and one was refused for being larger than this
+    // whole cache: building it again would not help, another worker may.
+    if let Some(message) = too_large {
+        return Err(Missing::TooLargeHere(message));
     }
     Err(Missing::Nowhere(format!(
         "cannot get the output of {name} ({}): {} (the coordinator builds it again)",
@@ -1172,7 +1187,7 @@ async fn run_commands(
             failed(None, message)
         }
         Outcome::SupervisorLost(message) => {
-            control.supervisor_lost();
+            control.worker_failed();
             failed(None, message)
         }
     }

@@ -210,20 +210,20 @@ struct Held {
     /// Its commands could not be started, or their logs not written: the
     /// worker's doing, maybe (see `job::disk_fault`).
     spawn_failed: bool,
-    /// Its supervisor was killed before it reported: the worker failed the
-    /// run, not the job.
-    supervisor_lost: bool,
+    /// The worker failed the run, not the job: its supervisor was killed
+    /// before it reported, or an input does not fit in its cache.
+    worker_failed: bool,
 }
 
 impl RunControl {
-    /// Notes that the run's supervisor was killed before it reported.
-    pub(crate) fn supervisor_lost(&self) {
-        self.job.lock().expect("run control").supervisor_lost = true;
+    /// Notes that the worker failed the run, not the job.
+    pub(crate) fn worker_failed(&self) {
+        self.job.lock().expect("run control").worker_failed = true;
     }
 
-    /// Whether [`RunControl::supervisor_lost`] was noted.
-    pub(crate) fn lost_supervisor(&self) -> bool {
-        self.job.lock().expect("run control").supervisor_lost
+    /// Whether [`RunControl::worker_failed`] was noted.
+    pub(crate) fn failed_by_worker(&self) -> bool {
+        self.job.lock().expect("run control").worker_failed
     }
 
     /// Notes that the run's commands could not be started, or their logs

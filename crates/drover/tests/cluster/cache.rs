@@ -160,8 +160,10 @@ fn a_dependency_with_the_same_output_runs_none_of_its_dependents() {
 }
 
 /// A dependency's output larger than the consuming worker's whole cache
-/// fails the consumer at once, saying so; the dependency is not built
-/// again (its output is not lost: it only does not fit there).
+/// sends the consumer back to the queue as the worker's fault (another
+/// worker may run it); pinned to that worker, it fails saying so. The
+/// dependency is not built again: its output is not lost, it only does not
+/// fit there.
 #[test]
 fn an_input_larger_than_the_workers_cache_fails_without_rebuilds() {
     let mut cluster = Cluster::new();
