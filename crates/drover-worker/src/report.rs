@@ -33,9 +33,12 @@ pub(crate) struct Outbox {
     pending: Mutex<Pending>,
     ready: Notify,
     /// The worker ID of the current session (`None` while registering).
+    /// Changed only with [`Pending::generation`], under its lock.
     pub(crate) session: watch::Sender<Option<u64>>,
-    /// Set when the coordinator no longer knows this worker.
-    pub(crate) reregister: Notify,
+    /// The latest session generation a report found the coordinator no
+    /// longer knows (see [`Outbox::end_session`]): that session's poll
+    /// ends, and the worker registers again.
+    pub(crate) ended: watch::Sender<u64>,
 }
 
 /// What the next report will carry.
@@ -55,6 +58,9 @@ struct Pending {
     received: u64,
     /// Ends in the report being sent: still running to the coordinator.
     sending: Vec<u64>,
+    /// Counts the changes of [`Outbox::session`]: a session is its worker
+    /// ID and its generation (the ID is the same for every registration).
+    generation: u64,
 }
 
 /// When the next report is due.
@@ -139,7 +145,7 @@ impl Default for Outbox {
             pending: Mutex::new(Pending::default()),
             ready: Notify::new(),
             session: watch::Sender::new(None),
-            reregister: Notify::new(),
+            ended: watch::Sender::new(0),
         }
     }
 }
@@ -203,13 +209,40 @@ impl Outbox {
         pending.report.finished.iter().map(|r| r.run).chain(pending.sending.iter().copied()).collect()
     }
 
-    pub(crate) fn set_session(&self, id: Option<u64>) {
+    /// Sets the session (`None`: ended); returns its generation.
+    pub(crate) fn set_session(&self, id: Option<u64>) -> u64 {
         // Mail versions belong to a session.
         let mut pending = self.pending();
         pending.fetch = 0;
         pending.received = 0;
-        drop(pending);
+        pending.generation += 1;
+        // Under the lock, so that the ID and the generation change as one.
         self.session.send_replace(id);
+        pending.generation
+    }
+
+    /// The current session's worker ID and generation.
+    pub(crate) fn current(&self) -> (Option<u64>, u64) {
+        let pending = self.pending();
+        (*self.session.borrow(), pending.generation)
+    }
+
+    /// Ends the session of generation `generation`, if it is still the
+    /// current one, and tells its poll; whether it did. A report refused
+    /// for a session the poll already ended (and the worker perhaps
+    /// registered again after) ends nothing: the new session stays.
+    pub(crate) fn end_session(&self, generation: u64) -> bool {
+        let mut pending = self.pending();
+        if pending.generation != generation {
+            return false;
+        }
+        pending.fetch = 0;
+        pending.received = 0;
+        pending.generation += 1;
+        self.session.send_replace(None);
+        drop(pending);
+        self.ended.send_replace(generation);
+        true
     }
 }
 
@@ -222,7 +255,8 @@ pub(crate) async fn run(shared: Arc<Shared>) {
     // Whether the cache was last seen holding more than its size.
     let mut over_size = false;
     loop {
-        let Some(id) = *session.borrow_and_update() else {
+        session.mark_unchanged();
+        let (Some(id), generation) = outbox.current() else {
             let _ = session.changed().await;
             continue;
         };
@@ -278,15 +312,11 @@ pub(crate) async fn run(shared: Arc<Shared>) {
         match shared.http.post_json::<_, PollReply>(&url, &report, None).await {
             Ok(reply) if reply.reregister => {
                 outbox.pending().restore(report, since);
-                // Unless the session changed since this report went out:
-                // the poll heard the same and ended it, and the worker may
-                // have registered again already; a second wake-up would
-                // end that new session (its runs lost, their attempts
-                // spent).
-                if !session.has_changed().unwrap_or(true) {
-                    outbox.set_session(None);
-                    outbox.reregister.notify_one();
-                }
+                // Unless the session changed since this report went out
+                // (the poll heard the same, and the worker may have
+                // registered again already): ending that new session would
+                // lose its runs and spend their attempts.
+                outbox.end_session(generation);
             }
             Ok(reply) => {
                 backoff = Duration::from_millis(50);
@@ -326,6 +356,25 @@ mod tests {
 
     fn note(run: u64) -> RunStage {
         RunStage { run, stage: "build".into(), waiting: false }
+    }
+
+    /// A report refused for a session the poll already ended, after the
+    /// worker registered again, ends nothing: the new session stays, and
+    /// its poll is not told to register again (each refusal made a second
+    /// registration, losing the runs just given to the first).
+    #[test]
+    fn a_late_refusal_does_not_end_the_next_session() {
+        let outbox = Outbox::default();
+        let first = outbox.set_session(Some(7));
+        assert!(outbox.end_session(first), "a refusal ends its own session");
+        assert_eq!((*outbox.session.borrow(), *outbox.ended.borrow()), (None, first));
+        let second = outbox.set_session(Some(7));
+        // The poll hears the refusal first, and the worker registers again.
+        outbox.set_session(None);
+        let third = outbox.set_session(Some(7));
+        assert!(!outbox.end_session(second), "the report's session is gone already");
+        assert_eq!(outbox.current(), (Some(7), third));
+        assert_eq!(*outbox.ended.borrow(), first, "no poll is told to stop");
     }
 
     #[test]

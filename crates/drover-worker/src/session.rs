@@ -36,15 +36,13 @@ pub(crate) async fn run(shared: Arc<Shared>) {
             );
             stop(&shared, *run);
         }
-        // A wake-up left from the session before is not for this one.
-        let _ = futures::FutureExt::now_or_never(shared.outbox.reregister.notified());
-        shared.outbox.set_session(Some(reply.worker));
+        let generation = shared.outbox.set_session(Some(reply.worker));
         shared.joined.send_replace(Some(reply.worker));
         tracing::info!(worker = reply.worker, coordinator = %shared.config.coordinator, "registered");
         if shared.draining.load(std::sync::atomic::Ordering::SeqCst) {
             drain(&shared, reply.worker).await;
         }
-        poll(&shared, reply.worker, Duration::from_millis(reply.lease_ms)).await;
+        poll(&shared, (reply.worker, generation), Duration::from_millis(reply.lease_ms)).await;
         tracing::warn!("the coordinator asked this worker to register again");
     }
 }
@@ -140,7 +138,8 @@ fn refused_for_good(e: &drover_http::HttpError) -> bool {
 }
 
 /// Polls until the coordinator asks for a new registration.
-async fn poll(shared: &Arc<Shared>, worker: u64, lease: Duration) {
+async fn poll(shared: &Arc<Shared>, (worker, generation): (u64, u64), lease: Duration) {
+    let mut ended = shared.outbox.ended.subscribe();
     // Poll often enough that a slow answer never lets the lease run out.
     let wait = (lease / 3).clamp(Duration::from_millis(100), Duration::from_secs(10));
     let url = shared.coordinator(&format!("/v1/workers/{worker}/poll"));
@@ -150,7 +149,8 @@ async fn poll(shared: &Arc<Shared>, worker: u64, lease: Duration) {
         let request = PollRequest { wait_ms: wait.as_millis() as u64, notify_only: true, seen };
         let answer = tokio::select! {
             answer = shared.http.post_json::<_, PollReply>(&url, &request, Some(wait + Duration::from_secs(10))) => answer,
-            () = shared.outbox.reregister.notified() => return,
+            // A report found the coordinator no longer knows this session.
+            _ = ended.wait_for(|&g| g == generation) => return,
         };
         match answer {
             Ok(reply) => {

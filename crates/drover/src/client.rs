@@ -193,19 +193,26 @@ fn reach(base: &str) -> impl Fn(HttpError) -> Failure + '_ {
 /// with the reason, if it must).
 async fn coordinator_up(http: &Http, base: &str) {
     let health = api(base, "/healthz");
-    for tries in 0..RECONNECTS {
-        match http.get_stream(&health).await {
-            Err(e @ (HttpError::Connect { .. } | HttpError::Timeout { .. })) => {
-                if tries == 0 {
-                    eprintln!(
-                        "drover: {e}; trying again for up to {}s (is the coordinator restarting?)",
-                        (RECONNECT_PAUSE * RECONNECTS).as_secs()
-                    );
-                }
-                tokio::time::sleep(RECONNECT_PAUSE).await;
-            }
-            _ => return,
+    let patience = RECONNECT_PAUSE * RECONNECTS;
+    let deadline = Instant::now() + patience;
+    let mut said = false;
+    while Instant::now() < deadline {
+        // A coordinator that takes the connection but does not answer
+        // (stopped) is tried again after a short while, not the client's
+        // whole timeout.
+        let why = match tokio::time::timeout(RECONNECT_PAUSE * 4, http.get_stream(&health)).await {
+            Ok(Err(e @ (HttpError::Connect { .. } | HttpError::Timeout { .. }))) => e.to_string(),
+            Err(_) => format!("{health}: no answer"),
+            Ok(_) => return,
+        };
+        if !said {
+            eprintln!(
+                "drover: {why}; trying again for up to {}s (is the coordinator restarting?)",
+                patience.as_secs()
+            );
+            said = true;
         }
+        tokio::time::sleep(RECONNECT_PAUSE).await;
     }
 }
 
