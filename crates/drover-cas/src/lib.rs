@@ -205,7 +205,7 @@ pub(crate) struct Inner {
 #[derive(Debug, Default)]
 struct State {
     index: Index,
-    /// Artifacts evicted (or found corrupt by `pack`/`export`) since the last
+    /// Artifacts evicted (or found corrupt by `pack`) since the last
     /// `take_evicted`.
     evicted: Vec<Key>,
     /// Paths under tmp/ to delete once the lock is released.
@@ -598,7 +598,7 @@ impl Cas {
 
     /// Drains the artifacts that left the cache on their own since the last
     /// call: evicted automatically (on open, put, commit, unpack), or found
-    /// corrupt while being packed or exported. Artifacts removed through
+    /// corrupt while being packed. Artifacts removed through
     /// [`Cas::remove_artifact`], [`Cas::verify_artifact`] or returned by
     /// [`Cas::evict`] are not included.
     pub fn take_evicted(&self) -> Vec<Key> {

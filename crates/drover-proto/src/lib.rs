@@ -17,7 +17,8 @@
 //! ([`Report`] → [`PollReply`]), `POST /v1/workers/{id}/drain` (no body:
 //! nothing new goes to the worker until it registers again) and `POST
 //! /v1/workers/{id}/leave` (no body: the worker is lost at once, its runs
-//! requeued). A worker's *mail* (assignments, drops,
+//! requeued), `POST /v1/workers/unreachable` ([`UnreachableRequest`] →
+//! [`UnreachableReply`]: a holder that could not be reached). A worker's *mail* (assignments, drops,
 //! stops, suspends, resumes) reaches it in exactly one answer: a poll's,
 //! or, for a worker that asks for it ([`Report::deliver`]), a report's, so
 //! a busy worker gets its next job in the answer to the report of the one

@@ -1103,12 +1103,16 @@ pub(crate) async fn workers(args: WorkersArgs) -> Result<(), Failure> {
     let mut workers: Vec<WorkerStatus> =
         http.get_json(&api(base, "/v1/workers")).await.map_err(reach(base))?;
     if !args.drain.is_empty() {
+        // Every name checked before any worker drains.
+        if let Some(name) =
+            args.drain.iter().find(|name| !workers.iter().any(|w| w.alive && &&w.name == name))
+        {
+            return Err(Failure::Usage(anyhow!(
+                "no live worker is named {name:?} (`drover workers` lists them)"
+            )));
+        }
         for name in &args.drain {
-            let Some(w) = workers.iter().find(|w| w.alive && &w.name == name) else {
-                return Err(Failure::Usage(anyhow!(
-                    "no live worker is named {name:?} (`drover workers` lists them)"
-                )));
-            };
+            let Some(w) = workers.iter().find(|w| w.alive && &w.name == name) else { continue };
             http.post(&api(base, &format!("/v1/workers/{}/drain", w.id))).await.map_err(reach(base))?;
             eprintln!(
                 "worker {name} drains: nothing new goes to it, its {} running job(s) finish; stop it once idle",

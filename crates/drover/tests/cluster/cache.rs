@@ -206,6 +206,14 @@ fn a_holder_that_refuses_connections_is_taken_as_lost_at_once() {
     let out_arg = ["--out", out.to_str().expect("utf-8")];
     let (code, status) = crate::harness::wait_json(&cluster, &one, &[]);
     assert_eq!(code, Some(0), "{status}");
+    // A worker reported unreachable while it listens stays.
+    let url = cluster.workers_json()[0]["url"].as_str().expect("w1's URL").to_owned();
+    let body = format!("{{\"url\":\"{url}\"}}");
+    let json = "Content-Type: application/json\r\n";
+    let ((code, reply), _) =
+        crate::harness::http_with(&cluster.url, "POST", "/v1/workers/unreachable", json, body.as_bytes());
+    assert_eq!((code, String::from_utf8_lossy(&reply).contains("\"lost\":false")), (200, true));
+    assert!(alive(&cluster, "w1"));
     cluster.add_worker("w2", 1, &["--no-push"]);
     cluster.kill_worker("w1");
     let (exported, status) = crate::harness::wait_output(&cluster, &one, &out_arg);
