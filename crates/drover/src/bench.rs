@@ -143,6 +143,7 @@ async fn timed_build(
         on_error: drover_proto::OnError::Quit,
         max_parallel: None,
         queue: None,
+        patient: false,
     };
     let id = client::submit_loaded(&http, &cluster.url, loaded, &options).await?;
     let ended = client::follow_events(&http, &cluster.url, id, 0, on_event).await?;
@@ -506,6 +507,7 @@ async fn queues(dir: &Path, seconds: u64) -> Result<Vec<Row>, Failure> {
             on_error: drover_proto::OnError::Quit,
             max_parallel: None,
             queue: Some(name.into()),
+            patient: false,
         };
         ids.push(client::submit_loaded(&http, &cluster.url, &loaded, &options).await?);
     }

@@ -133,11 +133,30 @@ pub(crate) async fn forget_workers(http: &Http, base: &str) -> Result<(), Failur
 }
 
 /// Uploads the sources the coordinator does not have.
-async fn upload(http: &Http, base: &str, loaded: &Loaded) -> Result<(), Failure> {
+async fn upload(http: &Http, base: &str, loaded: &Loaded, patient: bool) -> Result<(), Failure> {
     let digests: BTreeSet<Hash32> = loaded.spec.sources.iter().map(|s| s.digest).collect();
     let request = MissingRequest { digests: digests.into_iter().collect() };
-    let reply: MissingReply =
-        http.post_json(&api(base, "/v1/blobs/missing"), &request, None).await.map_err(reach(base))?;
+    // The submission's first request, and one that may be sent again: a
+    // patient client waits here for a coordinator that refuses connections
+    // as it restarts (a connection refused never reached it).
+    let url = api(base, "/v1/blobs/missing");
+    let deadline = Instant::now() + RECONNECT_PAUSE * RECONNECTS;
+    let mut said = false;
+    let reply: MissingReply = loop {
+        match http.post_json(&url, &request, None).await {
+            Err(e @ HttpError::Connect { .. }) if patient && Instant::now() < deadline => {
+                if !said {
+                    eprintln!(
+                        "drover: {e}; trying again for up to {}s (is the coordinator restarting?)",
+                        (RECONNECT_PAUSE * RECONNECTS).as_secs()
+                    );
+                    said = true;
+                }
+                tokio::time::sleep(RECONNECT_PAUSE).await;
+            }
+            reply => break reply.map_err(reach(base))?,
+        }
+    };
     let missing: BTreeSet<Hash32> = reply.missing.into_iter().collect();
     let mut seen = BTreeSet::new();
     // Owned (path, digest) pairs: the upload futures then borrow nothing
@@ -185,37 +204,6 @@ fn reach(base: &str) -> impl Fn(HttpError) -> Failure + '_ {
     }
 }
 
-/// Waits for the coordinator to take connections, for as long as a
-/// follow rides out a restart ([`RECONNECTS`] tries), saying so at the
-/// first failure: `submit --wait` in a CI step rides out a coordinator
-/// restarting as it starts, as it does once the build is submitted. Past
-/// that, or for any other answer, the submission goes ahead (and fails
-/// with the reason, if it must).
-async fn coordinator_up(http: &Http, base: &str) {
-    let health = api(base, "/healthz");
-    let patience = RECONNECT_PAUSE * RECONNECTS;
-    let deadline = Instant::now() + patience;
-    let mut said = false;
-    while Instant::now() < deadline {
-        // A coordinator that takes the connection but does not answer
-        // (stopped) is tried again after a short while, not the client's
-        // whole timeout.
-        let why = match tokio::time::timeout(RECONNECT_PAUSE * 4, http.get_stream(&health)).await {
-            Ok(Err(e @ (HttpError::Connect { .. } | HttpError::Timeout { .. }))) => e.to_string(),
-            Err(_) => format!("{health}: no answer"),
-            Ok(_) => return,
-        };
-        if !said {
-            eprintln!(
-                "drover: {why}; trying again for up to {}s (is the coordinator restarting?)",
-                patience.as_secs()
-            );
-            said = true;
-        }
-        tokio::time::sleep(RECONNECT_PAUSE).await;
-    }
-}
-
 /// A request the coordinator refused for a reason of its own (no such
 /// build or job, a build that cannot be retried): its words alone, without
 /// the request's URL.
@@ -241,6 +229,9 @@ pub(crate) struct Options {
     pub(crate) max_parallel: Option<u32>,
     /// Overrides the build file's `queue`.
     pub(crate) queue: Option<String>,
+    /// A coordinator that refuses connections at first (restarting) is
+    /// waited for, up to a minute (`submit --wait`).
+    pub(crate) patient: bool,
 }
 
 impl Options {
@@ -251,6 +242,7 @@ impl Options {
             on_error: args.on_error.into(),
             max_parallel: args.max_parallel,
             queue: args.queue.clone(),
+            patient: false,
         }
     }
 }
@@ -262,7 +254,7 @@ pub(crate) async fn submit_loaded(
     loaded: &Loaded,
     options: &Options,
 ) -> Result<u64, Failure> {
-    upload(http, base, loaded).await?;
+    upload(http, base, loaded, options.patient).await?;
     let request = SubmitRequestRef {
         build: &loaded.spec,
         tenant: &options.tenant,
@@ -781,10 +773,7 @@ pub(crate) async fn submit(args: SubmitArgs) -> Result<(), Failure> {
     let base = &args.remote.coordinator;
     let started = Instant::now();
     prepare_out(&args.build, &loaded, None)?;
-    let options = Options::from_args(&args.build);
-    if args.wait {
-        coordinator_up(&http, base).await;
-    }
+    let options = Options { patient: args.wait, ..Options::from_args(&args.build) };
     let submitting = submit_loaded(&http, base, &loaded, &options);
     // With --wait, interrupts are caught from before the first request.
     let mut interrupts = if args.wait {
