@@ -476,6 +476,16 @@ pub(crate) fn start(
         // Time stood still for the cluster while the coordinator was down.
         let _ = solver.handle(Millis(now), Input::Restarted);
         records.push(record(&Input::Restarted));
+        // The workers' mail went with the last process: a run handed to a
+        // worker now would wait in a mailbox it no longer polls, and be
+        // found lost when it registers again (an attempt spent for
+        // nothing). Each live worker drains until it registers again, at
+        // its next poll.
+        for w in solver.workers().into_iter().filter(|w| w.alive && !w.draining) {
+            if solver.handle(Millis(now), Input::Drain { worker: w.id }).is_ok() {
+                records.push(record(&Input::Drain { worker: w.id }));
+            }
+        }
         tracing::info!(snapshot = after, replayed, "recovered state from the log");
     }
     if replayed == 0 && after == 0 {

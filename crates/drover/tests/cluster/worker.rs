@@ -203,3 +203,21 @@ fn workers_drain_drains_a_worker_by_name() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no live worker is named \"nope\""));
 }
+
+/// A build submitted as the coordinator comes back waits for the workers
+/// to register again: a run handed to a worker before that would wait in a
+/// mailbox the worker no longer polls, and be found lost (an attempt spent
+/// for nothing) when it registered.
+#[test]
+fn a_build_submitted_as_the_coordinator_restarts_spends_no_attempt() {
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", 1, &[]);
+    let file = cluster.project("restart", "jobs:\n  - name: a\n    run: \"echo a > {{out}}/a\"\n", &[]);
+    let (code, status) = crate::harness::wait_json(&cluster, &file, &["--no-cache"]);
+    assert_eq!(code, Some(0), "{status}");
+    cluster.kill_coordinator();
+    cluster.start_coordinator();
+    let (code, status) = crate::harness::wait_json(&cluster, &file, &["--no-cache"]);
+    assert_eq!(code, Some(0), "{status}");
+    assert_eq!(job(&status, "a")["attempts"], 1, "{status}");
+}
