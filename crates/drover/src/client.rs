@@ -820,7 +820,15 @@ pub(crate) async fn submit(args: SubmitArgs) -> Result<(), Failure> {
             return Err(Failure::Build);
         }
     };
-    finish(&http, base, id, (&loaded, None), &args.build, &ended, started).await
+    // The build is over; an interrupt now stops what is left (an export,
+    // the logs) and leaves the build as it ended.
+    tokio::select! {
+        done = finish(&http, base, id, (&loaded, None), &args.build, &ended, started) => done,
+        () = interrupts.next() => {
+            eprintln!("drover: interrupted; build {id} {} (what was left of its export or logs is stopped)", ended.state);
+            Err(Failure::Build)
+        }
+    }
 }
 
 /// `drover status`.

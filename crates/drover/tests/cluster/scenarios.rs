@@ -1669,3 +1669,35 @@ fn submit_wait_rides_out_a_coordinator_that_is_not_up_yet() {
     assert!(status.success(), "{rest}");
     assert!(rest.contains("succeeded"), "{rest}");
 }
+
+/// An interrupt during `submit --wait --out`'s export stops it: the
+/// client exits 1 at once, saying so, and the next export replaces what
+/// was left half done.
+#[test]
+fn interrupting_an_export_stops_it() {
+    use std::io::{BufRead, BufReader};
+    let mut cluster = Cluster::new();
+    cluster.add_worker("w1", 1, &[]);
+    let build =
+        "jobs:\n  - name: many\n    run: \"mkdir {{out}}/d && cd {{out}}/d && seq 1 50000 | xargs touch\"\n";
+    let file = cluster.project("interrupted", build, &[]);
+    let out = cluster.dir.path().join("out");
+    let mut client = cluster
+        .client(&["submit", file.to_str().expect("utf-8"), "--wait", "--out", out.to_str().expect("utf-8")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start drover submit");
+    eventually("the export to begin", || out.join(".drover-part+many").exists().then_some(()));
+    assert!(Command::new("kill").args(["-INT", &client.id().to_string()]).status().expect("kill").success());
+    let lines = BufReader::new(client.stderr.take().expect("stderr"));
+    let said: Vec<String> = lines.lines().map_while(Result::ok).collect();
+    let status = client.wait().expect("wait for drover submit");
+    let said = said.join("\n");
+    assert_eq!(status.code(), Some(1), "{said}");
+    assert!(said.contains("drover: interrupted; build"), "{said}");
+    let (code, status) = wait_json(&cluster, &file, &["--out", out.to_str().expect("utf-8")]);
+    assert_eq!(code, Some(0), "{status}");
+    assert_eq!(std::fs::read_dir(out.join("many/d")).expect("exported").count(), 50000);
+    assert!(!out.join(".drover-part+many").exists(), "the half-done export is gone");
+}
