@@ -977,7 +977,7 @@ async fn unreachable(
         return Ok(Json(drover_proto::UnreachableReply { lost: false }));
     };
     let since = crate::state::now_ms();
-    let lost = refuses_connections(&req.url).await;
+    let lost = crate::watchdog::refuses_connections(&req.url).await;
     if lost {
         tracing::warn!(worker = id, url = %req.url, "nothing listens at a worker's address: taken as lost now");
         // A worker that registered again meanwhile (at the same address)
@@ -985,18 +985,6 @@ async fn unreachable(
         let _ = app.shared.input(Input::Unreachable { worker: id, since }).await?;
     }
     Ok(Json(drover_proto::UnreachableReply { lost }))
-}
-
-/// Whether a connection to the host and port of `url` (an `http://` URL)
-/// is refused, within a few seconds.
-async fn refuses_connections(url: &str) -> bool {
-    let Some(rest) = url.strip_prefix("http://") else { return false };
-    let authority = rest.split('/').next().unwrap_or(rest);
-    let connect = tokio::net::TcpStream::connect(authority);
-    matches!(
-        tokio::time::timeout(Duration::from_secs(3), connect).await,
-        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused
-    )
 }
 
 /// `POST /v1/workers/{id}/drain`: the worker shuts down once its runs end;

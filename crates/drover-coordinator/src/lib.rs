@@ -13,6 +13,7 @@ mod metrics;
 mod snapshots;
 mod specs;
 mod state;
+mod watchdog;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -246,6 +247,7 @@ pub async fn start(config: CoordinatorConfig) -> Result<Coordinator, Coordinator
     cache.keep_free(config.cache_keep_free);
     let snapshots = snapshots::Snapshots::new(config.data_dir.clone(), config.snapshot_after);
     let shared = state::start(store, Solver::new(config.core.clone()), snapshots)?;
+    tokio::spawn(watchdog::run(Arc::downgrade(&shared)));
     // The setting is an input: a replay forgets the same builds at the same
     // points, whatever the setting is now.
     let keep = config.keep_finished_builds;

@@ -405,6 +405,12 @@ impl Shared {
         self.stages.lock().expect("stages").clone()
     }
 
+    /// The workers whose open mailbox holds mail, with its version.
+    pub(crate) fn pending_mail(&self) -> BTreeMap<u64, u64> {
+        let boxes = self.mailboxes.lock().expect("mailboxes");
+        boxes.iter().filter(|(_, mb)| mb.open && mb.has_mail()).map(|(&w, mb)| (w, mb.version)).collect()
+    }
+
     /// Runs `f` on the worker's mailbox; `None` if it has none (it never
     /// registered with this process, or it was forgotten). Requests never
     /// create mailboxes: only the solver's effects do, so workers that are

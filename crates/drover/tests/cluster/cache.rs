@@ -246,3 +246,26 @@ fn a_holder_that_refuses_connections_is_taken_as_lost_at_once() {
     assert_eq!(job(&status, "p")["state"], "succeeded", "p was built again: {status}");
     assert!(!alive(&cluster, "w2"), "w2 is taken as lost");
 }
+
+/// A job sent to a worker whose process is gone (the holder of its input,
+/// so placement prefers it) does not wait out the lease (two minutes
+/// here): its mail waits untaken, the coordinator finds nothing listening
+/// at the worker's address, and takes it as lost.
+#[test]
+fn mail_left_untaken_by_a_dead_worker_gets_it_taken_as_lost() {
+    let mut cluster = Cluster::with_config(None, "[scheduler]\nlease_timeout = \"120s\"\n");
+    cluster.add_worker("w1", 1, &["--no-push"]);
+    cluster.add_worker("w2", 1, &["--no-push", "--labels", "at=w2"]);
+    let first = "jobs:\n  - name: p\n    labels: {at: w2}\n    run: \"echo p > {{out}}/p\"\n";
+    let file = cluster.project("dead", first, &[]);
+    let (code, status) = crate::harness::wait_json(&cluster, &file, &[]);
+    assert_eq!(code, Some(0), "{status}");
+    cluster.kill_worker("w2");
+    // p as before (its output only on w2), and r, which reads it.
+    let second = "jobs:\n  - name: p\n    labels: {at: w2}\n    run: \"echo p > {{out}}/p\"\n  - name: r\n    needs: [p]\n    run: \"cat {{dep:p}}/p > {{out}}/r\"\n";
+    let file = cluster.project("dead", second, &[]);
+    let id = cluster.submit(&file);
+    eventually("w2 to be taken as lost", || (!alive(&cluster, "w2")).then_some(()));
+    let status = cluster.status(id);
+    assert_ne!(status["state"], "succeeded", "p can only run on w2: {status}");
+}
