@@ -286,8 +286,9 @@ pub(crate) struct WorkerArgs {
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) pushers: u32,
     /// The token to present: the coordinator's --worker-token if it has
-    /// one, else its --token.
-    #[arg(long, env = "DROVER_TOKEN", hide_env_values = true)]
+    /// one, else its --token. Default: $DROVER_WORKER_TOKEN, else
+    /// $DROVER_TOKEN.
+    #[arg(long)]
     pub(crate) token: Option<String>,
 }
 

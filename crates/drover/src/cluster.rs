@@ -245,7 +245,8 @@ fn millis(
 fn coordinator_config(args: &ServeArgs) -> anyhow::Result<CoordinatorConfig> {
     let mut config = CoordinatorConfig::new(args.data.clone());
     config.listen = args.listen;
-    config.token = args.token.clone();
+    config.token = nonempty_token("--token ($DROVER_TOKEN)", args.token.clone())?;
+    nonempty_token("--worker-token ($DROVER_WORKER_TOKEN)", args.worker_token.clone())?;
     if args.worker_token.is_some() && args.token.is_none() {
         anyhow::bail!(
             "--worker-token needs --token too: it keeps clients from acting as workers, which only means \
@@ -369,9 +370,31 @@ fn warn_if_open(listen: std::net::SocketAddr, token: bool, who: &str) {
     }
 }
 
+/// The token a worker presents: `--token`, else `$DROVER_WORKER_TOKEN`
+/// (so that a machine that also runs clients, with `$DROVER_TOKEN` set for
+/// them, gives its worker the workers' token), else `$DROVER_TOKEN`.
+fn worker_token(args: &WorkerArgs) -> anyhow::Result<Option<String>> {
+    let token = args
+        .token
+        .clone()
+        .or_else(|| std::env::var("DROVER_WORKER_TOKEN").ok())
+        .or_else(|| std::env::var("DROVER_TOKEN").ok());
+    nonempty_token("the worker's token (--token, $DROVER_WORKER_TOKEN or $DROVER_TOKEN)", token)
+}
+
+/// A token, refused when empty: an empty token would be required of
+/// everyone and presented by no one (an unset variable's `VAR=`).
+fn nonempty_token(what: &str, token: Option<String>) -> anyhow::Result<Option<String>> {
+    match token {
+        Some(t) if t.is_empty() => anyhow::bail!("{what} is empty: give a token, or none"),
+        token => Ok(token),
+    }
+}
+
 /// `drover worker`.
 pub(crate) async fn worker(args: WorkerArgs) -> Result<(), Failure> {
     let config = worker_config(&args).map_err(Failure::Usage)?;
+    let config_has_token = config.token.is_some();
     let drain_timeout = args
         .drain_timeout
         .as_deref()
@@ -383,7 +406,7 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<(), Failure> {
     // be lost.
     let mut stops = Interrupts::new().context("cannot catch SIGINT and SIGTERM").map_err(Failure::Runtime)?;
     let mut worker = drover_worker::start(config).await.map_err(|e| Failure::Runtime(e.into()))?;
-    warn_if_open(args.listen, args.token.is_some(), "peers and the coordinator");
+    warn_if_open(args.listen, config_has_token, "peers and the coordinator");
     if args.advertise.is_none() && args.listen.ip().is_unspecified() {
         eprintln!(
             "drover: WARNING: this worker tells the cluster it is at {}, which no other machine can reach: \
@@ -472,7 +495,7 @@ fn worker_config(args: &WorkerArgs) -> anyhow::Result<WorkerConfig> {
             crate::cli::DurabilityArg::ProcessCrash => drover_cas::Durability::ProcessCrash,
             crate::cli::DurabilityArg::PowerLoss => drover_cas::Durability::PowerLoss,
         },
-        token: args.token.clone(),
+        token: worker_token(args)?,
         supervisor: supervisor()?,
         kill_grace: units::duration("--kill-grace", &args.kill_grace)?,
         keep_runs: 1000,

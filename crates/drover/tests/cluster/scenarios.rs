@@ -1033,6 +1033,31 @@ fn workers_may_have_a_token_of_their_own() {
         .expect("run drover serve");
     assert_eq!(alone.status.code(), Some(2), "{}", stderr(&alone));
     assert!(stderr(&alone).contains("--worker-token needs --token too"), "{}", stderr(&alone));
+    // An empty token is a mistake, not a token nobody can present.
+    let empty = drover()
+        .args(["serve", "--listen", "127.0.0.1:0", "--token", "", "--data"])
+        .arg(cluster.dir.path().join("empty"))
+        .output()
+        .expect("run drover serve");
+    assert_eq!(empty.status.code(), Some(2), "{}", stderr(&empty));
+    assert!(stderr(&empty).contains("--token ($DROVER_TOKEN) is empty"), "{}", stderr(&empty));
+    // A worker on a machine whose environment has both tokens presents
+    // the workers'.
+    let mut both = drover()
+        .args(["worker", "--coordinator", &cluster.url, "--name", "both", "--cache"])
+        .arg(cluster.dir.path().join("both"))
+        .env("DROVER_TOKEN", "client-s3cret")
+        .env("DROVER_WORKER_TOKEN", "worker-s3cret")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start drover worker");
+    eventually("the worker with both tokens to join", || {
+        let workers = cluster.workers_json();
+        workers.as_array()?.iter().any(|w| w["name"] == "both" && w["alive"] == true).then_some(())
+    });
+    both.kill().expect("kill");
+    both.wait().expect("reap");
     // A client cannot make a worker leave (its runs would be lost).
     let ((code, _), _) = http_with(&cluster.url, "POST", "/v1/workers/1/leave", client, b"");
     assert_eq!(code, 401, "a leave with the clients' token");
