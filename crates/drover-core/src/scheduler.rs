@@ -1185,8 +1185,8 @@ impl Scheduler {
                 self.update_hungry(w);
                 self.dirty.insert(w);
                 let why = format!(
-                    "its run on worker {name} was lost (the worker restarted, lost track of it, or could \
-                     not write its own disk)"
+                    "its run on worker {name} was lost (the worker restarted, lost track of it, or failed \
+                     it itself: its disk, a killed supervisor, an input too large for its cache)"
                 );
                 self.requeue_lost_run(r, &name, &why);
                 Ok(())
