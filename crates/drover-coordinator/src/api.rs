@@ -806,16 +806,16 @@ async fn get_blob(State(app): State<App>, Path(digest): Path<String>) -> ApiResu
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], Body::from_stream(stream)).into_response())
 }
 
-/// `PUT /v1/cache/{job}`: a worker pushes an output, in the pack format.
-/// Every file and the tree are verified as they arrive; an output already
-/// here is read, verified and dropped (so concurrent pushes of one output
-/// both succeed).
 /// `PUT /v1/cache/{job}?run=N`: the run that made the output.
 #[derive(Debug, Deserialize)]
 struct PushQuery {
     run: Option<u64>,
 }
 
+/// `PUT /v1/cache/{job}`: a worker pushes an output, in the pack format.
+/// Every file and the tree are verified as they arrive; an output already
+/// here is read, verified and dropped (so concurrent pushes of one output
+/// both succeed).
 async fn put_cached(
     State(app): State<App>,
     Path(job): Path<String>,
@@ -976,14 +976,9 @@ async fn unreachable(
     let Some(id) = app.shared.query(move |s| s.live_worker_at(&url)).await? else {
         return Ok(Json(drover_proto::UnreachableReply { lost: false }));
     };
-    let since = crate::state::now_ms();
-    let lost = crate::watchdog::refuses_connections(&req.url).await;
-    if lost {
-        tracing::warn!(worker = id, url = %req.url, "nothing listens at a worker's address: taken as lost now");
-        // A worker that registered again meanwhile (at the same address)
-        // is left alone by the solver; one forgotten meanwhile is gone.
-        let _ = app.shared.input(Input::Unreachable { worker: id, since }).await?;
-    }
+    let lost =
+        crate::watchdog::lose_if_gone(&app.shared, id, &req.url, "a client or worker could not reach it")
+            .await?;
     Ok(Json(drover_proto::UnreachableReply { lost }))
 }
 

@@ -17,7 +17,7 @@ use std::time::Duration;
 use drover_solver::Input;
 use tokio::time::Instant;
 
-use crate::state::Shared;
+use crate::state::{Shared, Stopped};
 
 /// How long mail may wait untaken before the worker's address is tried.
 const STALE: Duration = Duration::from_secs(2);
@@ -51,23 +51,40 @@ pub(crate) async fn run(shared: Weak<Shared>) {
         let Ok(workers) = shared.query(|s| s.workers()).await else { return };
         for worker in stale {
             let Some(w) = workers.iter().find(|w| w.id == worker && w.alive) else { continue };
-            let tried = crate::state::now_ms();
-            if refuses_connections(&w.url).await {
-                tracing::warn!(
-                    worker = %w.name,
-                    url = %w.url,
-                    "nothing listens at a worker's address, and its mail waits: taken as lost now"
-                );
-                let _ = shared.input(Input::Unreachable { worker, since: tried }).await;
-                waiting.remove(&worker);
+            match lose_if_gone(&shared, worker, &w.url, "its mail waits untaken").await {
+                Ok(true) => {
+                    waiting.remove(&worker);
+                }
+                Ok(false) => {}
+                Err(Stopped) => return,
             }
         }
     }
 }
 
+/// Tries the address `url` of the live worker `worker`; if the connection
+/// is refused, the worker is lost now (`why` says what made the
+/// coordinator try). Whether it was refused. A worker that registered again
+/// meanwhile (at the same address) is left alone by the solver.
+pub(crate) async fn lose_if_gone(
+    shared: &Shared,
+    worker: u64,
+    url: &str,
+    why: &str,
+) -> Result<bool, Stopped> {
+    let since = crate::state::now_ms();
+    if !refuses_connections(url).await {
+        return Ok(false);
+    }
+    tracing::warn!(worker, url, "nothing listens at a worker's address ({why}): taken as lost now");
+    // One forgotten meanwhile is gone already: its refusal changes nothing.
+    let _ = shared.input(Input::Unreachable { worker, since }).await?;
+    Ok(true)
+}
+
 /// Whether a connection to the host and port of `url` (an `http://` URL)
 /// is refused, within a few seconds.
-pub(crate) async fn refuses_connections(url: &str) -> bool {
+async fn refuses_connections(url: &str) -> bool {
     let Some(rest) = url.strip_prefix("http://") else { return false };
     let authority = rest.split('/').next().unwrap_or(rest);
     let connect = tokio::net::TcpStream::connect(authority);

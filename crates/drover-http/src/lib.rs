@@ -502,6 +502,16 @@ impl Http {
         stored.map_err(|source| HttpError::Artifact { url: url.to_owned(), source })
     }
 
+    /// Tells the coordinator (`POST` to its `unreachable` URL,
+    /// `/v1/workers/unreachable`) that the worker at `holder` could not be
+    /// reached; whether it found nothing listening there and took that
+    /// worker as lost. A coordinator that cannot be asked counts as no.
+    pub async fn report_unreachable(&self, unreachable: &str, holder: &str) -> bool {
+        let request = drover_proto::UnreachableRequest { url: holder.to_owned() };
+        let reply = self.post_json::<_, drover_proto::UnreachableReply>(unreachable, &request, None).await;
+        reply.is_ok_and(|r| r.lost)
+    }
+
     /// GET an artifact's pack into the new directory `dir` (outside any
     /// cache: an export), verified against `tree` if given
     /// ([`drover_cas::unpack_to_dir`]), with the limits of

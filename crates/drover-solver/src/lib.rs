@@ -1733,6 +1733,7 @@ impl Solver {
             }
             Decision::Cancelled { job, .. } => {
                 self.failed_runs.remove(&job);
+                self.worker_faults.remove(&job);
             }
             Decision::Finished { job, waiters, completion } => {
                 let end = match &completion {

@@ -81,10 +81,6 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, control: Ru
             None,
         ),
     };
-    // A failure may be the worker's own: a disk that no longer takes a
-    // write (full, or the cache directory removed under it) fails every
-    // job it is given, and a worker that fails jobs fastest takes the most.
-    // Such a run goes back to the queue, and the worker takes nothing new.
     // Its supervisor killed under it (the OOM killer, an operator), or an
     // input too large for this worker's cache: the run goes back to the
     // queue, as for a lost worker, to run again (elsewhere, if it must).
@@ -97,6 +93,10 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, control: Ru
         );
         result.worker_fault = true;
     }
+    // A failure may be the worker's own: a disk that no longer takes a
+    // write (full, or the cache directory removed under it) fails every
+    // job it is given, and a worker that fails jobs fastest takes the most.
+    // Such a run goes back to the queue, and the worker takes nothing new.
     if before_commands && !cancel.is_cancelled() {
         let probe = shared.clone();
         let disk = tokio::task::spawn_blocking(move || disk_fault(&probe)).await.unwrap_or(Disk::Fine);
@@ -1003,7 +1003,12 @@ async fn fetch_artifact(
                     // coordinator, told, checks and forgets it at once, so
                     // the next round (and a rebuild) does not wait for its
                     // lease to run out.
-                    if matches!(e, HttpError::Connect { .. }) && report_unreachable(shared, holder).await {
+                    if matches!(e, HttpError::Connect { .. })
+                        && shared
+                            .http
+                            .report_unreachable(&shared.coordinator("/v1/workers/unreachable"), holder)
+                            .await
+                    {
                         log.line(format_args!("{holder} is gone: the coordinator took it as lost"));
                         unreachable.insert(holder.clone());
                         continue;
@@ -1210,15 +1215,6 @@ fn empty_needs(shared: &Shared, deps: &BTreeMap<String, ArtifactGuard>) -> Strin
             many.join(", ")
         ),
     }
-}
-
-/// Tells the coordinator that the worker at `holder` could not be reached;
-/// whether it found nothing listening there and took that worker as lost.
-async fn report_unreachable(shared: &Shared, holder: &str) -> bool {
-    let url = shared.coordinator("/v1/workers/unreachable");
-    let request = drover_proto::UnreachableRequest { url: holder.to_owned() };
-    let reply = shared.http.post_json::<_, drover_proto::UnreachableReply>(&url, &request, None).await;
-    reply.is_ok_and(|r| r.lost)
 }
 
 /// When a dependency's output failed to arrive for being larger than this

@@ -211,12 +211,16 @@ impl Outbox {
 
     /// Sets the session (`None`: ended); returns its generation.
     pub(crate) fn set_session(&self, id: Option<u64>) -> u64 {
+        self.change_session(&mut self.pending(), id)
+    }
+
+    /// [`Outbox::set_session`], under the lock of what is pending, so that
+    /// the ID and the generation change as one.
+    fn change_session(&self, pending: &mut Pending, id: Option<u64>) -> u64 {
         // Mail versions belong to a session.
-        let mut pending = self.pending();
         pending.fetch = 0;
         pending.received = 0;
         pending.generation += 1;
-        // Under the lock, so that the ID and the generation change as one.
         self.session.send_replace(id);
         pending.generation
     }
@@ -236,10 +240,7 @@ impl Outbox {
         if pending.generation != generation {
             return false;
         }
-        pending.fetch = 0;
-        pending.received = 0;
-        pending.generation += 1;
-        self.session.send_replace(None);
+        self.change_session(&mut pending, None);
         drop(pending);
         self.ended.send_replace(generation);
         true

@@ -647,7 +647,10 @@ async fn export(
                 Err(e) => {
                     let refused = matches!(e, HttpError::Connect { .. });
                     errors.push(format!("{from}: {:#}", anyhow::Error::from(e)));
-                    if i < location.holders.len() && refused && holder_gone(http, base, from).await {
+                    if i < location.holders.len()
+                        && refused
+                        && http.report_unreachable(&api(base, "/v1/workers/unreachable"), from).await
+                    {
                         gone.push(from.as_str());
                     }
                 }
@@ -748,15 +751,6 @@ fn forget_stale_exports(
     }
     std::fs::write(&list, written).with_context(|| format!("cannot write {}", list.display()))?;
     Ok(())
-}
-
-/// Tells the coordinator that the worker at `holder` could not be reached;
-/// whether it found nothing listening there and took that worker as lost.
-async fn holder_gone(http: &Http, base: &str, holder: &str) -> bool {
-    let request = drover_proto::UnreachableRequest { url: holder.to_owned() };
-    let url = api(base, "/v1/workers/unreachable");
-    let reply = http.post_json::<_, drover_proto::UnreachableReply>(&url, &request, None).await;
-    reply.is_ok_and(|r| r.lost)
 }
 
 /// `drover submit`.
@@ -1100,20 +1094,21 @@ pub(crate) async fn workers(args: WorkersArgs) -> Result<(), Failure> {
     let mut workers: Vec<WorkerStatus> =
         http.get_json(&api(base, "/v1/workers")).await.map_err(reach(base))?;
     if !args.drain.is_empty() {
-        // Every name checked before any worker drains.
-        if let Some(name) =
-            args.drain.iter().find(|name| !workers.iter().any(|w| w.alive && &&w.name == name))
-        {
-            return Err(Failure::Usage(anyhow!(
-                "no live worker is named {name:?} (`drover workers` lists them)"
-            )));
-        }
-        for name in &args.drain {
-            let Some(w) = workers.iter().find(|w| w.alive && &w.name == name) else { continue };
+        // Every name found before any worker drains.
+        let drained = args
+            .drain
+            .iter()
+            .map(|name| {
+                workers.iter().find(|w| w.alive && &w.name == name).ok_or_else(|| {
+                    Failure::Usage(anyhow!("no live worker is named {name:?} (`drover workers` lists them)"))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        for w in drained {
             http.post(&api(base, &format!("/v1/workers/{}/drain", w.id))).await.map_err(reach(base))?;
             eprintln!(
-                "worker {name} drains: nothing new goes to it, its {} running job(s) finish; stop it once idle",
-                w.running
+                "worker {} drains: nothing new goes to it, its {} running job(s) finish; stop it once idle",
+                w.name, w.running
             );
         }
         workers = http.get_json(&api(base, "/v1/workers")).await.map_err(reach(base))?;

@@ -246,20 +246,19 @@ fn coordinator_config(args: &ServeArgs) -> anyhow::Result<CoordinatorConfig> {
     let mut config = CoordinatorConfig::new(args.data.clone());
     config.listen = args.listen;
     config.token = nonempty_token("--token ($DROVER_TOKEN)", args.token.clone())?;
-    nonempty_token("--worker-token ($DROVER_WORKER_TOKEN)", args.worker_token.clone())?;
-    if args.worker_token.is_some() && args.token.is_none() {
+    config.worker_token = nonempty_token("--worker-token ($DROVER_WORKER_TOKEN)", args.worker_token.clone())?;
+    if config.worker_token.is_some() && config.token.is_none() {
         anyhow::bail!(
             "--worker-token needs --token too: it keeps clients from acting as workers, which only means \
              something when clients need a token of their own"
         );
     }
-    if args.worker_token.is_some() && args.worker_token == args.token {
+    if config.worker_token.is_some() && config.worker_token == config.token {
         anyhow::bail!(
             "--worker-token is the same as --token: give workers a token of their own, or leave \
              --worker-token out to use one token for both"
         );
     }
-    config.worker_token = args.worker_token.clone();
     if let Some(path) = &args.config {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;

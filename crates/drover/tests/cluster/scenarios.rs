@@ -1018,29 +1018,25 @@ fn workers_may_have_a_token_of_their_own() {
     let ((code, _), _) =
         http_with(&cluster.url, "GET", "/v1/builds", "Authorization: Bearer worker-s3cret\r\n", b"");
     assert_eq!(code, 401, "a client's route with the workers' token");
-    // One token given twice is a mistake, said before anything starts.
-    let same = drover()
-        .args(["serve", "--listen", "127.0.0.1:0", "--token", "x", "--worker-token", "x", "--data"])
-        .arg(cluster.dir.path().join("same"))
-        .output()
-        .expect("run drover serve");
-    assert_eq!(same.status.code(), Some(2), "{}", stderr(&same));
-    assert!(stderr(&same).contains("--worker-token is the same as --token"), "{}", stderr(&same));
-    let alone = drover()
-        .args(["serve", "--listen", "127.0.0.1:0", "--worker-token", "x", "--data"])
-        .arg(cluster.dir.path().join("alone"))
-        .output()
-        .expect("run drover serve");
-    assert_eq!(alone.status.code(), Some(2), "{}", stderr(&alone));
-    assert!(stderr(&alone).contains("--worker-token needs --token too"), "{}", stderr(&alone));
-    // An empty token is a mistake, not a token nobody can present.
-    let empty = drover()
-        .args(["serve", "--listen", "127.0.0.1:0", "--token", "", "--data"])
-        .arg(cluster.dir.path().join("empty"))
-        .output()
-        .expect("run drover serve");
-    assert_eq!(empty.status.code(), Some(2), "{}", stderr(&empty));
-    assert!(stderr(&empty).contains("--token ($DROVER_TOKEN) is empty"), "{}", stderr(&empty));
+    // Mistakes in the tokens are said before anything starts: one token
+    // given twice, a workers' token alone, and an empty token (one nobody
+    // could present).
+    let refused = [
+        (&["--token", "x", "--worker-token", "x"][..], "--worker-token is the same as --token"),
+        (&["--worker-token", "x"][..], "--worker-token needs --token too"),
+        (&["--token", ""][..], "--token ($DROVER_TOKEN) is empty"),
+    ];
+    for (i, (tokens, said)) in refused.into_iter().enumerate() {
+        let serve = drover()
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(tokens)
+            .arg("--data")
+            .arg(cluster.dir.path().join(format!("refused-{i}")))
+            .output()
+            .expect("run drover serve");
+        assert_eq!(serve.status.code(), Some(2), "{tokens:?}: {}", stderr(&serve));
+        assert!(stderr(&serve).contains(said), "{tokens:?}: {}", stderr(&serve));
+    }
     // A worker on a machine whose environment has both tokens presents
     // the workers'.
     let mut both = drover()
