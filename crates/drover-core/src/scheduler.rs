@@ -3076,6 +3076,10 @@ impl Scheduler {
                     fitting.clear();
                     let mut reserve = None;
                     let mut promising = false;
+                    // The tenant's own turn: its best job by the job order
+                    // among those this worker could run, and whether it
+                    // fits here now.
+                    let mut turn: Option<(JobKey, JobIdx, bool)> = None;
                     for &(place, class, key, j) in fronts.iter() {
                         if !worker.capable.get(class as usize).copied().unwrap_or(false) {
                             continue;
@@ -3086,6 +3090,9 @@ impl Scheduler {
                         if quotas && !self.quotas.admits(q, class.amounts, within_deserved) {
                             *capped |= !within_deserved;
                             continue;
+                        }
+                        if turn.is_none_or(|(best, _, _)| key < best) {
+                            turn = Some((key, j, fits));
                         }
                         if fits {
                             match fitting.last_mut() {
@@ -3098,6 +3105,18 @@ impl Scheduler {
                         {
                             reserve = Some(j);
                         }
+                    }
+                    // Within the tenant too, the job whose turn it is
+                    // comes first: if it does not fit here now, this worker
+                    // reserves room for it (unless it or the job already
+                    // holds a reservation), rather than giving the room to
+                    // jobs behind it, which would pass over a larger job
+                    // for as long as smaller ones keep coming.
+                    if let Some((_, j, false)) = turn
+                        && worker.reserved.is_none()
+                        && self.job(j).reserved_on.is_none()
+                    {
+                        return Some(Pick::Reserve(j));
                     }
                     // Locality: a uniform draw among the worker queues
                     // offering this tenant a fitting job that is best by the

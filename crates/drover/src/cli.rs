@@ -55,7 +55,7 @@ pub(crate) enum Command {
     Workers(WorkersArgs),
     /// List the coordinator's queues: weight, deserved share, what each
     /// holds, queues and runs.
-    Queues(WorkersArgs),
+    Queues(QueuesArgs),
     /// Print a job's output log.
     Logs(LogsArgs),
     /// Measure an embedded cluster: throughput, dependency latency, no-op
@@ -371,6 +371,15 @@ pub(crate) struct WorkersArgs {
     /// until it registers again; stop it (SIGTERM) once it is idle.
     #[arg(long, value_name = "NAME")]
     pub(crate) drain: Vec<String>,
+    #[command(flatten)]
+    pub(crate) remote: Remote,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct QueuesArgs {
+    /// Print JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
     #[command(flatten)]
     pub(crate) remote: Remote,
 }

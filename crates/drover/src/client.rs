@@ -18,8 +18,8 @@ use futures::{StreamExt, TryStreamExt};
 
 use crate::Failure;
 use crate::cli::{
-    BuildArgs, CancelArgs, LogStage, LogsArgs, Remote, RetryArgs, StatusArgs, SubmitArgs, SuspendArgs,
-    WorkersArgs,
+    BuildArgs, CancelArgs, LogStage, LogsArgs, QueuesArgs, Remote, RetryArgs, StatusArgs, SubmitArgs,
+    SuspendArgs, WorkersArgs,
 };
 use crate::progress::{Progress, printable};
 use crate::units;
@@ -1166,7 +1166,7 @@ fn worker_row(w: &WorkerStatus) -> String {
 }
 
 /// `drover queues`.
-pub(crate) async fn queues(args: WorkersArgs) -> Result<(), Failure> {
+pub(crate) async fn queues(args: QueuesArgs) -> Result<(), Failure> {
     let http = connect(&args.remote);
     let base = &args.remote.coordinator;
     let queues: Vec<QueueView> = http.get_json(&api(base, "/v1/queues")).await.map_err(reach(base))?;

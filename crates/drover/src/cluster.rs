@@ -642,7 +642,11 @@ async fn embedded_coordinator(
     state: &Path,
     tune: impl FnOnce(&mut drover_core::Config),
 ) -> anyhow::Result<drover_coordinator::Coordinator> {
-    let mut config = CoordinatorConfig::new(state.join("coordinator"));
+    // Not `coordinator/`: that is where `drover serve` keeps its state by
+    // default (`.drover/coordinator`), and a run in the same directory must
+    // neither take up a served coordinator's builds and workers nor hand
+    // its own history to one.
+    let mut config = CoordinatorConfig::new(state.join("embedded"));
     config.listen = ([127, 0, 0, 1], 0).into();
     // Local workers answer at once; a lost one is noticed quickly.
     config.core.lease_timeout = drover_core::Millis(5_000);
@@ -665,7 +669,7 @@ async fn embedded_coordinator(
         // The workers keep their caches, and the new state learns what
         // they hold when they register.
         Err(e) if e.is_foreign_state() => {
-            let aside = state.join("coordinator.old");
+            let aside = state.join("embedded.old");
             if aside.exists() {
                 drover_cas::remove_tree(&aside)
                     .with_context(|| format!("cannot remove {}", aside.display()))?;

@@ -524,6 +524,7 @@ scenarios!(
     locality_draw,
     fairness,
     resources,
+    reserve_larger,
     exclusive,
     labels,
     labels_wait,

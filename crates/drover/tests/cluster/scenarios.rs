@@ -1202,13 +1202,44 @@ fn run_starts_afresh_on_another_versions_state() {
     assert_eq!(first["state"], "succeeded", "{first}");
     assert!(!err.contains("starting afresh"), "{err}");
     let state = dir.path().join(".drover");
-    let mut store = drover_store::Store::open(&state.join("coordinator/state.db")).expect("store");
+    let mut store = drover_store::Store::open(&state.join("embedded/state.db")).expect("store");
     store.snapshot(1, "drover-solver-0", "snapshot-1.cbor").expect("record a foreign snapshot");
     drop(store);
     let (again, err) = run();
     assert!(err.contains("another version of drover") && err.contains("starting afresh"), "{err}");
-    assert!(state.join("coordinator.old/state.db").exists(), "the old state is kept aside");
+    assert!(state.join("embedded.old/state.db").exists(), "the old state is kept aside");
     assert!(again["jobs"].as_array().expect("jobs").iter().all(|j| j["state"] == "cached"), "{again}");
+}
+
+/// `drover run` where a `drover serve` keeps its state (both default to
+/// `.drover/`): the run keeps its own, and takes up neither the served
+/// coordinator's queued build nor hands it its local workers.
+#[test]
+fn a_run_leaves_a_served_coordinators_state_alone() {
+    let mut cluster = Cluster::new();
+    let file = cluster.project("p", "jobs:\n  - name: one\n    run: [\"true\"]\n", &[]);
+    // No worker: it stays queued.
+    let served = cluster.submit(&file);
+    cluster.kill_coordinator();
+    let out = drover()
+        .arg("run")
+        .arg(&file)
+        .arg("--json")
+        .arg("--state")
+        .arg(cluster.dir.path())
+        .output()
+        .expect("drover run");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let ran: Value = serde_json::from_slice(&out.stdout).expect("status JSON");
+    assert_eq!(ran["id"], 1, "the run numbers its own builds: {ran}");
+    cluster.start_coordinator();
+    let status = cluster.status(served);
+    assert_eq!(status["state"], "queued", "the served build waits for its own workers: {status}");
+    assert_eq!(
+        cluster.workers_json(),
+        serde_json::json!([]),
+        "no local worker joined the served coordinator"
+    );
 }
 
 /// A job cannot change its dependency's output for later readers: the
