@@ -917,11 +917,21 @@ async fn register(
     // Two workers under one name would act as one (each reporting for the
     // other's runs, each taking the other's mail): a live worker's name is
     // only for that worker again (at its URL, as after a restart of either
-    // side). Another must wait for its lease to run out.
+    // side). Another must wait for its lease to run out, unless nothing
+    // listens at the holder's address any more (the same worker killed and
+    // started again on another port, say): that holder is lost now.
     let name = req.name.clone();
-    let holder = app.shared.query(move |s| s.live_worker_url(&name).map(str::to_owned)).await?;
-    if let Some(url) = holder
+    let holder =
+        app.shared.query(move |s| s.live_worker_url(&name).map(|(id, url)| (id, url.to_owned()))).await?;
+    if let Some((id, url)) = holder
         && url != req.url
+        && !crate::watchdog::lose_if_gone(
+            &app.shared,
+            id,
+            &url,
+            "a worker of the same name registers elsewhere",
+        )
+        .await?
     {
         return Err(ApiError(
             StatusCode::CONFLICT,

@@ -173,6 +173,8 @@ enum Gone {
     Lease,
     /// It left ([`Event::WorkerLeft`]).
     Left,
+    /// Its address refused connections ([`Event::WorkerUnreachable`]).
+    Unreachable,
 }
 
 /// The most lost workers the core remembers at once (the oldest go first):
@@ -1144,6 +1146,11 @@ impl Scheduler {
             Event::WorkerLeft { worker } => {
                 let w = self.live_worker(worker)?;
                 self.lose_worker(w, Gone::Left);
+                Ok(())
+            }
+            Event::WorkerUnreachable { worker } => {
+                let w = self.live_worker(worker)?;
+                self.lose_worker(w, Gone::Unreachable);
                 Ok(())
             }
             Event::WorkerDraining { worker } => {
@@ -2192,6 +2199,7 @@ impl Scheduler {
                 format!("missed its lease (nothing heard for {})", duration(self.config.lease_timeout.0))
             }
             Gone::Left => "left".to_owned(),
+            Gone::Unreachable => "was lost (its address refused connections)".to_owned(),
         };
         let worker = &mut self.workers[w as usize];
         if !worker.alive {

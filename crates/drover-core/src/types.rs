@@ -268,6 +268,12 @@ pub enum Event {
         /// Who.
         worker: WorkerId,
     },
+    /// The shell found the worker gone (its address refuses connections)
+    /// before its lease ran out: it is lost at once, as if its lease had.
+    WorkerUnreachable {
+        /// Who.
+        worker: WorkerId,
+    },
     /// The worker is shutting down once its runs end: it keeps its lease,
     /// runs and artifacts, but is assigned nothing new (and holds no
     /// reservation) until it registers again.

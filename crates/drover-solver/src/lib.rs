@@ -627,7 +627,7 @@ impl Solver {
             }
             Input::Unreachable { worker, since } => match self.workers.get(&worker) {
                 Some(info) if info.registered < since => {
-                    Ok(self.core_event(Event::WorkerLeft { worker: WorkerId(worker) }))
+                    Ok(self.core_event(Event::WorkerUnreachable { worker: WorkerId(worker) }))
                 }
                 Some(_) => Ok(Reply::Done),
                 None => Err(SolverError::UnknownWorker(worker)),
@@ -900,13 +900,13 @@ impl Solver {
         m
     }
 
-    /// The URL of the live worker of that name, if one is alive.
-    pub fn live_worker_url(&self, name: &str) -> Option<&str> {
+    /// The ID and URL of the live worker of that name, if one is alive.
+    pub fn live_worker_url(&self, name: &str) -> Option<(u64, &str)> {
         let id = *self.worker_ids.get(name)?;
         if !self.core.worker_alive(WorkerId(id)) {
             return None;
         }
-        self.workers.get(&id).map(|w| w.url.as_str())
+        self.workers.get(&id).map(|w| (id, w.url.as_str()))
     }
 
     /// The live worker at `url`, if one is there.

@@ -1119,50 +1119,57 @@ pub(crate) async fn workers(args: WorkersArgs) -> Result<(), Failure> {
     }
     if workers.is_empty() {
         eprintln!("no workers have registered");
-    } else {
-        outln!(
-            "{:<16} {:<8} {:<28} {:<9} {:<8} {:<10} {:<12} LABELS",
-            "NAME",
-            "STATE",
-            "URL",
-            "RUNNING",
-            "CPU",
-            "MEMORY",
-            "TOKENS"
-        );
+        return Ok(());
     }
-    for w in &workers {
-        outln!("{}", worker_row(w));
+    let header = ["NAME", "STATE", "URL", "RUNNING", "CPU", "MEMORY", "TOKENS", "LABELS"].map(str::to_owned);
+    let rows: Vec<[String; 8]> = std::iter::once(header).chain(workers.iter().map(worker_row)).collect();
+    // Each column as wide as its widest cell (the last one is not padded).
+    let mut widths = [0; 8];
+    for row in &rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    for row in &rows {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            if i + 1 < row.len() {
+                line.push_str(&format!("{cell:<0$}  ", widths[i]));
+            } else {
+                line.push_str(cell);
+            }
+        }
+        outln!("{line}");
     }
     Ok(())
 }
 
-/// A worker's row in `drover workers`.
-fn worker_row(w: &WorkerStatus) -> String {
+/// A worker's row in `drover workers`, one word per cell (for `awk`).
+fn worker_row(w: &WorkerStatus) -> [String; 8] {
     let labels: Vec<String> =
         w.labels.iter().map(|(k, v)| format!("{}={}", printable(k), printable(v))).collect();
     let tokens: Vec<String> =
         w.capacity.tokens.iter().map(|(k, n)| format!("{}={n}", printable(k))).collect();
-    format!(
-        "{:<16} {:<8} {:<28} {:<9} {:<8} {:<10} {:<12} {}",
-        printable(&w.name),
-        if w.draining {
-            "draining"
-        } else if w.alive {
-            "up"
-        } else if w.left {
-            "left"
-        } else {
-            "lost"
-        },
-        printable(&w.url),
+    let state = if w.draining {
+        "draining"
+    } else if w.alive {
+        "up"
+    } else if w.left {
+        "left"
+    } else {
+        "lost"
+    };
+    [
+        printable(&w.name).into_owned(),
+        state.to_owned(),
+        printable(&w.url).into_owned(),
         format!("{}/{}", w.running, w.capacity.slots),
         format!("{}m", w.capacity.cpu_millis),
-        // One word per column, for `awk`: "23.5GiB".
+        // "23.5GiB", not "23.5 GiB".
         units::bytes(w.capacity.memory).replace(' ', ""),
         if tokens.is_empty() { "-".to_owned() } else { tokens.join(",") },
-        if labels.is_empty() { "-".to_owned() } else { labels.join(",") }
-    )
+        if labels.is_empty() { "-".to_owned() } else { labels.join(",") },
+    ]
 }
 
 /// `drover queues`.
@@ -1189,11 +1196,7 @@ pub(crate) async fn queues(args: QueuesArgs) -> Result<(), Failure> {
         "QUEUED",
         "RUNNING"
     );
-    for q in &queues {
-        let depth = std::iter::successors(q.parent.as_deref(), |p| {
-            queues.iter().find(|x| x.name == *p).and_then(|x| x.parent.as_deref())
-        })
-        .count();
+    for (q, depth) in tree_order(&queues) {
         let name = format!("{}{}", "  ".repeat(depth), printable(&q.name));
         outln!(
             "{name:<20} {:>6} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7}",
@@ -1208,6 +1211,34 @@ pub(crate) async fn queues(args: QueuesArgs) -> Result<(), Failure> {
     }
     outln!("(slots; HELD by running jobs, ASKED by queued jobs)");
     Ok(())
+}
+
+/// The queues as a tree, depth first (each parent followed by its children,
+/// siblings in the coordinator's order), with each one's depth. A queue
+/// whose parent is not listed is taken as a root.
+fn tree_order(queues: &[QueueView]) -> Vec<(&QueueView, usize)> {
+    fn visit<'a>(
+        queues: &'a [QueueView],
+        q: &'a QueueView,
+        depth: usize,
+        out: &mut Vec<(&'a QueueView, usize)>,
+    ) {
+        out.push((q, depth));
+        for child in queues.iter().filter(|c| c.parent.as_deref() == Some(q.name.as_str())) {
+            // A cycle cannot come from a coordinator, which refuses one;
+            // the depth bound keeps a bad answer from looping.
+            if depth < queues.len() {
+                visit(queues, child, depth + 1, out);
+            }
+        }
+    }
+    let mut out = Vec::with_capacity(queues.len());
+    for root in
+        queues.iter().filter(|q| q.parent.as_ref().is_none_or(|p| !queues.iter().any(|x| &x.name == p)))
+    {
+        visit(queues, root, 0, &mut out);
+    }
+    out
 }
 
 /// `drover logs`.
@@ -1459,6 +1490,35 @@ async fn copy_log(
 mod tests {
     use super::*;
 
+    /// `drover queues` draws the tree: each parent followed by its own
+    /// children, whatever order the coordinator lists them in.
+    #[test]
+    fn queues_are_listed_as_a_tree() {
+        let amounts = serde_json::json!({"slots_milli": 0, "cpu": 0, "memory": 0});
+        let queue = |name: &str, parent: Option<&str>| -> QueueView {
+            serde_json::from_value(serde_json::json!({
+                "name": name, "parent": parent, "weight": 1, "priority": 0, "reclaimable": true,
+                "capability": null, "guarantee": amounts, "deserved": amounts, "allocated": amounts,
+                "pending": amounts, "queued_jobs": 0, "running": 0,
+            }))
+            .expect("queue view")
+        };
+        let queues = [
+            queue("prod", None),
+            queue("research", None),
+            queue("prod-web", Some("prod")),
+            queue("prod-batch", Some("prod")),
+            queue("nightly", Some("prod-batch")),
+        ];
+        let drawn: Vec<(&str, usize)> =
+            tree_order(&queues).into_iter().map(|(q, d)| (q.name.as_str(), d)).collect();
+        assert_eq!(
+            drawn,
+            [("prod", 0), ("prod-web", 1), ("prod-batch", 1), ("nightly", 2), ("research", 0)],
+            "children right under their parent"
+        );
+    }
+
     fn counts(states: &[JobState]) -> BTreeMap<JobState, usize> {
         let mut counts = BTreeMap::new();
         for &state in states {
@@ -1526,8 +1586,9 @@ mod tests {
             running: 0,
         };
         let row = worker_row(&worker);
-        assert!(!row.contains(|c: char| c.is_control()), "{row:?}");
-        assert!(row.starts_with("w\\x1b]2;x\\x07 "), "{row}");
-        assert!(row.ends_with(" gpu\\r=1      pool=big\\x1b[2J"), "{row}");
+        assert!(row.iter().all(|cell| !cell.contains(|c: char| c.is_control())), "{row:?}");
+        assert_eq!(row[0], "w\\x1b]2;x\\x07", "{row:?}");
+        assert_eq!(row[6], "gpu\\r=1", "{row:?}");
+        assert_eq!(row[7], "pool=big\\x1b[2J", "{row:?}");
     }
 }

@@ -162,6 +162,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => join(),
         3 => worker.clone().prop_map(|worker| Op::Send(Event::Heartbeat { worker })),
         1 => worker.clone().prop_map(|worker| Op::Send(Event::WorkerLeft { worker })),
+        1 => worker.clone().prop_map(|worker| Op::Send(Event::WorkerUnreachable { worker })),
         1 => worker.clone().prop_map(|worker| Op::Send(Event::WorkerDraining { worker })),
         1 => news().prop_map(|(worker, artifacts)| Op::Send(Event::ArtifactsAdded { worker, artifacts })),
         1 => news().prop_map(|(worker, artifacts)| Op::Send(Event::ArtifactsEvicted { worker, artifacts })),
@@ -598,7 +599,7 @@ impl Harness {
                     .insert(*worker, LiveWorker { capacity, lease, held, name, labels, draining: false });
             }
             Event::Heartbeat { worker } => self.renew(*worker),
-            Event::WorkerLeft { worker } => ex.lost = Some(*worker),
+            Event::WorkerLeft { worker } | Event::WorkerUnreachable { worker } => ex.lost = Some(*worker),
             Event::WorkerDraining { worker } => {
                 self.renew(*worker);
                 self.workers.get_mut(worker).expect("accepted: live").draining = true;

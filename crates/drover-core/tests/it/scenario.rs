@@ -27,7 +27,7 @@
 //! rehome j1 tenant=t [queue=q]  the job now belongs to tenant t
 //! cancel j1 waiter=1
 //! start j1 | exit j1 ok|fail=CODE|cached   (the job's latest run)
-//! heartbeat w1 | leave w1 | add w1 a,b | evict w1 a,b | lose-run j1
+//! heartbeat w1 | leave w1 | unreachable w1 | add w1 a,b | evict w1 a,b | lose-run j1
 //! timers | job j1 | locate a | queues      (print state)
 //! ```
 
@@ -210,6 +210,10 @@ impl Runner {
             "leave" => {
                 let worker = self.names.worker(words[1]);
                 self.event(Event::WorkerLeft { worker }, &mut out);
+            }
+            "unreachable" => {
+                let worker = self.names.worker(words[1]);
+                self.event(Event::WorkerUnreachable { worker }, &mut out);
             }
             "add" | "evict" => {
                 let worker = self.names.worker(words[1]);
