@@ -141,12 +141,18 @@ fn check_gangs<'a>(
         };
         for &m in &members[1..] {
             let gang = jobs[m].gang.as_ref().expect("member");
-            if settings(gang) != settings(first) {
+            let (mine, theirs) = (settings(gang), settings(first));
+            if mine != theirs {
+                let what = match (mine.0 != theirs.0, mine.1 != theirs.1) {
+                    (true, true) => "min_available and on_failure differ",
+                    (true, false) => "min_available differs",
+                    _ => "on_failure differs",
+                };
                 diags.push(
                     Some(gang.line),
                     jobs[m].label(),
                     format!(
-                        "gang {name:?}: min_available and on_failure differ from job {:?} (line {})",
+                        "gang {name:?}: {what} from job {:?} (line {}); every member of a gang says the same",
                         jobs[members[0]].label().unwrap_or("?"),
                         first.line
                     ),

@@ -272,7 +272,14 @@ pub(crate) fn build_spec(root: &Node, diags: &mut Diagnostics) -> BuildSpec {
         return spec;
     }
     let Kind::Map(_) = &root.kind else {
-        cx.error(root.line, format!("build file must be a mapping, found {}", root.kind.describe()));
+        cx.error(
+            root.line,
+            format!(
+                "build file must be a mapping (of `jobs:` and the like), found {}; a file named *.toml is read \
+                 as TOML, any other as YAML",
+                root.kind.describe()
+            ),
+        );
         return spec;
     };
     let Some(entries) = cx.map(root, "build file") else {

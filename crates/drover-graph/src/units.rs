@@ -72,9 +72,9 @@ const SIZE_HELP: &str = "expected a size like 1024, 512Mi, 1Gi, 100M or 2G";
 /// whole number of bytes.
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let trimmed = text.trim();
-    let bad = || format!("invalid memory {text:?}: {SIZE_HELP}");
+    let bad = || format!("invalid size {text:?}: {SIZE_HELP}");
     if trimmed.starts_with('-') {
-        return Err(format!("invalid memory {text:?}: must be a non-negative number of bytes"));
+        return Err(format!("invalid size {text:?}: must be a non-negative number of bytes"));
     }
     let split = trimmed.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(trimmed.len());
     let (number, suffix) = trimmed.split_at(split);
@@ -96,7 +96,7 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     };
     let (mantissa, scale) = parse_decimal(number).ok_or_else(bad)?;
     scale_exact(mantissa, scale, unit)
-        .ok_or_else(|| format!("invalid memory {text:?}: not a whole number of bytes or too large"))
+        .ok_or_else(|| format!("invalid size {text:?}: not a whole number of bytes or too large"))
 }
 
 const DURATION_HELP: &str = "expected a duration like 500ms, 30s, 10m, 1h or 1h30m";
@@ -176,7 +176,7 @@ mod tests {
         assert_eq!(parse_size("7B"), Ok(7));
         assert_eq!(
             parse_size("512Mb"),
-            Err("invalid memory \"512Mb\": expected a size like 1024, 512Mi, 1Gi, 100M or 2G".into())
+            Err("invalid size \"512Mb\": expected a size like 1024, 512Mi, 1Gi, 100M or 2G".into())
         );
         assert!(parse_size("Mi").is_err());
         assert!(parse_size("-1").is_err());

@@ -66,6 +66,11 @@ pub(crate) enum Command {
 
 /// A coordinator's URL: `http://` and a host, or a bare `HOST:PORT`, read
 /// as `http://HOST:PORT` (as curl does). (The client has no TLS.)
+/// A tenant's or queue's name: not empty.
+fn name(text: &str) -> Result<String, String> {
+    if text.trim().is_empty() { Err("the name is empty".to_owned()) } else { Ok(text.to_owned()) }
+}
+
 fn coordinator_url(text: &str) -> Result<String, String> {
     let url = if text.contains("://") { text.to_owned() } else { format!("http://{text}") };
     if url.starts_with("https://") {
@@ -113,7 +118,7 @@ pub(crate) struct BuildArgs {
     #[arg(long)]
     pub(crate) logs: bool,
     /// The tenant (team or repository) the build is scheduled for.
-    #[arg(long, default_value = "default")]
+    #[arg(long, default_value = "default", value_parser = name)]
     pub(crate) tenant: String,
     /// When a job fails: quit (start nothing new, let running jobs
     /// finish), continue (run everything that does not depend on the
@@ -127,7 +132,7 @@ pub(crate) struct BuildArgs {
     /// The coordinator queue for the build's jobs (overrides the build
     /// file's queue; default: the tenant's queue in the coordinator's
     /// config, else `default`). See `drover queues`.
-    #[arg(long, value_name = "QUEUE")]
+    #[arg(long, value_name = "QUEUE", value_parser = name)]
     pub(crate) queue: Option<String>,
 }
 

@@ -264,6 +264,14 @@ fn coordinator_config(args: &ServeArgs) -> anyhow::Result<CoordinatorConfig> {
             std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
         let file: ConfigFile =
             toml::from_str(&text).with_context(|| format!("{}: invalid config", path.display()))?;
+        apply_config_file(&mut config, &file).with_context(|| format!("{}", path.display()))?;
+    }
+    Ok(config)
+}
+
+/// The settings of a `--config` file, on top of the defaults and flags.
+fn apply_config_file(config: &mut CoordinatorConfig, file: &ConfigFile) -> anyhow::Result<()> {
+    {
         let s = &file.scheduler;
         let core = &mut config.core;
         core.cache_timeout = millis("cache_timeout", &s.cache_timeout, core.cache_timeout, units::wait)?;
@@ -317,19 +325,14 @@ fn coordinator_config(args: &ServeArgs) -> anyhow::Result<CoordinatorConfig> {
             config.keep_finished_builds = (keep > 0).then_some(keep);
         }
         if let Err(errors) = core.validate() {
-            anyhow::bail!(
-                "{}: invalid scheduler, queues or tiers:\n  {}",
-                path.display(),
-                errors.join("\n  ")
-            );
+            anyhow::bail!("invalid scheduler, queues or tiers:\n  {}", errors.join("\n  "));
         }
         config.durability = match file.store.durability.as_deref() {
             None | Some("process-crash") => drover_coordinator::Durability::ProcessCrash,
             Some("power-loss") => drover_coordinator::Durability::PowerLoss,
-            Some(other) => anyhow::bail!(
-                "{}: [store] durability must be \"process-crash\" or \"power-loss\", not {other:?}",
-                path.display()
-            ),
+            Some(other) => {
+                anyhow::bail!("[store] durability must be \"process-crash\" or \"power-loss\", not {other:?}")
+            }
         };
         config.snapshot_after = match file.store.snapshot_after.as_deref() {
             None => Some(drover_coordinator::SNAPSHOT_AFTER),
@@ -337,13 +340,18 @@ fn coordinator_config(args: &ServeArgs) -> anyhow::Result<CoordinatorConfig> {
             Some(size) => Some(units::size("[store] snapshot_after", size)?.max(1)),
         };
     }
-    Ok(config)
+    Ok(())
 }
 
 /// `drover serve`.
 pub(crate) async fn serve(args: ServeArgs) -> Result<(), Failure> {
     let config = coordinator_config(&args).map_err(Failure::Usage)?;
-    let coordinator = drover_coordinator::start(config).await.map_err(|e| Failure::Runtime(e.into()))?;
+    let coordinator = drover_coordinator::start(config).await.map_err(|e| match e {
+        // The configured settings cannot apply to the jobs it holds: the
+        // config file is the input to change (or the jobs to let end).
+        drover_coordinator::CoordinatorError::Settings(_) => Failure::Usage(e.into()),
+        e => Failure::Runtime(e.into()),
+    })?;
     warn_if_open(args.listen, args.token.is_some(), "clients and workers");
     eprintln!("drover coordinator listening on {}", coordinator.url());
     tokio::select! {

@@ -345,14 +345,14 @@ jobs:
                 Some("a"),
                 "invalid cpu \"lots\": expected a number of cores (1, 0.5) or millicores (\"500m\")"
             ),
-            at(6, Some("a"), "invalid memory \"12Qi\": expected a size like 1024, 512Mi, 1Gi, 100M or 2G"),
+            at(6, Some("a"), "invalid size \"12Qi\": expected a size like 1024, 512Mi, 1Gi, 100M or 2G"),
             at(
                 7,
                 Some("a"),
                 "invalid timeout \"30\": missing unit (expected a duration like 500ms, 30s, 10m, 1h or 1h30m)"
             ),
             at(10, Some("b"), "invalid cpu 0.0001: not a whole number of millicores"),
-            at(10, Some("b"), "invalid memory \"-1\": must be a non-negative number of bytes"),
+            at(10, Some("b"), "invalid size \"-1\": must be a non-negative number of bytes"),
             at(
                 11,
                 Some("b"),
@@ -363,7 +363,7 @@ jobs:
                 Some("c"),
                 "invalid cpu 0x10: expected a number of cores (1, 0.5) or millicores (\"500m\")"
             ),
-            at(14, Some("c"), "invalid memory \"0x10\": expected a size like 1024, 512Mi, 1Gi, 100M or 2G"),
+            at(14, Some("c"), "invalid size \"0x10\": expected a size like 1024, 512Mi, 1Gi, 100M or 2G"),
         ]
     );
 }
@@ -643,7 +643,7 @@ memory = \"lots\"
         errors_of(dir.parse_as("drover.toml", toml)),
         [
             at(1, Some("a"), "dependency cycle: a -> b -> a"),
-            at(11, Some("b"), "invalid memory \"lots\": expected a size like 1024, 512Mi, 1Gi, 100M or 2G"),
+            at(11, Some("b"), "invalid size \"lots\": expected a size like 1024, 512Mi, 1Gi, 100M or 2G"),
         ]
     );
 }
@@ -654,7 +654,15 @@ fn empty_and_missing_jobs() {
     assert_eq!(only(dir.errors("name: x\njobs: []\n")), at(2, None, "\"jobs\" is empty"));
     assert_eq!(only(dir.errors("name: x\n")), at(1, None, "missing \"jobs\""));
     assert_eq!(only(dir.errors("")), at(1, None, "build file is empty"));
-    assert_eq!(only(dir.errors("- a\n")), at(1, None, "build file must be a mapping, found a list"));
+    assert_eq!(
+        only(dir.errors("- a\n")),
+        at(
+            1,
+            None,
+            "build file must be a mapping (of `jobs:` and the like), found a list; a file named *.toml is read as \
+             TOML, any other as YAML"
+        )
+    );
 }
 
 #[test]
@@ -732,7 +740,7 @@ jobs:
         [
             "drover.yaml:1: source pattern \"nothing/*\" matches no file",
             "drover.yaml:5: job \"app\": placeholder \"{{dep:compile}}\" names \"compile\", which is not in needs",
-            "drover.yaml:6: job \"app\": invalid memory \"5 apples\": expected a size like 1024, 512Mi, 1Gi, 100M or 2G",
+            "drover.yaml:6: job \"app\": invalid size \"5 apples\": expected a size like 1024, 512Mi, 1Gi, 100M or 2G",
             "drover.yaml:9: job \"lib\": invalid timeout \"soon\": expected a duration like 500ms, 30s, 10m, 1h or 1h30m",
             "drover.yaml:10: job \"lib\": unknown key \"colour\" in job (expected one of: name, run, env, needs, \
              inputs, resources, exclusive, labels, priority, timeout, retries, retry_on_failure, cache, gang)",
@@ -822,7 +830,12 @@ jobs:
                 "gang \"shards\": another job of the gang needs this one (its jobs start together)"
             ),
             at(17, Some("e"), "gang.on_failure must be \"fail\" or \"restart\", not \"sometimes\""),
-            at(17, Some("e"), "gang \"pair\": min_available and on_failure differ from job \"d\" (line 14)"),
+            at(
+                17,
+                Some("e"),
+                "gang \"pair\": min_available and on_failure differ from job \"d\" (line 14); every member of a \
+                 gang says the same"
+            ),
             at(20, Some("f"), "\"gang\" needs a \"name\""),
             at(
                 24,

@@ -1461,7 +1461,7 @@ fn an_export_removes_the_earlier_exports_of_jobs_it_no_longer_exports() {
         .output()
         .expect("run");
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert!(dir.path().join("state/coordinator").exists(), "the state directory stays: {}", stderr(&out));
+    assert!(dir.path().join("state/embedded").exists(), "the state directory stays: {}", stderr(&out));
     // A job cannot be exported under the list's own name.
     std::fs::write(dir.path().join("list.yaml"), "jobs:\n  - name: .drover-exports\n    run: [\"true\"]\n")
         .expect("write");
@@ -1582,10 +1582,27 @@ fn a_second_coordinator_or_worker_on_the_same_directory_is_refused() {
         .expect("worker");
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("in use by another worker"), "{}", stderr(&out));
-    // `drover run` on a state directory another drover holds: nothing is
-    // submitted, so exit code 2.
+    // `drover run` on a state directory another drover holds (here a
+    // coordinator started on its `embedded/`): nothing is submitted, so
+    // exit code 2.
+    let state = cluster.dir.path().join("held");
+    let mut holder = drover()
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .arg("--data")
+        .arg(state.join("embedded"))
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("serve");
+    let mut said = std::io::BufReader::new(holder.stderr.take().expect("stderr"));
+    let mut line = String::new();
+    while std::io::BufRead::read_line(&mut said, &mut line).expect("read") > 0 && !line.contains("listening")
+    {
+        line.clear();
+    }
     let file = cluster.project("busy", "jobs:\n  - name: a\n    run: [\"true\"]\n", &[]);
-    let out = drover().arg("run").arg(&file).arg("--state").arg(cluster.dir.path()).output().expect("run");
+    let out = drover().arg("run").arg(&file).arg("--state").arg(&state).output().expect("run");
+    holder.kill().expect("kill serve");
+    holder.wait().expect("reap serve");
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("in use by another coordinator"), "{}", stderr(&out));
     // The first worker still works.
