@@ -676,12 +676,11 @@ async fn job_log(
                 match s.attempt_location(id, &job, attempt) {
                     Ok(Some(location)) => return Ok(location),
                     Err(attempts) if s.build_status(id).is_some_and(|b| b.jobs.iter().any(|j| j.name == job)) => {
-                        let had: Vec<String> = attempts.iter().map(u32::to_string).collect();
-                        return Err(match had.is_empty() {
+                        return Err(match attempts.is_empty() {
                             true => format!("job {job} of build {id} has not run"),
                             false => format!(
                                 "job {job} of build {id} has no attempt {attempt}; the attempts with logs are {}",
-                                had.join(", ")
+                                attempt_list(&attempts)
                             ),
                         });
                     }
@@ -738,6 +737,29 @@ async fn job_log(
     let log = format!("{url}/v1/runs/{run}/log?stream={}{follow}", q.stream);
     let stream = app.http.get_stream(&log).await.map_err(unavailable)?;
     Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], Body::from_stream(stream)).into_response())
+}
+
+/// The attempts of a job's runs (oldest first), for people. A run evicted
+/// by preemption or reclaim is not an attempt: the job's next run has the
+/// same number, so one number may stand for several runs.
+fn attempt_list(attempts: &[u32]) -> String {
+    let mut had: Vec<(u32, usize)> = Vec::new();
+    for &a in attempts {
+        match had.last_mut() {
+            Some((last, runs)) if *last == a => *runs += 1,
+            _ => had.push((a, 1)),
+        }
+    }
+    let listed: Vec<String> = had
+        .iter()
+        .map(|&(a, runs)| match runs {
+            1 => a.to_string(),
+            n => format!(
+                "{a} ({n} runs: runs evicted for other jobs keep their attempt's number; the latest is shown)"
+            ),
+        })
+        .collect();
+    listed.join(", ")
 }
 
 async fn missing(State(app): State<App>, JsonBody(req): JsonBody<MissingRequest>) -> Json<MissingReply> {
@@ -1073,6 +1095,17 @@ async fn report(
 
 #[cfg(test)]
 mod tests {
+    /// Runs that share an attempt's number (evictions) are listed once,
+    /// with how many there were.
+    #[test]
+    fn attempts_sharing_a_number_are_listed_once() {
+        assert_eq!(attempt_list(&[1, 2, 3]), "1, 2, 3");
+        assert_eq!(
+            attempt_list(&[1, 1, 1, 2]),
+            "1 (3 runs: runs evicted for other jobs keep their attempt's number; the latest is shown), 2"
+        );
+    }
+
     use axum::body::to_bytes;
     use drover_proto::PollRequest;
 

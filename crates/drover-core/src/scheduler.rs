@@ -81,6 +81,8 @@ enum TimerSlot {
     Deps(JobIdx),
     Unplaceable(JobIdx),
     Lease(WorkerIdx),
+    /// See [`Scheduler::eviction_timer`].
+    Eviction,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -120,6 +122,9 @@ struct Run {
     /// Suspended by an eviction for this job ([`Evict::Suspend`]): it
     /// holds its memory and tokens on the worker but not its slots and CPU.
     suspended: Option<JobId>,
+    /// When it was assigned (for [`Config::eviction_exempt`]).
+    #[serde(default)]
+    at: Millis,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -476,6 +481,11 @@ pub struct Scheduler {
     /// at most three timers in its life, so the dead entries are at most a
     /// few times the jobs that entered a stage within the longest timeout.
     timers: BTreeSet<(Millis, TimerSlot)>,
+    /// When the youngest run spared from eviction ([`Config::eviction_exempt`])
+    /// that a starving job could have evicted stops being spared: the
+    /// evictions are tried again then, even if nothing else happens.
+    #[serde(default)]
+    eviction_timer: Option<Millis>,
     /// Live workers with a free slot.
     hungry: BTreeSet<WorkerIdx>,
     /// The hungry workers whose last draw passed over a queue or a job for
@@ -631,6 +641,7 @@ impl Scheduler {
             unplaceable: BTreeSet::new(),
             lost: Vec::new(),
             timers: BTreeSet::new(),
+            eviction_timer: None,
             hungry: BTreeSet::new(),
             capped_out: BTreeSet::new(),
             dirty: BTreeSet::new(),
@@ -749,6 +760,7 @@ impl Scheduler {
                     TimerSlot::Deps(j) => TimerKind::Deps(self.job(j).id),
                     TimerSlot::Unplaceable(j) => TimerKind::Unplaceable(self.job(j).id),
                     TimerSlot::Lease(w) => TimerKind::Lease(self.workers[w as usize].id),
+                    TimerSlot::Eviction => TimerKind::Eviction,
                 };
                 Timer { at, kind }
             })
@@ -954,6 +966,14 @@ impl Scheduler {
         Ok(self.quotas.nodes[q as usize].name.clone())
     }
 
+    /// The leaf queue a job of `tenant` goes to when it names `named` (or
+    /// none): the named one, else the tenant's, else the default; `None` if
+    /// `named` is no leaf queue.
+    pub fn queue_of(&self, named: Option<&str>, tenant: &str) -> Option<&str> {
+        let q = self.quotas.resolve(named, tenant).ok()?;
+        Some(&self.quotas.nodes[q as usize].name)
+    }
+
     /// Every queue, in configuration order (the implicit `default` queue
     /// last), with its deserved share for the cluster as it is now.
     pub fn queue_views(&self) -> Vec<QueueView> {
@@ -1055,6 +1075,8 @@ impl Scheduler {
                     self.give_up(j, FailReason::Unplaceable(why));
                 }
                 TimerSlot::Lease(w) => self.lose_worker(w, Gone::Lease),
+                // The dispatch below tries the evictions again.
+                TimerSlot::Eviction => self.eviction_timer = None,
             }
             // Timers due at the same instant all fire before workers draw,
             // so that what they release is picked in queue order.
@@ -1075,6 +1097,7 @@ impl Scheduler {
             TimerSlot::Cache(j) | TimerSlot::Deps(j) | TimerSlot::Unplaceable(j) => {
                 self.jobs[j as usize].as_ref().is_some_and(|job| job.timer == Some((at, slot)))
             }
+            TimerSlot::Eviction => self.eviction_timer == Some(at),
         }
     }
 
@@ -1109,11 +1132,19 @@ impl Scheduler {
                     self.job_mut(j).timer = Some((at, slot));
                 }
                 TimerSlot::Lease(w) => self.workers[w as usize].lease = at,
+                TimerSlot::Eviction => self.eviction_timer = Some(at),
             }
         }
-        // A lost worker's grace stood still too.
+        // A lost worker's grace stood still too, and so did the runs' ages
+        // (their exemption from eviction).
         for lost in &mut self.lost {
             lost.at = Millis(lost.at.0.saturating_add(delta));
+        }
+        let Scheduler { workers, runs, .. } = self;
+        for run in workers.iter().flat_map(|w| &w.runs) {
+            if let Some(r) = runs.get_mut(run) {
+                r.at = Millis(r.at.0.saturating_add(delta));
+            }
         }
         self.now = now;
     }
@@ -2537,9 +2568,11 @@ impl Scheduler {
     /// `Drop` if it had not started); its resources are freed when the
     /// worker reports the run's end.
     fn evict_for_starving(&mut self) -> bool {
+        // The soonest a run spared for its youth could be evicted.
+        let mut spared_until: Option<Millis> = None;
         for (_, q) in self.leaf_order() {
             let Some(j) = self.starving_job(q) else { continue };
-            if let Some((w, victims)) = self.victims_for(j, q) {
+            if let Some((w, victims)) = self.victims_for(j, q, &mut spared_until) {
                 let suspend = self.config.evict == Evict::Suspend && self.can_suspend(w, j, q, &victims);
                 let by = self.job(j).id;
                 for run in victims {
@@ -2556,6 +2589,13 @@ impl Scheduler {
                 self.dirty.insert(w);
                 return true;
             }
+        }
+        // Nothing evicted, but a spared run could be later: try again then.
+        if let Some(at) = spared_until
+            && self.eviction_timer.is_none_or(|t| t > at || t <= self.now)
+        {
+            self.eviction_timer = Some(at);
+            self.timers.insert((at, TimerSlot::Eviction));
         }
         false
     }
@@ -2577,7 +2617,12 @@ impl Scheduler {
     /// `q` stays within its deserved share with the job) are narrowed by
     /// the tiers ([`Self::tier_victims`]); the victims are then taken, in
     /// eviction order, until the job fits.
-    fn victims_for(&self, j: JobIdx, q: QueueIdx) -> Option<(WorkerIdx, Vec<RunId>)> {
+    fn victims_for(
+        &self,
+        j: JobIdx,
+        q: QueueIdx,
+        spared_until: &mut Option<Millis>,
+    ) -> Option<(WorkerIdx, Vec<RunId>)> {
         let job = self.job(j);
         let class = &self.classes[job.class as usize];
         let node = &self.quotas.nodes[q as usize];
@@ -2621,9 +2666,21 @@ impl Scheduler {
                 let order = (if self.policy.priority { victim.priority } else { 0 }, Reverse(run));
                 let c =
                     Candidate { order, priority: victim.priority, class: r.class, tenant: r.tenant, queue };
-                if self.config.preempt && queue == q {
+                let own = self.config.preempt && queue == q;
+                let other =
+                    !own && may_reclaim && queue != q && self.quotas.nodes[queue as usize].reclaimable;
+                if !own && !other {
+                    continue;
+                }
+                // Too young to evict: spared until its exemption ends.
+                let spared = Millis(r.at.0.saturating_add(self.config.eviction_exempt.0));
+                if spared > self.now {
+                    *spared_until = Some(spared_until.map_or(spared, |t| t.min(spared)));
+                    continue;
+                }
+                if own {
                     preempt.push(c);
-                } else if may_reclaim && queue != q && self.quotas.nodes[queue as usize].reclaimable {
+                } else {
                     reclaim.push(c);
                 }
             }
@@ -3197,7 +3254,16 @@ impl Scheduler {
         let worker_id = worker.id;
         self.runs.insert(
             run,
-            Run { worker: w, tenant, class, job_id: id, job: Some(j), started: false, suspended: None },
+            Run {
+                worker: w,
+                tenant,
+                class,
+                job_id: id,
+                job: Some(j),
+                started: false,
+                suspended: None,
+                at: self.now,
+            },
         );
         self.update_hungry(w);
         self.decisions.push(Decision::Assign { worker: worker_id, job: id, run, attempt });

@@ -597,6 +597,12 @@ pub struct Config {
     /// allows (see [`Evict`]).
     #[serde(default)]
     pub evict: Evict,
+    /// A run this young is not evicted by preemption or reclaim: it keeps
+    /// its worker for at least this long, so that changing demand cannot
+    /// start and evict the same jobs in turn (Slurm's `PreemptExemptTime`).
+    /// 0 (the default): any run may be evicted at once.
+    #[serde(default)]
+    pub eviction_exempt: Millis,
     /// Weight of binpack in the order idle workers draw in (fill the
     /// busiest workers first). 0 with `spread` 0: registration order. The
     /// older spelling of listing `binpack` with this weight in [`Self::tiers`]
@@ -818,6 +824,7 @@ impl Default for Config {
             preempt: false,
             reclaim: false,
             evict: Evict::Kill,
+            eviction_exempt: Millis(0),
             binpack: 0,
             spread: 0,
             tiers: Config::default_tiers(),
@@ -845,4 +852,7 @@ pub enum TimerKind {
     Unplaceable(JobId),
     /// The worker's lease ends: it is lost.
     Lease(WorkerId),
+    /// A run that a starving job could evict ends its exemption
+    /// ([`Config::eviction_exempt`]): the job's evictions are tried again.
+    Eviction,
 }

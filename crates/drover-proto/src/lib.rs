@@ -485,6 +485,10 @@ pub struct BuildStatus {
     /// Whose build it is.
     #[serde(default)]
     pub tenant: String,
+    /// The coordinator queue its jobs go to: the one it named (its build
+    /// file's `queue`, or `--queue`), else its tenant's.
+    #[serde(default)]
+    pub queue: String,
     /// Where it stands.
     pub state: BuildState,
     /// Its jobs, in build-file order.
@@ -1198,6 +1202,7 @@ mod tests {
             id: 3,
             name: "hello".into(),
             tenant: "web".into(),
+            queue: "ci".into(),
             state: BuildState::Failed,
             jobs: vec![JobStatus {
                 name: "a".into(),
@@ -1215,6 +1220,7 @@ mod tests {
         let v: serde_json::Value = serde_json::to_value(&status).expect("json");
         assert_eq!(v["state"], "failed");
         assert_eq!(v["tenant"], "web");
+        assert_eq!(v["queue"], "ci");
         assert_eq!(v["jobs"][0]["state"], "skipped");
         for key in ["name", "id", "state", "worker", "attempts", "exit_code"] {
             assert!(v["jobs"][0].get(key).is_some(), "missing {key}");

@@ -702,6 +702,11 @@ impl Build {
         });
     }
 
+    /// The queue the build names for its jobs, if it names one.
+    pub(crate) fn named_queue(&self) -> Option<&str> {
+        self.queue.as_deref()
+    }
+
     /// Whose job this build's jobs are, and the queue it names for them.
     pub(crate) fn owner(&self) -> (&str, Option<&str>) {
         (&self.tenant, self.queue.as_deref())
@@ -1548,6 +1553,8 @@ impl Build {
             id: self.id,
             name: self.plan.spec.name.clone(),
             tenant: self.tenant.clone(),
+            // The solver resolves it (see `named_queue`).
+            queue: String::new(),
             state: self.state,
             jobs: self
                 .plan

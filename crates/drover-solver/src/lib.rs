@@ -734,6 +734,9 @@ impl Solver {
     pub fn build_status(&self, id: u64) -> Option<BuildStatus> {
         let b = self.builds.get(&id)?;
         let mut status = b.status();
+        if let Some(queue) = self.core.queue_of(b.named_queue(), &status.tenant) {
+            queue.clone_into(&mut status.queue);
+        }
         // Queued jobs the core holds say why they wait.
         for job in &mut status.jobs {
             if job.state == JobState::Queued

@@ -3059,6 +3059,13 @@ fn a_shared_job_leaves_the_queue_of_a_cancelled_build() {
     h.later();
     assert_eq!(names(&h.assigned()), ["shared"], "web's queue runs it at once");
     assert_eq!(h.states(web), [("shared".to_string(), JobState::Running)]);
+    // Each build's status names the queue its jobs go to: its tenant's, or
+    // the one it names.
+    assert_eq!(h.solver.build_status(web).expect("web's build").queue, "open");
+    let Input::Submit(mut named) = submit_as("web", vec![job("other", &[])]) else { unreachable!() };
+    named.queue = Some("capped".into());
+    let named = build_id(h.input(Input::Submit(named)));
+    assert_eq!(h.solver.build_status(named).expect("the named one").queue, "capped");
 }
 
 /// A running gang that restarts on failure whose member loses its run

@@ -909,7 +909,14 @@ pub(crate) async fn status(args: StatusArgs) -> Result<(), Failure> {
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&status).map_err(anyhow::Error::from)?);
     } else {
-        outln!("build {} ({}): {}", status.id, printable(&status.name), status.state);
+        outln!(
+            "build {} ({}): {} (tenant {}, queue {})",
+            status.id,
+            printable(&status.name),
+            status.state,
+            printable(&status.tenant),
+            printable(&status.queue)
+        );
         for j in &status.jobs {
             for line in job_lines(j) {
                 outln!("{line}");

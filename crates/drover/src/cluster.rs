@@ -220,6 +220,8 @@ struct SchedulerSection {
     /// `"suspend"` where the victim's memory allows.
     #[serde(default)]
     evict: drover_core::Evict,
+    /// How long a run is spared from eviction after it starts (default 0).
+    eviction_exempt: Option<String>,
     /// Placement: weight of filling the busiest workers first.
     #[serde(default)]
     binpack: u32,
@@ -287,6 +289,8 @@ fn apply_config_file(config: &mut CoordinatorConfig, file: &ConfigFile) -> anyho
         core.preempt = s.preempt;
         core.reclaim = s.reclaim;
         core.evict = s.evict;
+        core.eviction_exempt =
+            millis("eviction_exempt", &s.eviction_exempt, core.eviction_exempt, units::wait)?;
         core.binpack = s.binpack;
         core.spread = s.spread;
         for q in &file.queues {
@@ -778,6 +782,16 @@ mod tests {
         coordinator_config(&args)
     }
 
+    /// `[scheduler] eviction_exempt` reaches the core; absent, it is 0.
+    #[test]
+    fn the_eviction_exemption_reaches_the_core() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let exempt = |text: &str| config_of(dir.path(), text).expect("config reads").core.eviction_exempt;
+        assert_eq!(exempt(""), drover_core::Millis(0));
+        assert_eq!(exempt("[scheduler]\neviction_exempt = \"90s\"\n"), drover_core::Millis(90_000));
+        assert!(config_of(dir.path(), "[scheduler]\neviction_exempt = \"soon\"\n").is_err());
+    }
+
     /// `[history] keep_finished_builds`: absent keeps the default, 0 keeps
     /// every finished build.
     #[test]
@@ -810,6 +824,7 @@ mod tests {
         assert_eq!(config.core.lost_worker_grace, defaults.lost_worker_grace);
         assert_eq!(config.core.no_worker_grace, defaults.no_worker_grace);
         assert_eq!(config.core.lease_timeout, defaults.lease_timeout);
+        assert_eq!(config.core.eviction_exempt, defaults.eviction_exempt);
         assert_eq!(config.core.deps_timeout, defaults.deps_timeout);
     }
 

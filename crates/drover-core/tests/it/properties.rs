@@ -280,6 +280,8 @@ fn case() -> impl Strategy<Value = Case> {
                 reclaim,
                 // Eviction by suspension in half the cases that evict.
                 evict: if suspend && (preempt || reclaim) { Evict::Suspend } else { Evict::Kill },
+                // An exemption from eviction by the seed's third bit.
+                eviction_exempt: Millis(if (seed >> 61) & 1 == 1 { 50 } else { 0 }),
                 binpack: u32::from(placement == 1),
                 spread: u32::from(placement == 2),
                 tiers: tiers.unwrap_or_else(Config::default_tiers),

@@ -10,7 +10,7 @@
 //! Commands (times in milliseconds, sizes accept Ki/Mi/Gi suffixes):
 //!
 //! ```text
-//! config cache=10 deps=100 lease=10000 grace=0 lost=300000 seed=1 preempt=1 reclaim=1 evict=suspend
+//! config cache=10 deps=100 lease=10000 grace=0 lost=300000 seed=1 preempt=1 reclaim=1 evict=suspend exempt=0
 //! queue q1 weight=1 parent=p priority=0 tenants=a,b cap=slots:2,cpu:4000,mem:8Gi
 //!          guarantee=slots:1        (before any other command but config)
 //! tier priority,gang drf:preemptable binpack:2
@@ -232,6 +232,7 @@ impl Runner {
                         TimerKind::Deps(j) => format!("deps-timeout {j}"),
                         TimerKind::Unplaceable(j) => format!("unplaceable {j}"),
                         TimerKind::Lease(w) => format!("lease {}", self.names.worker_name(w)),
+                        TimerKind::Eviction => "eviction".to_owned(),
                     };
                     out.push(format!("timer {} {what}", t.at.0));
                 }
@@ -429,6 +430,7 @@ fn parse_config(line: &str) -> Config {
             "seed" => config.seed = n,
             "preempt" => config.preempt = n != 0,
             "reclaim" => config.reclaim = n != 0,
+            "exempt" => config.eviction_exempt = Millis(n),
             "binpack" => config.binpack = n as u32,
             "spread" => config.spread = n as u32,
             other => panic!("unknown config key {other}"),
@@ -544,6 +546,7 @@ scenarios!(
     gangs_competing,
     preempt,
     preempt_capped,
+    preempt_exempt,
     preempt_suspend,
     preempt_suspend_kill,
     preempt_suspend_end,

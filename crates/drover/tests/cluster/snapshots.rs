@@ -121,7 +121,7 @@ fn new_queues_wait_until_no_job_is_in_the_scheduler() {
     cluster.kill_coordinator();
 
     let (code, stderr) = serve_once(&cluster, &config(QUEUES));
-    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(code, Some(2), "the config is the input to change: {stderr}");
     assert!(
         stderr.contains("now: 1 queued or running") && stderr.contains("until those jobs are over"),
         "{stderr}"
