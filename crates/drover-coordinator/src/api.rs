@@ -939,21 +939,14 @@ async fn register(
     // Two workers under one name would act as one (each reporting for the
     // other's runs, each taking the other's mail): a live worker's name is
     // only for that worker again (at its URL, as after a restart of either
-    // side). Another must wait for its lease to run out, unless nothing
-    // listens at the holder's address any more (the same worker killed and
-    // started again on another port, say): that holder is lost now.
+    // side). Another must wait for its lease to run out. (Nothing tells a
+    // worker restarted on another port from another worker of the same
+    // name whose address the coordinator cannot reach, so the address is
+    // not tried here: two such workers would knock each other out in turn.)
     let name = req.name.clone();
-    let holder =
-        app.shared.query(move |s| s.live_worker_url(&name).map(|(id, url)| (id, url.to_owned()))).await?;
-    if let Some((id, url)) = holder
+    let holder = app.shared.query(move |s| s.live_worker_url(&name).map(str::to_owned)).await?;
+    if let Some(url) = holder
         && url != req.url
-        && !crate::watchdog::lose_if_gone(
-            &app.shared,
-            id,
-            &url,
-            "a worker of the same name registers elsewhere",
-        )
-        .await?
     {
         return Err(ApiError(
             StatusCode::CONFLICT,
@@ -996,7 +989,7 @@ async fn leave(State(app): State<App>, Path(id): Path<u64>) -> ApiResult<StatusC
 /// `POST /v1/workers/unreachable`: a client or worker could not connect to
 /// the live worker at a URL. The coordinator tries too, and if the
 /// connection is refused (nothing listens there: the worker's process is
-/// gone) it takes the worker as lost now, as if it had left, instead of
+/// gone) it takes the worker as lost now, as after a missed lease, instead of
 /// when its lease runs out: what it held is built again, its runs go
 /// elsewhere. A worker that is only slow, or stopped, still takes the
 /// connection, and keeps its lease.

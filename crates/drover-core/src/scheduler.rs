@@ -3176,10 +3176,16 @@ impl Scheduler {
                     // reserves room for it (unless it or the job already
                     // holds a reservation), rather than giving the room to
                     // jobs behind it, which would pass over a larger job
-                    // for as long as smaller ones keep coming.
-                    if let Some((_, j, false)) = turn
+                    // for as long as smaller ones keep coming. With
+                    // preemption on, a turn job of a higher priority than
+                    // every fitting one is left unreserved instead: it is
+                    // then a starving job, which evicts lower-priority runs
+                    // for its room (a reserved job evicts nothing).
+                    if let Some((key, j, false)) = turn
                         && worker.reserved.is_none()
                         && self.job(j).reserved_on.is_none()
+                        && !(self.config.preempt
+                            && fitting.iter().map(|f| f.1.order[0]).min().is_some_and(|p| key.order[0] < p))
                     {
                         return Some(Pick::Reserve(j));
                     }

@@ -903,13 +903,13 @@ impl Solver {
         m
     }
 
-    /// The ID and URL of the live worker of that name, if one is alive.
-    pub fn live_worker_url(&self, name: &str) -> Option<(u64, &str)> {
+    /// The URL of the live worker of that name, if one is alive.
+    pub fn live_worker_url(&self, name: &str) -> Option<&str> {
         let id = *self.worker_ids.get(name)?;
         if !self.core.worker_alive(WorkerId(id)) {
             return None;
         }
-        self.workers.get(&id).map(|w| (id, w.url.as_str()))
+        self.workers.get(&id).map(|w| w.url.as_str())
     }
 
     /// The live worker at `url`, if one is there.

@@ -64,13 +64,13 @@ pub(crate) enum Command {
     Bench(BenchArgs),
 }
 
-/// A coordinator's URL: `http://` and a host, or a bare `HOST:PORT`, read
-/// as `http://HOST:PORT` (as curl does). (The client has no TLS.)
 /// A tenant's or queue's name: not empty.
 fn name(text: &str) -> Result<String, String> {
     if text.trim().is_empty() { Err("the name is empty".to_owned()) } else { Ok(text.to_owned()) }
 }
 
+/// A coordinator's URL: `http://` and a host, or a bare `HOST:PORT`, read
+/// as `http://HOST:PORT` (as curl does). (The client has no TLS.)
 fn coordinator_url(text: &str) -> Result<String, String> {
     let url = if text.contains("://") { text.to_owned() } else { format!("http://{text}") };
     if url.starts_with("https://") {

@@ -909,13 +909,17 @@ pub(crate) async fn status(args: StatusArgs) -> Result<(), Failure> {
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&status).map_err(anyhow::Error::from)?);
     } else {
+        // An older coordinator sends no queue.
+        let queue = match status.queue.as_str() {
+            "" => String::new(),
+            queue => format!(", queue {}", printable(queue)),
+        };
         outln!(
-            "build {} ({}): {} (tenant {}, queue {})",
+            "build {} ({}): {} (tenant {}{queue})",
             status.id,
             printable(&status.name),
             status.state,
-            printable(&status.tenant),
-            printable(&status.queue)
+            printable(&status.tenant)
         );
         for j in &status.jobs {
             for line in job_lines(j) {

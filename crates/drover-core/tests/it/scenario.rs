@@ -531,6 +531,7 @@ scenarios!(
     fairness,
     resources,
     reserve_larger,
+    reserve_preempt,
     exclusive,
     labels,
     labels_wait,

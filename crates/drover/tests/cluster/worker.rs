@@ -221,26 +221,3 @@ fn a_build_submitted_as_the_coordinator_restarts_spends_no_attempt() {
     assert_eq!(code, Some(0), "{status}");
     assert_eq!(job(&status, "a")["attempts"], 1, "{status}");
 }
-
-/// A worker killed and started again under its name on another port (the
-/// default `--listen` port is any free one) is taken back at once: nothing
-/// listens at the address its old registration holds, so that registration
-/// is lost now rather than when its lease runs out (two minutes here).
-#[test]
-fn a_worker_started_again_elsewhere_is_taken_back_when_its_old_address_is_dead() {
-    let mut cluster = Cluster::with_config(None, "[scheduler]\nlease_timeout = \"120s\"\n");
-    cluster.add_worker("w1", 1, &[]);
-    let url_of = |cluster: &Cluster| {
-        let workers = cluster.workers_json();
-        let w1 = workers
-            .as_array()
-            .and_then(|all| all.iter().find(|w| w["name"] == "w1" && w["alive"] == true).cloned());
-        w1.and_then(|w| w["url"].as_str().map(str::to_owned))
-    };
-    let old = url_of(&cluster).expect("w1 registered");
-    cluster.kill_worker("w1");
-    cluster.add_worker("w1", 1, &[]);
-    let new =
-        eventually("w1 to be taken back at its new address", || url_of(&cluster).filter(|url| *url != old));
-    assert_ne!(new, old);
-}
