@@ -481,9 +481,10 @@ pub struct Scheduler {
     /// at most three timers in its life, so the dead entries are at most a
     /// few times the jobs that entered a stage within the longest timeout.
     timers: BTreeSet<(Millis, TimerSlot)>,
-    /// When the youngest run spared from eviction ([`Config::eviction_exempt`])
-    /// that a starving job could have evicted stops being spared: the
-    /// evictions are tried again then, even if nothing else happens.
+    /// When the first of the runs spared from eviction for their youth
+    /// ([`Config::eviction_exempt`]) that a starving job could have evicted
+    /// stops being spared: the evictions are tried again then, even if
+    /// nothing else happens.
     #[serde(default)]
     eviction_timer: Option<Millis>,
     /// Live workers with a free slot.
