@@ -850,8 +850,32 @@ impl Scheduler {
         if let Some(g) = job.gang {
             let gang = &self.gangs[&g];
             if !gang.started {
+                // How many jobs like this one the live workers could hold
+                // at once, were they idle: fewer than the gang needs means
+                // it starts only once more workers join.
+                let key = &class.key;
+                let per_worker = |res: &WorkerResources| {
+                    let within = |have: u64, need: u64| have.checked_div(need).unwrap_or(u64::MAX);
+                    within(u64::from(res.slots), u64::from(key.slots))
+                        .min(within(res.cpu, key.cpu))
+                        .min(within(res.memory, key.memory))
+                };
+                let at_most: u64 = self
+                    .workers
+                    .iter()
+                    .filter(|w| w.alive && w.capable.get(job.class as usize).copied().unwrap_or(false))
+                    .map(|w| per_worker(&w.res))
+                    .fold(0, u64::saturating_add);
+                let never = if at_most < u64::from(gang.min) {
+                    format!(
+                        " (the live workers could hold at most {at_most} jobs like this one at once, even idle: it \
+                         starts once more workers join)"
+                    )
+                } else {
+                    String::new()
+                };
                 return Some(format!(
-                    "its gang needs {} of its jobs to start at once; {} ready, waiting for room for them",
+                    "its gang needs {} of its jobs to start at once; {} ready, waiting for room for them{never}",
                     gang.min,
                     gang.queued.len()
                 ));

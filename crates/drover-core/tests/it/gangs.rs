@@ -114,3 +114,32 @@ proptest! {
         }
     }
 }
+
+/// A gang that the live workers could not hold even idle says so in its
+/// members' waiting reason; one that only waits for room does not.
+#[test]
+fn a_gang_larger_than_the_cluster_says_it_waits_for_more_workers() {
+    let mut s = Scheduler::new(Config::default());
+    let capacity = Capacity { slots: 2, cpu: 64_000, memory: 64 << 30, tokens: BTreeMap::new() };
+    let joined = |w: u64| Event::WorkerJoined {
+        worker: WorkerId(w),
+        name: format!("w{w}"),
+        capacity: capacity.clone(),
+        labels: BTreeMap::new(),
+        artifacts: Vec::new(),
+    };
+    s.handle(Millis(0), joined(0)).expect("joined");
+    let member = |name: &str, gang: &str, min: u32| {
+        let mut spec = JobSpec::new(JobId::named(name), "t");
+        spec.gang = Some(GangSpec { id: gang.to_owned(), min_available: min });
+        Event::Schedule { spec, waiter: WaiterId(1) }
+    };
+    for m in ["a1", "a2", "a3"] {
+        s.handle(Millis(1), member(m, "big", 3)).expect("scheduled");
+    }
+    let reason = s.waiting_reason(&JobId::named("a1")).expect("queued");
+    assert!(reason.contains("could hold at most 2 jobs like this one at once"), "{reason}");
+    // A second worker makes room enough: the gang starts.
+    s.handle(Millis(2), joined(1)).expect("joined");
+    assert!(s.waiting_reason(&JobId::named("a1")).is_none(), "started");
+}
