@@ -1088,17 +1088,6 @@ async fn report(
 
 #[cfg(test)]
 mod tests {
-    /// Runs that share an attempt's number (evictions) are listed once,
-    /// with how many there were.
-    #[test]
-    fn attempts_sharing_a_number_are_listed_once() {
-        assert_eq!(attempt_list(&[1, 2, 3]), "1, 2, 3");
-        assert_eq!(
-            attempt_list(&[1, 1, 1, 2]),
-            "1 (3 runs: runs evicted for other jobs keep their attempt's number; the latest is shown), 2"
-        );
-    }
-
     use axum::body::to_bytes;
     use drover_proto::PollRequest;
 
@@ -1238,5 +1227,16 @@ mod tests {
                 "{content_type:?} {body}"
             );
         }
+    }
+
+    /// Runs that share an attempt's number (evictions) are listed once,
+    /// with how many there were.
+    #[test]
+    fn attempts_sharing_a_number_are_listed_once() {
+        assert_eq!(attempt_list(&[1, 2, 3]), "1, 2, 3");
+        assert_eq!(
+            attempt_list(&[1, 1, 1, 2]),
+            "1 (3 runs: runs evicted for other jobs keep their attempt's number; the latest is shown), 2"
+        );
     }
 }

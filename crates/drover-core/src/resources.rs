@@ -165,6 +165,19 @@ impl WorkerResources {
             || self.used_tokens.iter().any(|(t, used)| *used > self.tokens.get(t).copied().unwrap_or(0))
     }
 
+    /// How many runs of the class this worker could hold at once, idle
+    /// (`u64::MAX` for a class that asks for nothing it has a limit on).
+    pub(crate) fn holds_at_most(&self, key: &ClassKey) -> u64 {
+        let within = |have: u64, need: u64| have.checked_div(need).unwrap_or(u64::MAX);
+        let tokens = key.tokens.iter().map(|&(t, n)| within(self.tokens.get(&t).copied().unwrap_or(0), n));
+        let exclusive = if key.exclusive.is_empty() { u64::MAX } else { 1 };
+        tokens
+            .fold(within(u64::from(self.slots), u64::from(key.slots)), u64::min)
+            .min(within(self.cpu, key.cpu))
+            .min(within(self.memory, key.memory))
+            .min(exclusive)
+    }
+
     pub(crate) fn free_slot(&self) -> bool {
         self.used_slots < self.slots
     }
@@ -172,5 +185,38 @@ impl WorkerResources {
     /// Free slots, less those of the reserved class if any.
     pub(crate) fn free_slots_beside(&self, reserved: Option<&ClassKey>) -> u32 {
         (self.slots - self.used_slots.min(self.slots)).saturating_sub(reserved.map_or(0, |r| r.slots))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The idle capacity for a class is its scarcest resource's: slots,
+    /// CPU, memory, each token, and one run at a time for a class that
+    /// holds a token exclusively.
+    #[test]
+    fn a_worker_holds_as_many_runs_as_its_scarcest_resource_allows() {
+        let worker = WorkerResources {
+            slots: 8,
+            cpu: 4000,
+            memory: 16 << 30,
+            tokens: [(0, 3)].into(),
+            ..WorkerResources::default()
+        };
+        let key = |slots, cpu, memory, tokens: Vec<(TokenIdx, u64)>, exclusive: Vec<TokenIdx>| ClassKey {
+            slots,
+            cpu,
+            memory,
+            tokens,
+            exclusive,
+            ..ClassKey::default()
+        };
+        assert_eq!(worker.holds_at_most(&key(1, 0, 0, vec![], vec![])), 8, "slots");
+        assert_eq!(worker.holds_at_most(&key(1, 1500, 0, vec![], vec![])), 2, "CPU");
+        assert_eq!(worker.holds_at_most(&key(1, 0, 6 << 30, vec![], vec![])), 2, "memory");
+        assert_eq!(worker.holds_at_most(&key(1, 0, 0, vec![(0, 1)], vec![])), 3, "a token");
+        assert_eq!(worker.holds_at_most(&key(1, 0, 0, vec![(0, 1)], vec![0]),), 1, "an exclusive token");
+        assert_eq!(worker.holds_at_most(&key(0, 0, 0, vec![], vec![])), u64::MAX, "nothing limited");
     }
 }

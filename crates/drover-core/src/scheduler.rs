@@ -853,18 +853,11 @@ impl Scheduler {
                 // How many jobs like this one the live workers could hold
                 // at once, were they idle: fewer than the gang needs means
                 // it starts only once more workers join.
-                let key = &class.key;
-                let per_worker = |res: &WorkerResources| {
-                    let within = |have: u64, need: u64| have.checked_div(need).unwrap_or(u64::MAX);
-                    within(u64::from(res.slots), u64::from(key.slots))
-                        .min(within(res.cpu, key.cpu))
-                        .min(within(res.memory, key.memory))
-                };
                 let at_most: u64 = self
                     .workers
                     .iter()
                     .filter(|w| w.alive && w.capable.get(job.class as usize).copied().unwrap_or(false))
-                    .map(|w| per_worker(&w.res))
+                    .map(|w| w.res.holds_at_most(&class.key))
                     .fold(0, u64::saturating_add);
                 let never = if at_most < u64::from(gang.min) {
                     format!(

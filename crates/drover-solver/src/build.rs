@@ -702,11 +702,6 @@ impl Build {
         });
     }
 
-    /// The queue the build names for its jobs, if it names one.
-    pub(crate) fn named_queue(&self) -> Option<&str> {
-        self.queue.as_deref()
-    }
-
     /// Whose job this build's jobs are, and the queue it names for them.
     pub(crate) fn owner(&self) -> (&str, Option<&str>) {
         (&self.tenant, self.queue.as_deref())
@@ -1553,7 +1548,7 @@ impl Build {
             id: self.id,
             name: self.plan.spec.name.clone(),
             tenant: self.tenant.clone(),
-            // The solver resolves it (see `named_queue`).
+            // The solver resolves it (`Solver::build_status`).
             queue: String::new(),
             state: self.state,
             jobs: self

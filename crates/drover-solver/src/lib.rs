@@ -71,8 +71,8 @@ pub enum Input {
     },
     /// Nothing listens at a live worker's address: a connection to it was
     /// refused at `since` (milliseconds, the coordinator's clock). It is
-    /// lost now, as if it had left, unless it registered since (it came
-    /// back at the same address).
+    /// lost now, as after a missed lease, unless it registered since (it
+    /// came back at the same address).
     Unreachable {
         /// The worker.
         worker: u64,
@@ -734,7 +734,8 @@ impl Solver {
     pub fn build_status(&self, id: u64) -> Option<BuildStatus> {
         let b = self.builds.get(&id)?;
         let mut status = b.status();
-        if let Some(queue) = self.core.queue_of(b.named_queue(), &status.tenant) {
+        let (tenant, named) = b.owner();
+        if let Some(queue) = self.core.queue_of(named, tenant) {
             queue.clone_into(&mut status.queue);
         }
         // Queued jobs the core holds say why they wait.

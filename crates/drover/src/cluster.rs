@@ -273,77 +273,73 @@ fn coordinator_config(args: &ServeArgs) -> anyhow::Result<CoordinatorConfig> {
 
 /// The settings of a `--config` file, on top of the defaults and flags.
 fn apply_config_file(config: &mut CoordinatorConfig, file: &ConfigFile) -> anyhow::Result<()> {
-    {
-        let s = &file.scheduler;
-        let core = &mut config.core;
-        core.cache_timeout = millis("cache_timeout", &s.cache_timeout, core.cache_timeout, units::wait)?;
-        core.deps_timeout = millis("deps_timeout", &s.deps_timeout, core.deps_timeout, units::wait)?;
-        core.lease_timeout = millis("lease_timeout", &s.lease_timeout, core.lease_timeout, units::duration)?;
-        core.unplaceable_grace =
-            millis("unplaceable_grace", &s.unplaceable_grace, core.unplaceable_grace, units::wait)?;
-        core.lost_worker_grace =
-            millis("lost_worker_grace", &s.lost_worker_grace, core.lost_worker_grace, units::wait)?;
-        core.no_worker_grace =
-            millis("no_worker_grace", &s.no_worker_grace, core.no_worker_grace, units::wait)?;
-        core.seed = s.seed.unwrap_or(core.seed);
-        core.preempt = s.preempt;
-        core.reclaim = s.reclaim;
-        core.evict = s.evict;
-        core.eviction_exempt =
-            millis("eviction_exempt", &s.eviction_exempt, core.eviction_exempt, units::wait)?;
-        core.binpack = s.binpack;
-        core.spread = s.spread;
-        for q in &file.queues {
-            core.queues.push(drover_core::QueueConfig {
-                name: q.name.clone(),
-                parent: q.parent.clone(),
-                weight: q.weight,
-                capability: q.capability.limits(&q.name)?,
-                guarantee: q.guarantee.limits(&q.name)?,
-                reclaimable: q.reclaimable,
-                priority: q.priority,
-            });
-        }
-        core.tenant_queues = file.tenants.clone();
-        if let Some(sections) = &file.tiers {
-            core.tiers = tiers(sections);
-        }
-        if let Some(size) = &file.cache.size {
-            config.artifact_cache_bytes = units::size("[cache] size", size)?;
-            anyhow::ensure!(
-                config.artifact_cache_bytes > 0,
-                "[cache] size cannot be 0: the shared cache would keep nothing (leave it out for the default)"
-            );
-        }
-        if let Some(size) = &file.cache.sources {
-            config.source_cache_bytes = units::size("[cache] sources", size)?;
-            anyhow::ensure!(
-                config.source_cache_bytes > 0,
-                "[cache] sources cannot be 0: no build's sources could be kept (leave it out for the default)"
-            );
-        }
-        if let Some(keep) = &file.cache.keep_free {
-            config.cache_keep_free = units::reserve("[cache] keep_free", keep)?;
-        }
-        if let Some(keep) = file.history.keep_finished_builds {
-            config.keep_finished_builds = (keep > 0).then_some(keep);
-        }
-        if let Err(errors) = core.validate() {
-            anyhow::bail!("invalid scheduler, queues or tiers:\n  {}", errors.join("\n  "));
-        }
-        config.durability = match file.store.durability.as_deref() {
-            None | Some("process-crash") => drover_coordinator::Durability::ProcessCrash,
-            Some("power-loss") => drover_coordinator::Durability::PowerLoss,
-            Some(other) => {
-                anyhow::bail!("[store] durability must be \"process-crash\" or \"power-loss\", not {other:?}")
-            }
-        };
-        config.snapshot_after = match file.store.snapshot_after.as_deref() {
-            None => Some(drover_coordinator::SNAPSHOT_AFTER),
-            Some("off") => None,
-            Some(size) => Some(units::size("[store] snapshot_after", size)?.max(1)),
-        };
+    let s = &file.scheduler;
+    let core = &mut config.core;
+    core.cache_timeout = millis("cache_timeout", &s.cache_timeout, core.cache_timeout, units::wait)?;
+    core.deps_timeout = millis("deps_timeout", &s.deps_timeout, core.deps_timeout, units::wait)?;
+    core.lease_timeout = millis("lease_timeout", &s.lease_timeout, core.lease_timeout, units::duration)?;
+    core.unplaceable_grace =
+        millis("unplaceable_grace", &s.unplaceable_grace, core.unplaceable_grace, units::wait)?;
+    core.lost_worker_grace =
+        millis("lost_worker_grace", &s.lost_worker_grace, core.lost_worker_grace, units::wait)?;
+    core.no_worker_grace = millis("no_worker_grace", &s.no_worker_grace, core.no_worker_grace, units::wait)?;
+    core.seed = s.seed.unwrap_or(core.seed);
+    core.preempt = s.preempt;
+    core.reclaim = s.reclaim;
+    core.evict = s.evict;
+    core.eviction_exempt = millis("eviction_exempt", &s.eviction_exempt, core.eviction_exempt, units::wait)?;
+    core.binpack = s.binpack;
+    core.spread = s.spread;
+    for q in &file.queues {
+        core.queues.push(drover_core::QueueConfig {
+            name: q.name.clone(),
+            parent: q.parent.clone(),
+            weight: q.weight,
+            capability: q.capability.limits(&q.name)?,
+            guarantee: q.guarantee.limits(&q.name)?,
+            reclaimable: q.reclaimable,
+            priority: q.priority,
+        });
     }
+    core.tenant_queues = file.tenants.clone();
+    if let Some(sections) = &file.tiers {
+        core.tiers = tiers(sections);
+    }
+    if let Some(size) = &file.cache.size {
+        config.artifact_cache_bytes = units::size("[cache] size", size)?;
+        anyhow::ensure!(
+            config.artifact_cache_bytes > 0,
+            "[cache] size cannot be 0: the shared cache would keep nothing (leave it out for the default)"
+        );
+    }
+    if let Some(size) = &file.cache.sources {
+        config.source_cache_bytes = units::size("[cache] sources", size)?;
+        anyhow::ensure!(
+            config.source_cache_bytes > 0,
+            "[cache] sources cannot be 0: no build's sources could be kept (leave it out for the default)"
+        );
+    }
+    if let Some(keep) = &file.cache.keep_free {
+        config.cache_keep_free = units::reserve("[cache] keep_free", keep)?;
+    }
+    if let Some(keep) = file.history.keep_finished_builds {
+        config.keep_finished_builds = (keep > 0).then_some(keep);
+    }
+    if let Err(errors) = core.validate() {
+        anyhow::bail!("invalid scheduler, queues or tiers:\n  {}", errors.join("\n  "));
+    }
+    config.durability = match file.store.durability.as_deref() {
+        None | Some("process-crash") => drover_coordinator::Durability::ProcessCrash,
+        Some("power-loss") => drover_coordinator::Durability::PowerLoss,
+        Some(other) => {
+            anyhow::bail!("[store] durability must be \"process-crash\" or \"power-loss\", not {other:?}")
+        }
+    };
+    config.snapshot_after = match file.store.snapshot_after.as_deref() {
+        None => Some(drover_coordinator::SNAPSHOT_AFTER),
+        Some("off") => None,
+        Some(size) => Some(units::size("[store] snapshot_after", size)?.max(1)),
+    };
     Ok(())
 }
 
